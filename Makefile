@@ -1,0 +1,38 @@
+# ms-port: `make demo` sets everything up and runs the main job; `make test` runs the suite.
+# Both create the environment (.venv) from nothing when it is missing.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+DEMO   := demo
+
+.PHONY: env demo test test-fast lint bench clean
+
+env: $(STAMP)
+
+$(STAMP): pyproject.toml constraints.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade "pip>=23"
+	$(PY) -m pip install --quiet -c constraints.txt -e ".[torchvision,dev]"
+	touch $(STAMP)
+
+demo: env
+	$(PY) examples/make_default_checkpoint.py $(DEMO)/resnet50.pth
+	$(VENV)/bin/ms-port inspect $(DEMO)/resnet50.pth --limit 12
+	$(VENV)/bin/ms-port convert $(DEMO)/resnet50.pth --arch resnet50 -o $(DEMO)/resnet50.ckpt --force
+	$(VENV)/bin/ms-port verify $(DEMO)/resnet50.pth $(DEMO)/resnet50.ckpt --arch resnet50 --tol 1e-5
+
+test: env lint
+	$(PY) -m pytest -q
+
+test-fast: env
+	$(PY) -m pytest -q -m "not slow"
+
+lint: env
+	$(VENV)/bin/ruff check ms_port tests examples benchmarks
+
+bench: env
+	$(PY) benchmarks/run.py
+
+clean:
+	rm -rf $(VENV) $(DEMO) build dist *.egg-info

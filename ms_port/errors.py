@@ -1,0 +1,94 @@
+"""One small error hierarchy. Every error carries its data and says what to do.
+
+The CLI maps :class:`MsPortError` to one red line and an exit code
+(:attr:`MsPortError.exit_code`: 2 for bad input, 1 for a check that failed);
+anything else is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+
+class MsPortError(Exception):
+    """Base class: a failure ms-port understands and can explain.
+
+    Attributes:
+        message: what failed, where, and what to do.
+        path: the file involved, when there is one.
+        exit_code: the CLI exit status (2 bad input, 1 failed check).
+    """
+
+    exit_code = 2
+
+    def __init__(self, message: str, *, path: str | Path | None = None, **data: Any):
+        super().__init__(message)
+        self.message = message
+        self.path = None if path is None else str(path)
+        self.data = data
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class SourceError(MsPortError):
+    """A checkpoint could not be read: missing, unreadable, corrupt or of unknown format."""
+
+
+class UnsafePickleError(SourceError):
+    """A pickle asked for something beyond plain tensors; nothing was executed."""
+
+
+class MappingError(MsPortError):
+    """A mapping YAML file is invalid: names the file, the entry and the fix."""
+
+
+class TargetError(MsPortError):
+    """The MindSpore target (architecture, Cell factory or template) could not be built."""
+
+
+class ArchError(TargetError):
+    """An architecture name is unknown or registered twice."""
+
+
+class PlanError(MsPortError):
+    """Matching failed in strict mode: tensors unfilled, unused or in conflict.
+
+    Attributes:
+        plan: the :class:`~ms_port.plan.Plan` that failed, for the caller to render.
+    """
+
+    exit_code = 1
+
+    def __init__(self, message: str, *, plan: Any = None, **data: Any):
+        super().__init__(message, **data)
+        self.plan = plan
+
+
+class WriteError(MsPortError):
+    """An output could not be written, or its read-back did not match."""
+
+
+class OutputExistsError(WriteError):
+    """The output exists and ``force`` was not given."""
+
+
+class ReadbackError(WriteError):
+    """The written file does not hold exactly what was planned."""
+
+    exit_code = 1
+
+
+class ParityError(MsPortError):
+    """Verification could not run (a network failed to build or to load weights)."""
+
+
+class DeviceError(MsPortError):
+    """A requested device is not available on one side; the message says which."""
+
+
+class NonFiniteError(MsPortError):
+    """Weights hold NaN or Inf and ``check_finite`` was asked for."""
+
+    exit_code = 1

@@ -1,0 +1,99 @@
+"""Tensor metadata shared by every reader, target and writer.
+
+Data travels as numpy arrays. numpy has no bfloat16, so bfloat16 arrays use
+``ml_dtypes.bfloat16`` (the dtype JAX and TensorFlow use); everything else is plain numpy.
+Dtypes are named by one canonical string each (``"float32"``, ``"bfloat16"``, ``"int64"``…).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Callable
+
+import ml_dtypes
+import numpy as np
+
+#: canonical dtype name -> numpy dtype
+NUMPY_DTYPES: dict[str, np.dtype] = {
+    "float64": np.dtype(np.float64),
+    "float32": np.dtype(np.float32),
+    "float16": np.dtype(np.float16),
+    "bfloat16": np.dtype(ml_dtypes.bfloat16),
+    "int64": np.dtype(np.int64),
+    "int32": np.dtype(np.int32),
+    "int16": np.dtype(np.int16),
+    "int8": np.dtype(np.int8),
+    "uint8": np.dtype(np.uint8),
+    "uint16": np.dtype(np.uint16),
+    "uint32": np.dtype(np.uint32),
+    "uint64": np.dtype(np.uint64),
+    "bool": np.dtype(np.bool_),
+    "complex64": np.dtype(np.complex64),
+    "complex128": np.dtype(np.complex128),
+}
+_NAME_OF = {dt: name for name, dt in NUMPY_DTYPES.items()}
+
+FLOAT_DTYPES = frozenset({"float64", "float32", "float16", "bfloat16"})
+
+
+def dtype_name(dtype: np.dtype | str) -> str:
+    """The canonical name of a numpy dtype (``ml_dtypes.bfloat16`` is ``"bfloat16"``)."""
+    if isinstance(dtype, str):
+        if dtype in NUMPY_DTYPES:
+            return dtype
+        dtype = np.dtype(dtype)
+    return _NAME_OF[np.dtype(dtype)]
+
+
+def numpy_dtype(name: str) -> np.dtype:
+    """The numpy dtype for a canonical dtype name."""
+    try:
+        return NUMPY_DTYPES[name]
+    except KeyError:
+        raise ValueError(f"unknown dtype {name!r}; known: {', '.join(NUMPY_DTYPES)}") from None
+
+
+def itemsize(name: str) -> int:
+    return numpy_dtype(name).itemsize
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """One tensor's name, shape and dtype, with its data fetched only on demand.
+
+    Attributes:
+        name: the tensor's name after unwrapping and prefix stripping.
+        shape: the tensor's shape; ``()`` for a scalar.
+        dtype: canonical dtype name.
+        loader: returns the data as a numpy array; ``None`` for metadata-only entries
+            (targets, or a template checkpoint read without its data).
+    """
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    loader: Callable[[], np.ndarray] | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * itemsize(self.dtype)
+
+    def load(self) -> np.ndarray:
+        """Return the tensor's data (a fresh array or a read-only memory map)."""
+        if self.loader is None:
+            raise ValueError(f"tensor {self.name!r} carries no data (metadata only)")
+        return self.loader()
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "shape": list(self.shape), "dtype": self.dtype,
+                "numel": self.numel, "nbytes": self.nbytes}
+
+
+def format_shape(shape: tuple[int, ...]) -> str:
+    """``(64, 3, 7, 7)`` as ``64×3×7×7``; a scalar as ``scalar``."""
+    return "×".join(str(d) for d in shape) if shape else "scalar"
