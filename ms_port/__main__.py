@@ -1,0 +1,5 @@
+"""``python -m ms_port`` runs the CLI."""
+
+from .cli import main
+
+main()

@@ -1,0 +1,301 @@
+"""The library's front door: inspect, plan, convert, verify.
+
+Every function returns a report dataclass and raises only
+:class:`~ms_port.errors.MsPortError` subclasses for failures it understands.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from .errors import MsPortError, NonFiniteError, TargetError
+from .mapping import MappingTable, load_mapping
+from .plan import Plan, make_plan
+from .reports import ConversionReport, InspectReport
+from .sources import Source, read_source
+from .targets import Target, from_arch, from_cell, from_factory, from_template
+from .tensors import FLOAT_DTYPES
+from .writers import Progress, check_output, write_plan
+
+
+def inspect(
+    path: str | Path | None = None,
+    *,
+    arch: str | None = None,
+    filter: str | None = None,
+    key: str | None = None,
+    unsafe_pickle: bool = False,
+) -> InspectReport:
+    """List what a checkpoint holds, or what an architecture expects.
+
+    Args:
+        path: a ``.pth``/``.pt``/``.bin``, ``.safetensors`` (or sharded index) or ``.ckpt``.
+        arch: instead of a file, a registered architecture (its MindSpore tensors).
+        filter: keep only tensors whose name matches this regex (``re.search``).
+        key: the container holding the state dict, if not a usual one.
+        unsafe_pickle: allow full unpickling of a trusted legacy file (runs its code).
+
+    Returns:
+        An :class:`~ms_port.reports.InspectReport`.
+
+    Example:
+        >>> report = ms_port.inspect("resnet50.pth")
+        >>> len(report.tensors), report.parameters
+        (320, 25557032)
+    """
+    if (path is None) == (arch is None):
+        raise MsPortError("give a checkpoint path or an architecture (arch=...), not both")
+    pattern = _regex(filter)
+    if arch is not None:
+        target = from_arch(arch)
+        from .tensors import TensorInfo
+
+        infos = [TensorInfo(t.name, t.shape, t.dtype) for t in target.tensors.values()]
+        return InspectReport(f"arch:{arch}", "architecture",
+                             [i for i in infos if not pattern or pattern.search(i.name)],
+                             len(infos), filter=filter)
+    source = read_source(path, key=key, unsafe_pickle=unsafe_pickle)
+    tensors = [t for t in source if not pattern or pattern.search(t.name)]
+    return InspectReport(source.path, source.format, tensors, len(source),
+                         unwrapped=source.unwrapped, stripped=source.stripped,
+                         skipped=source.skipped, metadata=source.metadata, filter=filter)
+
+
+def _regex(pattern: str | None) -> re.Pattern | None:
+    if pattern is None:
+        return None
+    try:
+        return re.compile(pattern)
+    except re.error as exc:
+        raise MsPortError(f"bad --filter regex {pattern!r} ({exc})") from None
+
+
+def resolve_target(
+    *,
+    arch: str | None = None,
+    target: str | Path | Target | None = None,
+    ms_model: Any = None,
+) -> Target:
+    """One Target from exactly one of ``arch``, ``target`` (template) or ``ms_model``."""
+    given = [x is not None for x in (arch, target, ms_model)]
+    if sum(given) != 1:
+        raise TargetError("give exactly one target: --arch NAME, --target TEMPLATE.ckpt "
+                          "or --ms-model module:callable")
+    if arch is not None:
+        return from_arch(arch)
+    if isinstance(target, Target):
+        return target
+    if target is not None:
+        return from_template(target)
+    if isinstance(ms_model, str):
+        return from_factory(ms_model)
+    return from_cell(ms_model)
+
+
+def resolve_mapping(mapping: Any, *, arch: str | None = None) -> MappingTable:
+    """The architecture's table (if any) with the user's tables layered on top."""
+    table = MappingTable.empty()
+    if arch is not None:
+        from .archs import get_arch
+
+        table = get_arch(arch).mapping_table()
+    items = mapping if isinstance(mapping, (list, tuple)) else [mapping]
+    for item in items:
+        if item is None:
+            continue
+        table = table.merged(item if isinstance(item, MappingTable) else load_mapping(item))
+    return table
+
+
+def _source(source: str | Path | Source, **kw: Any) -> Source:
+    return source if isinstance(source, Source) else read_source(source, **kw)
+
+
+def plan(
+    source: str | Path | Source,
+    *,
+    arch: str | None = None,
+    target: str | Path | Target | None = None,
+    ms_model: Any = None,
+    mapping: Any = None,
+    allow_missing: bool = False,
+    allow_unused: bool = False,
+    allow_shape_match: bool = False,
+    dtype: str | None = None,
+    key: str | None = None,
+    unsafe_pickle: bool = False,
+) -> Plan:
+    """Match a checkpoint against a MindSpore target without writing anything.
+
+    Args:
+        source: the PyTorch checkpoint (path or :class:`~ms_port.sources.Source`).
+        arch / target / ms_model: exactly one: an architecture name, a template
+            checkpoint, or a MindSpore Cell (or ``"module:callable"`` building one).
+        mapping: mapping table(s): a built-in name, a YAML path, a
+            :class:`~ms_port.mapping.MappingTable`, or a list of them.
+        allow_missing / allow_unused / allow_shape_match / dtype: see
+            :func:`~ms_port.plan.make_plan`.
+
+    Returns:
+        The :class:`~ms_port.plan.Plan`; ``plan.ok`` says whether it is complete.
+
+    Example:
+        >>> p = ms_port.plan("resnet50.pth", arch="resnet50")
+        >>> p.ok, p.counts
+        (True, {'exact': 54, 'rule': 212, 'mapping': 55, 'fallback': 0})
+    """
+    src = _source(source, key=key, unsafe_pickle=unsafe_pickle)
+    tgt = resolve_target(arch=arch, target=target, ms_model=ms_model)
+    table = resolve_mapping(mapping, arch=arch)
+    return make_plan(src, tgt, table, allow_missing=allow_missing, allow_unused=allow_unused,
+                     allow_shape_match=allow_shape_match, dtype=dtype)
+
+
+def find_nonfinite(plan: Plan) -> dict[str, int]:
+    """Source tensors of the plan holding NaN or Inf, with how many such values."""
+    bad: dict[str, int] = {}
+    for m in plan.matches:
+        if m.dtype in FLOAT_DTYPES:
+            data = plan.source.tensors[m.source].load()
+            n = int(np.count_nonzero(~np.isfinite(data.astype(np.float32, copy=False))))
+            if n:
+                bad[m.source] = n
+    return bad
+
+
+def convert(
+    source: str | Path | Source,
+    *,
+    output: str | Path | None = None,
+    arch: str | None = None,
+    target: str | Path | Target | None = None,
+    ms_model: Any = None,
+    mapping: Any = None,
+    format: str = "ckpt",
+    dtype: str | None = None,
+    force: bool = False,
+    dry_run: bool = False,
+    save_map: str | Path | None = None,
+    allow_missing: bool = False,
+    allow_unused: bool = False,
+    allow_shape_match: bool = False,
+    check_finite: bool = False,
+    crc: bool = False,
+    key: str | None = None,
+    unsafe_pickle: bool = False,
+    progress: Progress | None = None,
+) -> ConversionReport:
+    """Convert a PyTorch checkpoint into a MindSpore one, proving every byte.
+
+    Args:
+        source: the PyTorch checkpoint.
+        output: the file to write (required unless ``dry_run``).
+        arch / target / ms_model: the MindSpore side (see :func:`plan`).
+        mapping: extra mapping table(s) (see :func:`plan`).
+        format: ``ckpt`` or ``safetensors``.
+        dtype: cast floating-point tensors (``float32``/``float16``/``bfloat16``);
+            by default every dtype is kept bit for bit.
+        force: replace an existing output once the new one is verified.
+        dry_run: stop after the plan.
+        save_map: write the plan as a mapping YAML (edit it, pass it back as ``mapping``).
+        allow_missing / allow_unused / allow_shape_match: relax strict matching; all
+            leftovers and fallbacks are still reported.
+        check_finite: refuse weights holding NaN/Inf (always reported).
+        crc: append MindSpore's CRC trailer.
+        progress: ``(phase, done, total)`` callback for long writes.
+
+    Returns:
+        A :class:`~ms_port.reports.ConversionReport`; ``ok`` is False and nothing is
+        written when the plan is incomplete.
+
+    Example:
+        >>> report = ms_port.convert("resnet50.pth", arch="resnet50", output="r50.ckpt")
+        >>> report.ok, report.written.readback
+        (True, 'bit-exact')
+    """
+    if output is None and not dry_run:
+        raise MsPortError("no output given; pass -o FILE (output=...) or --dry-run")
+    if output is not None and not dry_run:
+        check_output(output, force=force)
+    p = plan(source, arch=arch, target=target, ms_model=ms_model, mapping=mapping,
+             allow_missing=allow_missing, allow_unused=allow_unused,
+             allow_shape_match=allow_shape_match, dtype=dtype, key=key,
+             unsafe_pickle=unsafe_pickle)
+    saved = None
+    if save_map is not None:
+        saved = str(save_map)
+        _atomic_text(Path(save_map), p.to_yaml())
+    out = None if output is None else str(output)
+    if not p.ok or dry_run:
+        return ConversionReport(p.ok, p, out, dry_run=dry_run, saved_map=saved)
+    nonfinite = find_nonfinite(p)
+    if nonfinite and check_finite:
+        names = ", ".join(f"{k} ({v})" for k, v in list(nonfinite.items())[:5])
+        raise NonFiniteError(f"{p.source.path}: NaN/Inf values in {len(nonfinite)} tensors: "
+                             f"{names}; fix the weights or drop --check-finite",
+                             path=p.source.path, tensors=nonfinite)
+    written = write_plan(p, output, format=format, force=force, crc=crc, progress=progress)
+    return ConversionReport(True, p, out, written=written, saved_map=saved,
+                            nonfinite=nonfinite)
+
+
+def _atomic_text(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
+def verify(
+    source: str | Path,
+    checkpoint: str | Path,
+    *,
+    arch: str | None = None,
+    torch_model: Any = None,
+    ms_model: Any = None,
+    mapping: Any = None,
+    tol: float = 1e-5,
+    seed: int = 0,
+    batch: int = 1,
+    input_shape: tuple[int, ...] | None = None,
+    dtype: str = "float32",
+    device: str = "cpu",
+    torch_device: str | None = None,
+    ms_device: str | None = None,
+    noise_floor: bool = True,
+    key: str | None = None,
+    unsafe_pickle: bool = False,
+    progress: Callable[[str], None] | None = None,
+) -> Any:
+    """Run the PyTorch and MindSpore networks on the same input and compare outputs.
+
+    The compared error is the relative L2 error ``||ms - torch|| / ||torch||`` per
+    output: a difference measured against the output's own scale. A NaN or Inf on
+    either side always fails.
+
+    Args:
+        source: the PyTorch checkpoint the reference network loads.
+        checkpoint: the MindSpore checkpoint the MindSpore network loads.
+        arch: a registered architecture (both networks), or else
+        torch_model / ms_model: ``"module:callable"`` (or built objects) for each side.
+        mapping: mapping table(s) used to pair layers for divergence localisation.
+        tol: the largest accepted error.
+        seed / batch / input_shape: the random input (shape defaults to the arch's).
+        dtype: ``float32`` or ``float64`` (both sides).
+        device: ``cpu``, ``gpu`` or ``ascend`` for both sides; ``torch_device`` and
+            ``ms_device`` override per side.
+        noise_floor: also run PyTorch in float64 to show float32 rounding error.
+
+    Returns:
+        A :class:`~ms_port.parity.ParityReport` with ``ok`` and ``first_divergence``.
+    """
+    from .verify import run_verify
+
+    return run_verify(
+        source, checkpoint, arch=arch, torch_model=torch_model, ms_model=ms_model,
+        mapping=mapping, tol=tol, seed=seed, batch=batch, input_shape=input_shape,
+        dtype=dtype, torch_device=torch_device or device, ms_device=ms_device or device,
+        noise_floor=noise_floor, key=key, unsafe_pickle=unsafe_pickle, progress=progress)

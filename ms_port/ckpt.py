@@ -1,0 +1,559 @@
+"""Read and write MindSpore ``.ckpt`` files without importing MindSpore.
+
+A ``.ckpt`` is the protobuf ``Checkpoint { repeated Value value = 1; }`` where
+``Value { string tag = 1; oneof { TensorProto tensor = 2; MapTensorProto maptensor = 3; } }``
+and ``TensorProto { repeated int64 dims = 1; string tensor_type = 2; bytes tensor_content = 3; }``.
+A file is therefore just top-level ``value`` records one after another, which lets us
+stream-write one tensor at a time and list a multi-GB file over an ``mmap`` without
+reading the data.
+
+What MindSpore 2.x ``save_checkpoint`` does, and this module reproduces byte for byte:
+
+- a 0-d tensor has no ``dims`` at all; every other tensor lists its dims unpacked;
+- a tensor over 512 MiB is split into 512 MiB pieces, each a separate ``value`` with the
+  same tag and the full dims; loaders join consecutive records that share a tag;
+- ``crc_check=True`` appends ``b"crc_num"`` plus the CRC-32 (``binascii.crc32``) of every
+  byte before it, as a 10-byte big-endian integer;
+- empty (0-element) tensors are dropped silently, and ``load_checkpoint`` reads dims
+  ``[0]`` as a scalar, so :class:`CkptWriter` refuses them rather than lose them;
+- ``append_dict`` strings are stored as tensor_type ``"str"`` (UTF-32) and listed here as
+  skipped, as are map tensors.
+"""
+
+from __future__ import annotations
+
+import binascii
+import contextlib
+import math
+import mmap
+import os
+from dataclasses import dataclass
+from typing import Any, BinaryIO, NamedTuple
+
+import numpy as np
+
+from .errors import SourceError, WriteError
+from .tensors import NUMPY_DTYPES, dtype_name, format_shape, numpy_dtype
+
+#: canonical dtype name -> MindSpore ``tensor_type`` string
+MS_TENSOR_TYPES: dict[str, str] = {
+    "float64": "Float64", "float32": "Float32", "float16": "Float16", "bfloat16": "BFloat16",
+    "int64": "Int64", "int32": "Int32", "int16": "Int16", "int8": "Int8",
+    "uint64": "UInt64", "uint32": "UInt32", "uint16": "UInt16", "uint8": "UInt8",
+    "bool": "Bool", "complex64": "Complex64", "complex128": "Complex128",
+}
+#: MindSpore ``tensor_type`` string -> canonical dtype name
+CANONICAL_DTYPES: dict[str, str] = {ms: name for name, ms in MS_TENSOR_TYPES.items()}
+# save_checkpoint writes Complex64/128, but load_checkpoint (2.10) has no entry for them and
+# fails; a converter must not produce a file MindSpore cannot load.
+WRITABLE_DTYPES = frozenset(MS_TENSOR_TYPES) - {"complex64", "complex128"}
+
+#: save_checkpoint's piece size (serialization.SLICE_SIZE KiB) for large tensors
+SLICE_BYTES = 512 * 1024 * 1024
+CRC_MAGIC = b"crc_num"
+CRC_TRAILER_SIZE = len(CRC_MAGIC) + 10
+_CRC_BLOCK = 64 * 1024 * 1024
+_STRING_TYPE = "str"
+
+
+@dataclass(frozen=True)
+class CkptEntry:
+    """One tensor in a ``.ckpt`` file, located but not read.
+
+    Attributes:
+        name: the tensor's tag.
+        shape: its shape; ``()`` for a scalar.
+        dtype: canonical dtype name.
+        offset: file offset of its (first) ``tensor_content``.
+        nbytes: total data size in bytes.
+        pieces: ``(offset, nbytes)`` of each record holding its data; more than one when
+            save_checkpoint split the tensor (over 512 MiB).
+    """
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    offset: int
+    nbytes: int
+    pieces: tuple[tuple[int, int], ...] = ()
+
+    @property
+    def numel(self) -> int:
+        """Number of elements."""
+        return math.prod(self.shape)
+
+
+class SkippedValue(NamedTuple):
+    """A record that is not a tensor: an ``append_dict`` string or a map tensor."""
+
+    name: str
+    kind: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class CkptIndex:
+    """The listing of a ``.ckpt`` file.
+
+    Attributes:
+        path: the file.
+        entries: tensors in file order.
+        skipped: non-tensor records.
+        has_crc: the file ends with a ``crc_num`` trailer.
+        crc_ok: ``True``/``False`` when the trailer was checked, ``None`` when there is none
+            or the check was not asked for. A mismatch is reported here, not raised.
+    """
+
+    path: str
+    entries: tuple[CkptEntry, ...]
+    skipped: tuple[SkippedValue, ...]
+    has_crc: bool
+    crc_ok: bool | None
+
+
+class _Malformed(Exception):
+    """Raised inside the walker; turned into a SourceError naming the file."""
+
+    def __init__(self, pos: int, what: str):
+        super().__init__(what)
+        self.pos, self.what = pos, what
+
+
+def _varint(buf: Any, pos: int, end: int) -> tuple[int, int]:
+    """Decode a protobuf varint at ``pos``; return (value, next position)."""
+    result = shift = 0
+    start = pos
+    while True:
+        if pos >= end:
+            raise _Malformed(start, "a number runs past the end of its record")
+        byte = buf[pos]
+        pos += 1
+        result |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return result, pos
+        shift += 7
+        if shift >= 70:
+            raise _Malformed(start, "a number is longer than 10 bytes")
+
+
+def _field(buf: Any, pos: int, end: int) -> tuple[int, int, int, int]:
+    """Read a field key and, for length-delimited fields, its bounds: (field, wire, a, b)."""
+    start = pos
+    key, pos = _varint(buf, pos, end)
+    field, wire = key >> 3, key & 7
+    if wire == 0:
+        value, nxt = _varint(buf, pos, end)
+        return field, wire, value, nxt
+    if wire == 2:
+        length, data = _varint(buf, pos, end)
+        if length > end - data:
+            raise _Malformed(start, f"a {length}-byte field runs {length - (end - data)} bytes "
+                                    "past the end of its record")
+        return field, wire, data, data + length
+    raise _Malformed(start, f"unexpected field {field} with wire type {wire}")
+
+
+def _parse_value(buf: Any, pos: int, end: int) -> tuple[str, str, list[int], int, int]:
+    """Parse one Value record: (tag, tensor_type or "" for a map tensor, dims, content a, b)."""
+    tag, tensor, is_map = None, None, False
+    while pos < end:
+        at = pos
+        field, wire, a, b = _field(buf, pos, end)
+        pos = b
+        if wire != 2 or field not in (1, 2, 3):
+            raise _Malformed(at, f"unknown field {field} (wire type {wire}) in a tensor record")
+        if field == 1:
+            try:
+                tag = bytes(buf[a:b]).decode("utf-8")
+            except UnicodeDecodeError:
+                raise _Malformed(a, "a tensor name is not valid UTF-8") from None
+        elif field == 2:
+            tensor, is_map = _parse_tensor(buf, a, b), False
+        else:
+            is_map = True
+    if tag is None:
+        raise _Malformed(end, "a record has no name")
+    if is_map:
+        return tag, "", [], 0, 0
+    if tensor is None:
+        raise _Malformed(end, f"record {tag!r} holds no tensor")
+    return (tag, *tensor)
+
+
+def _parse_tensor(buf: Any, pos: int, end: int) -> tuple[str, list[int], int, int]:
+    """Parse a TensorProto: (tensor_type, dims, content start, content end)."""
+    dims: list[int] = []
+    ttype, content = None, None
+    while pos < end:
+        at = pos
+        field, wire, a, b = _field(buf, pos, end)
+        pos = b
+        if field == 1 and wire == 0:
+            dims.append(a)
+        elif field == 1 and wire == 2:  # packed dims: legal protobuf, never written by MindSpore
+            while a < b:
+                dim, a = _varint(buf, a, b)
+                dims.append(dim)
+        elif field == 2 and wire == 2:
+            ttype = bytes(buf[a:b]).decode("ascii", "replace")
+        elif field == 3 and wire == 2:
+            content = (a, b)
+        else:
+            raise _Malformed(at, f"unknown field {field} (wire type {wire}) in a tensor")
+    if ttype is None or content is None:
+        raise _Malformed(end, "a tensor lacks its tensor_type or tensor_content")
+    if any(d >= 1 << 63 for d in dims):
+        raise _Malformed(end, f"a tensor has a negative dimension in {dims}")
+    return (ttype, dims, *content)
+
+
+def _sniff(head: bytes) -> str:
+    """A hint of what a file that is not a checkpoint looks like instead."""
+    if head.startswith(b"PK"):
+        return " (it looks like a zip archive, e.g. a PyTorch .pt/.pth file)"
+    if head[8:9] == b"{":
+        return " (it looks like a safetensors file)"
+    if head[:1] == b"\x80":
+        return " (it looks like a pickle)"
+    if head and all(32 <= c < 127 or c in b"\t\r\n" for c in head):
+        return " (it looks like a text file)"
+    return ""
+
+
+def _finish_group(path: str, group: list[Any], entries: list[CkptEntry]) -> None:
+    """Turn consecutive records sharing a tag into one CkptEntry, checking the data size."""
+    name, ttype, dims, pieces, at = group
+    dtype = CANONICAL_DTYPES.get(ttype)
+    if dtype is None:
+        raise SourceError(
+            f"{path}: tensor {name!r} has tensor_type {ttype!r}, which ms-port cannot read "
+            f"(known: {', '.join(CANONICAL_DTYPES)}); convert it with MindSpore first",
+            path=path, tensor=name, tensor_type=ttype)
+    shape, size = tuple(dims), numpy_dtype(dtype).itemsize
+    nbytes = sum(n for _, n in pieces)
+    if shape == (0,) and nbytes == size:  # load_checkpoint reads dims [0] as a scalar
+        shape = ()
+    if nbytes != math.prod(shape) * size:
+        raise _Malformed(at, f"tensor {name!r} holds {nbytes} bytes but {format_shape(shape)} "
+                             f"{dtype} needs {math.prod(shape) * size}")
+    entries.append(CkptEntry(name, shape, dtype, pieces[0][0], nbytes, tuple(pieces)))
+
+
+def _crc32(buf: Any, end: int) -> int:
+    """CRC-32 of ``buf[:end]``, in blocks so a mapped file is never copied whole."""
+    crc = 0
+    with memoryview(buf) as view:
+        for start in range(0, end, _CRC_BLOCK):
+            crc = binascii.crc32(view[start:min(start + _CRC_BLOCK, end)], crc)
+    return crc
+
+
+def _scan(buf: Any, path: str, verify_crc: bool) -> CkptIndex:
+    """Walk every record of a mapped checkpoint and build its index."""
+    size = len(buf)
+    entries: list[CkptEntry] = []
+    skipped: list[SkippedValue] = []
+    group: list[Any] | None = None  # the tensor being read: [name, type, dims, pieces, at]
+    has_crc, pos = False, 0
+    last: tuple[str, str] | None = None
+    try:
+        while pos < size:
+            if buf[pos:pos + len(CRC_MAGIC)] == CRC_MAGIC:
+                if size - pos != CRC_TRAILER_SIZE:
+                    raise _Malformed(pos, f"the crc_num trailer is {size - pos} bytes long, "
+                                          f"not {CRC_TRAILER_SIZE}")
+                has_crc = True
+                break
+            if buf[pos] != 0x0A:
+                raise _Malformed(pos, f"found byte 0x{buf[pos]:02x} where a tensor record "
+                                      "(0x0a) should start")
+            _, _, a, b = _field(buf, pos, size)
+            name, ttype, dims, c0, c1 = _parse_value(buf, a, b)
+            if group and group[0] == name:  # another piece of a tensor save_checkpoint split
+                if (group[1], group[2]) != (ttype, dims):
+                    raise _Malformed(pos, f"tensor {name!r} changes shape or type mid-way")
+                group[3].append((c0, c1 - c0))
+            elif last != (name, ""):  # further pieces of a map tensor need no new note
+                if group:
+                    _finish_group(path, group, entries)
+                group = None
+                if ttype == _STRING_TYPE:
+                    skipped.append(SkippedValue(name, "string", "an append_dict string"))
+                elif not ttype:
+                    skipped.append(SkippedValue(
+                        name, "maptensor", "a MapParameter; ms-port converts only tensors"))
+                else:
+                    group = [name, ttype, dims, [(c0, c1 - c0)], pos]
+            last = (name, ttype)
+            pos = b
+        if group:
+            _finish_group(path, group, entries)
+    except _Malformed as exc:
+        hint = "" if buf[0] == 0x0A else _sniff(bytes(buf[:16]))
+        raise SourceError(
+            f"{path} is not a MindSpore checkpoint, or is truncated or damaged at byte "
+            f"{exc.pos}: {exc.what}{hint}; re-create it or check the download",
+            path=path, offset=exc.pos) from None
+    names = [e.name for e in entries] + [s.name for s in skipped]
+    if len(set(names)) != len(names):
+        twice = sorted({n for n in names if names.count(n) > 1})
+        raise SourceError(f"{path}: tensor {twice[0]!r} appears twice, apart (load_checkpoint "
+                          "would keep the last); re-save the checkpoint",
+                          path=path, tensor=twice[0])
+    crc_ok = None
+    if has_crc and verify_crc:
+        stored = int.from_bytes(buf[size - 10:size], "big")
+        crc_ok = stored == _crc32(buf, size - CRC_TRAILER_SIZE)
+    return CkptIndex(path, tuple(entries), tuple(skipped), has_crc, crc_ok)
+
+
+def _open_map(path: str | os.PathLike) -> mmap.mmap:
+    """Map a file read-only, turning every OS failure into a SourceError."""
+    try:
+        with open(path, "rb") as f:
+            if os.fstat(f.fileno()).st_size == 0:
+                raise SourceError(f"{path} is empty (0 bytes); re-create or re-download it",
+                                  path=path)
+            return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    except FileNotFoundError:
+        raise SourceError(f"{path}: no such file; check the path", path=path) from None
+    except PermissionError:
+        raise SourceError(f"{path}: permission denied; make the file readable", path=path) from None
+    except (OSError, ValueError) as exc:
+        raise SourceError(f"{path}: cannot read it ({exc}); check that it is a regular file",
+                          path=path) from None
+
+
+def _array(buf: Any, entry: CkptEntry, path: str) -> np.ndarray:
+    """The data of ``entry``: a read-only view of ``buf``, or a joined copy when split."""
+    dtype = numpy_dtype(entry.dtype)
+    pieces = entry.pieces or ((entry.offset, entry.nbytes),)
+    if pieces[-1][0] + pieces[-1][1] > len(buf):
+        raise SourceError(f"{path}: tensor {entry.name!r} lies past the end of the file; the file "
+                          "changed since it was listed, list it again", path=path)
+    if len(pieces) == 1:
+        flat = np.frombuffer(buf, dtype=dtype, count=entry.numel, offset=entry.offset)
+    else:
+        flat = np.empty(entry.numel, dtype)
+        raw, at = flat.view(np.uint8), 0
+        for offset, n in pieces:
+            raw[at:at + n] = np.frombuffer(buf, np.uint8, count=n, offset=offset)
+            at += n
+    return flat.reshape(entry.shape)
+
+
+def read_ckpt(path: str | os.PathLike, *, verify_crc: bool = True) -> CkptIndex:
+    """List the tensors of a ``.ckpt`` file without reading their data.
+
+    Args:
+        path: the checkpoint file.
+        verify_crc: check a ``crc_num`` trailer when there is one (reads the whole file,
+            in constant memory); a mismatch sets ``crc_ok=False``.
+
+    Returns:
+        The :class:`CkptIndex`: tensors, skipped non-tensors and the CRC status.
+
+    Raises:
+        SourceError: the file is missing, empty, truncated, corrupt or not a checkpoint.
+    """
+    with CkptReader(path, verify_crc=verify_crc) as reader:
+        return reader.index
+
+
+def load_entry(source: str | os.PathLike | mmap.mmap, entry: CkptEntry) -> np.ndarray:
+    """Read one tensor listed by :func:`read_ckpt`.
+
+    Args:
+        source: the checkpoint path, or an ``mmap`` of it (cheaper for many tensors;
+            better still, use :class:`CkptReader`).
+        entry: the tensor's entry.
+
+    Returns:
+        Its data with the right shape and dtype (bfloat16 as ``ml_dtypes.bfloat16``),
+        usually a read-only view of the mapped file; it stays valid after the map is closed.
+    """
+    if isinstance(source, mmap.mmap):
+        return _array(source, entry, "checkpoint")
+    return _array(_open_map(source), entry, str(source))
+
+
+class CkptReader:
+    """One mapped ``.ckpt`` file: its listing, and tensors loaded by name.
+
+    Usable as a context manager or left open; arrays already returned stay valid after
+    :meth:`close` (they keep the mapping alive until they are freed).
+
+    Attributes:
+        path, index, entries, skipped, has_crc, crc_ok: as in :class:`CkptIndex`.
+    """
+
+    def __init__(self, path: str | os.PathLike, *, verify_crc: bool = True):
+        """Map ``path`` and list it (see :func:`read_ckpt` for arguments and errors)."""
+        self.path = str(path)
+        self._map: mmap.mmap | None = _open_map(path)
+        try:
+            self.index = _scan(self._map, self.path, verify_crc)
+        except BaseException:
+            self.close()
+            raise
+        self.entries, self.skipped = self.index.entries, self.index.skipped
+        self.has_crc, self.crc_ok = self.index.has_crc, self.index.crc_ok
+        self._by_name = {e.name: e for e in self.entries}
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._by_name
+
+    def load(self, name: str) -> np.ndarray:
+        """Return tensor ``name``'s data (see :func:`load_entry`); KeyError if absent."""
+        if self._map is None:
+            raise ValueError(f"{self.path}: reader is closed")
+        return _array(self._map, self._by_name[name], self.path)
+
+    def close(self) -> None:
+        """Drop the mapping; arrays still alive keep it until they are freed."""
+        if self._map is not None:
+            with contextlib.suppress(BufferError):  # exported to live arrays: the last unmaps it
+                self._map.close()
+            self._map = None
+
+    def __enter__(self) -> CkptReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _encode_varint(value: int) -> bytes:
+    """Encode a non-negative int as a protobuf varint."""
+    out = bytearray()
+    while value > 0x7F:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def _len_field(key: int, payload_size: int) -> bytes:
+    """Key and length prefix of a length-delimited field."""
+    return bytes([key]) + _encode_varint(payload_size)
+
+
+def _record_header(name: bytes, dims: tuple[int, ...], ttype: bytes, size: int) -> bytes:
+    """Everything of one ``value`` record that precedes its ``size`` content bytes."""
+    tensor = (b"".join(b"\x08" + _encode_varint(d) for d in dims)
+              + _len_field(0x12, len(ttype)) + ttype + _len_field(0x1A, size))
+    value = _len_field(0x0A, len(name)) + name + _len_field(0x12, len(tensor) + size) + tensor
+    return _len_field(0x0A, len(value) + size) + value
+
+
+class CkptWriter:
+    """Stream tensors into a ``.ckpt`` byte-identical to ``mindspore.save_checkpoint``.
+
+    Wraps a file object the caller opened (and later closes, renames or deletes); each
+    :meth:`write` goes out at once, so only one tensor is ever held. Leaving the ``with``
+    block normally calls :meth:`finish`; leaving it on an exception writes nothing more.
+
+    Attributes:
+        bytes_written: bytes written so far, trailer included once finished.
+    """
+
+    def __init__(self, file: BinaryIO, *, crc: bool = False, slice_bytes: int = SLICE_BYTES):
+        """Write to ``file``; ``crc`` appends save_checkpoint's ``crc_check`` trailer.
+
+        ``slice_bytes`` is save_checkpoint's split size; change it only in tests.
+        """
+        self._file, self._crc_on, self._slice = file, crc, slice_bytes
+        self._crc, self._names, self._done = 0, set(), False
+        self.bytes_written = 0
+
+    def _fail(self, what: str, **data: Any) -> WriteError:
+        """A WriteError naming the output file."""
+        where = getattr(self._file, "name", "the output")
+        return WriteError(f"{where}: {what}", path=where if isinstance(where, str) else None,
+                          **data)
+
+    def _put(self, data: bytes | memoryview) -> None:
+        """Write all of ``data``, updating the CRC and the byte count."""
+        if self._crc_on:
+            self._crc = binascii.crc32(data, self._crc)
+        view = memoryview(data)
+        try:
+            while view.nbytes:
+                n = self._file.write(view)
+                view = view[view.nbytes if n is None else n:]
+        except OSError as exc:
+            raise self._fail(f"cannot write ({exc.strerror or exc}); check free disk space "
+                             "and permissions") from exc
+        self.bytes_written += len(data)
+
+    def write(self, name: str, array: Any) -> int:
+        """Encode and write one tensor.
+
+        Args:
+            name: the parameter name (unique in the file).
+            array: the data; any layout or byte order, 0-d included. bfloat16 must be
+                ``ml_dtypes.bfloat16``.
+
+        Returns:
+            The number of bytes written for it.
+
+        Raises:
+            WriteError: the writer is finished, the name repeats, the array is empty or
+                its dtype cannot be stored in a checkpoint MindSpore loads.
+        """
+        if self._done:
+            raise self._fail(f"cannot write {name!r}: the checkpoint is already finished")
+        if not name or name in self._names:
+            raise self._fail(f"tensor name {name!r} is empty or written twice; names must "
+                             "be unique", tensor=name)
+        array = np.asarray(array)
+        try:
+            dtype = dtype_name(array.dtype.newbyteorder("<"))
+        except (KeyError, TypeError, ValueError):
+            dtype = str(array.dtype)
+        if dtype not in WRITABLE_DTYPES:
+            raise self._fail(f"tensor {name!r} has dtype {dtype}, which MindSpore cannot load "
+                             f"from a checkpoint; cast it to one of {sorted(WRITABLE_DTYPES)}",
+                             tensor=name)
+        if array.size == 0:
+            raise self._fail(f"tensor {name!r} is empty ({format_shape(array.shape)}): "
+                             "MindSpore drops empty tensors when saving and misreads them "
+                             "when loading; leave it out", tensor=name)
+        # one copy at most, and only when the layout or byte order needs it; the shape is
+        # kept first because ascontiguousarray turns a 0-d array into shape (1,)
+        shape = array.shape
+        raw = np.ascontiguousarray(array, dtype=NUMPY_DTYPES[dtype]).reshape(-1).view(np.uint8)
+        before = self.bytes_written
+        ttype, tag = MS_TENSOR_TYPES[dtype].encode(), name.encode("utf-8")
+        for start in range(0, raw.size, self._slice):
+            piece = raw[start:start + self._slice]
+            self._put(_record_header(tag, shape, ttype, piece.size))
+            self._put(memoryview(piece))
+        self._names.add(name)
+        return self.bytes_written - before
+
+    def finish(self) -> None:
+        """Write the CRC trailer if asked for and flush; the file stays open."""
+        if self._done:
+            return
+        self._done = True
+        if self._crc_on:
+            self._crc_on = False  # the trailer is not part of its own CRC
+            self._put(CRC_MAGIC + self._crc.to_bytes(10, "big"))
+        try:
+            self._file.flush()
+        except OSError as exc:
+            raise self._fail(f"cannot write ({exc.strerror or exc}); check free disk space") \
+                from exc
+
+    close = finish
+
+    def __enter__(self) -> CkptWriter:
+        return self
+
+    def __exit__(self, exc_type: object, *rest: object) -> None:
+        if exc_type is None:
+            self.finish()
+        else:
+            self._done = True
+

@@ -1,0 +1,293 @@
+"""``ms-port``: a thin skin over :mod:`ms_port.api`.
+
+Each command checks its options, calls one library function and renders the report.
+Known failures (:class:`~ms_port.errors.MsPortError`) become one red line on stderr and
+exit code 2 (bad input) or 1 (a failed check); ``--debug`` shows the traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Any
+
+import click
+
+from . import __version__
+from .errors import MsPortError
+
+ARCH_HELP = "a built-in architecture (see `ms-port archs`)"
+
+
+def _console(stderr: bool = False) -> Any:
+    from rich.console import Console
+
+    return Console(stderr=stderr, no_color="NO_COLOR" in os.environ, highlight=False)
+
+
+class _Cli(click.Group):
+    """Maps MsPortError to a one-line message and its exit code."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except MsPortError as exc:
+            if ctx.obj and ctx.obj.get("debug"):
+                raise
+            _console(stderr=True).print(f"[bold red]error:[/] {exc.message}", markup=True,
+                                        soft_wrap=True)
+            if not (ctx.obj and ctx.obj.get("debug")):
+                click.echo("(run with --debug for the traceback)", err=True)
+            ctx.exit(exc.exit_code)
+        except KeyboardInterrupt:
+            click.echo("interrupted; nothing was left half-written", err=True)
+            ctx.exit(130)
+
+
+@click.group(cls=_Cli, context_settings={"help_option_names": ["-h", "--help"],
+                                         "max_content_width": 100})
+@click.version_option(__version__, "--version", prog_name="ms-port")
+@click.option("--debug", is_flag=True, help="Show full tracebacks on errors.")
+@click.pass_context
+def main(ctx: click.Context, debug: bool) -> None:
+    """Move trained PyTorch weights to MindSpore, and prove the move was exact.
+
+    \b
+    ms-port inspect resnet50.pth
+    ms-port convert resnet50.pth --arch resnet50 -o resnet50.ckpt
+    ms-port verify resnet50.pth resnet50.ckpt --arch resnet50
+    """
+    ctx.ensure_object(dict)["debug"] = debug
+
+
+def _emit_json(data: dict) -> None:
+    click.echo(json.dumps(data, indent=2, default=str))
+
+
+def _source_options(f: Any) -> Any:
+    f = click.option("--key", metavar="NAME",
+                     help="Container holding the state dict (default: state_dict, model, "
+                          "ema… tried in turn).")(f)
+    f = click.option("--unsafe-pickle", is_flag=True,
+                     help="Fully unpickle a TRUSTED legacy file. This runs any code the "
+                          "file contains; never use it on downloads.")(f)
+    return f
+
+
+@main.command()
+@click.argument("file", required=False, type=click.Path(dir_okay=True))
+@click.option("--arch", metavar="NAME", help=f"Instead of a file, list what {ARCH_HELP} "
+              "expects.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@click.option("--filter", "pattern", metavar="REGEX", help="Only tensors whose name matches.")
+@click.option("--limit", type=click.IntRange(min=1), default=50, show_default=True,
+              help="Rows shown in the table.")
+@click.option("--all", "show_all", is_flag=True, help="Show every row.")
+@_source_options
+def inspect(file: str | None, arch: str | None, as_json: bool, pattern: str | None,
+            limit: int, show_all: bool, key: str | None, unsafe_pickle: bool) -> None:
+    """Show what a checkpoint holds (.pth/.pt/.bin, .safetensors, .ckpt).
+
+    FILE may also be a sharded set's *.safetensors.index.json. With --arch instead of
+    FILE, lists the tensors a built-in architecture expects.
+    """
+    from . import api
+
+    if (file is None) == (arch is None):
+        raise click.UsageError("give a FILE or --arch NAME (not both)")
+    report = api.inspect(file, arch=arch, filter=pattern, key=key,
+                         unsafe_pickle=unsafe_pickle)
+    if as_json:
+        _emit_json(report.to_dict())
+        return
+    from .render import render
+
+    _console().print(render(report, limit=None if show_all else limit))
+
+
+def _progress_bar(enabled: bool):
+    """A (phase, done, total) callback drawing a rich progress bar on a TTY, and its closer."""
+    if not enabled or not sys.stderr.isatty():
+        return None, lambda: None
+    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
+
+    bar = Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
+                   TransferSpeedColumn(), console=_console(stderr=True), transient=True)
+    tasks: dict[str, Any] = {}
+
+    def update(phase: str, done: int, total: int) -> None:
+        if not tasks:
+            bar.start()
+        if phase not in tasks:
+            tasks[phase] = bar.add_task(phase, total=total)
+        bar.update(tasks[phase], completed=done)
+
+    return update, bar.stop
+
+
+@main.command()
+@click.argument("source", type=click.Path(dir_okay=True))
+@click.option("--arch", metavar="NAME", help=f"Target: {ARCH_HELP}.")
+@click.option("--target", "template", metavar="FILE",
+              help="Target: a template MindSpore checkpoint (names and shapes are read).")
+@click.option("--ms-model", metavar="MODULE:CALLABLE",
+              help="Target: a function returning a mindspore.nn.Cell.")
+@click.option("-o", "--output", metavar="FILE", help="The MindSpore checkpoint to write.")
+@click.option("--map", "maps", multiple=True, metavar="YAML",
+              help="Extra mapping table (repeatable); see the README, 'Mapping files'.")
+@click.option("--format", "fmt", type=click.Choice(["ckpt", "safetensors"]), default="ckpt",
+              show_default=True, help="Output format.")
+@click.option("--dtype", type=click.Choice(["float32", "float16", "bfloat16"]),
+              help="Cast floating-point tensors (default: keep every dtype bit for bit).")
+@click.option("--force", is_flag=True, help="Replace an existing output (after verifying "
+              "the new one).")
+@click.option("--dry-run", is_flag=True, help="Stop after the plan; write nothing.")
+@click.option("--save-map", metavar="YAML", help="Save the plan as a mapping to edit and "
+              "pass back with --map.")
+@click.option("--allow-missing", is_flag=True, help="Write even if target tensors are unfilled.")
+@click.option("--allow-unused", is_flag=True, help="Write even if source tensors are unused.")
+@click.option("--allow-shape-match", is_flag=True,
+              help="Fill leftovers by equal shape, in order (each flagged as fallback).")
+@click.option("--check-finite", is_flag=True, help="Refuse weights with NaN/Inf.")
+@click.option("--crc", is_flag=True, help="Append MindSpore's CRC trailer (ckpt).")
+@click.option("--show", type=click.Choice(["summary", "all"]), default="summary",
+              show_default=True, help="'all' adds the per-tensor table.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
+@_source_options
+def convert(source: str, arch: str | None, template: str | None, ms_model: str | None,
+            output: str | None, maps: tuple[str, ...], fmt: str, dtype: str | None,
+            force: bool, dry_run: bool, save_map: str | None, allow_missing: bool,
+            allow_unused: bool, allow_shape_match: bool, check_finite: bool, crc: bool,
+            show: str, as_json: bool, quiet: bool, key: str | None,
+            unsafe_pickle: bool) -> None:
+    """Convert a PyTorch checkpoint SOURCE into a MindSpore checkpoint.
+
+    Every target tensor is matched (exact name, built-in rule, mapping table), written
+    to a temporary file, read back bit for bit, then renamed into place. Strict by
+    default: if anything is unfilled or unused, nothing is written and the exit code is 1.
+    """
+    from . import api
+
+    if sum(x is not None for x in (arch, template, ms_model)) != 1:
+        raise click.UsageError("give exactly one target: --arch, --target or --ms-model")
+    if output is None and not dry_run:
+        raise click.UsageError("give -o/--output FILE, or --dry-run")
+    progress, stop = _progress_bar(not (quiet or as_json))
+    try:
+        report = api.convert(
+            source, output=output, arch=arch, target=template, ms_model=ms_model,
+            mapping=list(maps), format=fmt, dtype=dtype, force=force, dry_run=dry_run,
+            save_map=save_map, allow_missing=allow_missing, allow_unused=allow_unused,
+            allow_shape_match=allow_shape_match, check_finite=check_finite, crc=crc,
+            key=key, unsafe_pickle=unsafe_pickle, progress=progress)
+    finally:
+        stop()
+    if as_json:
+        _emit_json(report.to_dict())
+    else:
+        from .render import render
+
+        _console().print(render(report, limit=None if show == "all" else 20, show=show))
+    sys.exit(0 if report.ok else 1)
+
+
+@main.command()
+@click.argument("source", type=click.Path(dir_okay=True))
+@click.argument("checkpoint", type=click.Path(dir_okay=True))
+@click.option("--arch", metavar="NAME", help=f"Both networks from {ARCH_HELP}.")
+@click.option("--torch-model", metavar="MODULE:CALLABLE",
+              help="PyTorch network factory (with --ms-model).")
+@click.option("--ms-model", metavar="MODULE:CALLABLE",
+              help="MindSpore network factory (with --torch-model).")
+@click.option("--map", "maps", multiple=True, metavar="YAML",
+              help="Mapping table(s) pairing the layers, for locating a divergence.")
+@click.option("--tol", type=float, default=1e-5, show_default=True,
+              help="Largest accepted error = ||ms - torch||₂ / ||torch||₂ per output "
+                   "(relative to the output's scale; NaN/Inf always fails).")
+@click.option("--seed", type=int, default=0, show_default=True, help="Input seed.")
+@click.option("--batch", type=click.IntRange(min=1), default=1, show_default=True)
+@click.option("--input-shape", metavar="C,H,W",
+              help="One sample's shape (default: the architecture's).")
+@click.option("--dtype", type=click.Choice(["float32", "float64"]), default="float32",
+              show_default=True, help="Run both sides in this dtype.")
+@click.option("--device", type=click.Choice(["cpu", "gpu", "ascend"]), default="cpu",
+              show_default=True, help="Device for both sides.")
+@click.option("--torch-device", type=click.Choice(["cpu", "gpu", "ascend"]),
+              help="Override the PyTorch side's device.")
+@click.option("--ms-device", type=click.Choice(["cpu", "gpu", "ascend"]),
+              help="Override the MindSpore side's device.")
+@click.option("--no-noise-floor", is_flag=True, help="Skip the float64 reference run.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress messages.")
+@_source_options
+def verify(source: str, checkpoint: str, arch: str | None, torch_model: str | None,
+           ms_model: str | None, maps: tuple[str, ...], tol: float, seed: int, batch: int,
+           input_shape: str | None, dtype: str, device: str, torch_device: str | None,
+           ms_device: str | None, no_noise_floor: bool, as_json: bool, quiet: bool,
+           key: str | None, unsafe_pickle: bool) -> None:
+    """Run PyTorch (with SOURCE) and MindSpore (with CHECKPOINT) on the same seeded input.
+
+    Passes when, for every output, ||ms - torch||₂ / ||torch||₂ <= --tol and no value is
+    NaN/Inf. On failure, names the first layer whose output diverges. Exit 0 pass,
+    1 mismatch, 2 bad input.
+    """
+    from . import api
+
+    if arch is None and (torch_model is None or ms_model is None):
+        raise click.UsageError("give --arch NAME, or both --torch-model and --ms-model")
+    shape = None
+    if input_shape:
+        try:
+            shape = tuple(int(d) for d in input_shape.split(","))
+        except ValueError:
+            raise click.BadParameter(f"{input_shape!r}: expected integers like 3,224,224",
+                                     param_hint="--input-shape") from None
+    steps = None
+    if not (quiet or as_json) and sys.stderr.isatty():
+        console = _console(stderr=True)
+
+        def steps(msg: str) -> None:
+            console.print(f"[dim]… {msg}[/]")
+
+    report = api.verify(source, checkpoint, arch=arch, torch_model=torch_model,
+                        ms_model=ms_model, mapping=list(maps), tol=tol, seed=seed,
+                        batch=batch, input_shape=shape, dtype=dtype, device=device,
+                        torch_device=torch_device, ms_device=ms_device,
+                        noise_floor=not no_noise_floor, key=key,
+                        unsafe_pickle=unsafe_pickle, progress=steps)
+    if as_json:
+        _emit_json(report.to_dict())
+    else:
+        from .render import render
+
+        _console().print(render(report))
+    sys.exit(0 if report.ok else 1)
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+def archs(as_json: bool) -> None:
+    """List the built-in architectures."""
+    from .archs import get_arch, list_archs
+
+    entries = [get_arch(n) for n in list_archs()]
+    if as_json:
+        _emit_json({"archs": [{"name": a.name, "reference": a.reference,
+                               "mapping": a.mapping, "input_shape": list(a.input_shape),
+                               "notes": a.notes} for a in entries]})
+        return
+    from rich.table import Table
+
+    table = Table(title="built-in architectures", title_justify="left")
+    for col in ("name", "PyTorch reference", "mapping", "input", "notes"):
+        table.add_column(col)
+    for a in entries:
+        table.add_row(a.name, a.reference, a.mapping or "-",
+                      "×".join(map(str, a.input_shape)), a.notes)
+    _console().print(table)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

@@ -1,0 +1,263 @@
+"""Mapping tables: what the built-in rules cannot infer, kept as YAML.
+
+Format (every section optional; names run PyTorch -> MindSpore)::
+
+    version: 1
+    description: torchvision ResNet -> MindSpore model-zoo ResNet
+    rename:
+      segments:                 # whole dotted-name segments
+        downsample: down_sample_layer
+        fc: end_point
+      regex:                    # Python regex, full match on the name; \\1 for groups
+        - {from: 'blocks\\.(\\d+)\\.attn', to: 'layers.\\1.attention'}
+    tensors:                    # exact pairs, MindSpore name: PyTorch name
+      head.weight: classifier.weight
+      stem.weight: {source: conv.weight, transforms: [{unsqueeze: 2}]}
+    drop:                       # PyTorch tensors left out on purpose (regex, full match)
+      - 'aux_head\\..*'
+    transforms:                 # transforms by MindSpore-name regex
+      - {match: '.*\\.conv1d\\.weight', ops: [{unsqueeze: 2}]}
+
+``ms-port convert --save-map`` writes a Plan in this format (as ``tensors:`` entries);
+edit one line and pass it back with ``--map``.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .errors import MappingError
+from .transforms import Transform
+
+_SECTIONS = {"version", "description", "rename", "tensors", "drop", "transforms"}
+_RENAME_KEYS = {"segments", "regex"}
+
+
+@dataclass(frozen=True)
+class TensorEntry:
+    """An explicit ``tensors:`` pair: fill ``target`` from ``source``."""
+
+    target: str
+    source: str
+    transforms: tuple[Transform, ...] = ()
+
+
+@dataclass(frozen=True)
+class RegexRename:
+    pattern: re.Pattern
+    replacement: str
+
+    def __str__(self) -> str:
+        return f"{self.pattern.pattern} -> {self.replacement}"
+
+
+@dataclass(frozen=True)
+class TransformEntry:
+    match: re.Pattern
+    ops: tuple[Transform, ...]
+
+
+@dataclass(frozen=True)
+class MappingTable:
+    """One or more mapping files merged; see the module docstring for the format.
+
+    Attributes:
+        origin: where the table came from (file paths, ``+``-joined when merged).
+    """
+
+    origin: str = "<empty>"
+    description: str = ""
+    segments: dict[str, str] = field(default_factory=dict)
+    regex: tuple[RegexRename, ...] = ()
+    tensors: dict[str, TensorEntry] = field(default_factory=dict)
+    drop: tuple[re.Pattern, ...] = ()
+    transforms: tuple[TransformEntry, ...] = ()
+
+    @classmethod
+    def empty(cls) -> MappingTable:
+        return cls()
+
+    def rename(self, name: str) -> tuple[str, list[str]]:
+        """Apply segment and regex renames to a PyTorch name.
+
+        Returns:
+            The renamed name and the entries that fired (``"segment fc->end_point"``).
+        """
+        fired: list[str] = []
+        parts = name.split(".")
+        for i, part in enumerate(parts):
+            if part in self.segments:
+                parts[i] = self.segments[part]
+                fired.append(f"segment {part}->{self.segments[part]}")
+        name = ".".join(parts)
+        for rule in self.regex:
+            new, n = rule.pattern.subn(rule.replacement, name)
+            if n and rule.pattern.fullmatch(name):
+                fired.append(f"regex {rule}")
+                name = new
+        return name, fired
+
+    def dropped_by(self, source_name: str) -> str | None:
+        """The ``drop:`` pattern matching a PyTorch name, if any."""
+        return next((p.pattern for p in self.drop if p.fullmatch(source_name)), None)
+
+    def transforms_for(self, target_name: str) -> tuple[Transform, ...]:
+        for entry in self.transforms:
+            if entry.match.fullmatch(target_name):
+                return entry.ops
+        return ()
+
+    def merged(self, other: MappingTable) -> MappingTable:
+        """This table with ``other`` layered on top (``other`` wins on clashes)."""
+        if self.origin == "<empty>":
+            return other
+        return MappingTable(
+            origin=f"{self.origin}+{other.origin}",
+            description=other.description or self.description,
+            segments={**self.segments, **other.segments},
+            regex=other.regex + self.regex,
+            tensors={**self.tensors, **other.tensors},
+            drop=self.drop + other.drop,
+            transforms=other.transforms + self.transforms,
+        )
+
+
+def builtin_mappings() -> list[str]:
+    """Names of the mapping tables shipped with ms-port."""
+    root = resources.files("ms_port.mappings")
+    return sorted(p.name[:-5] for p in root.iterdir() if p.name.endswith(".yaml"))
+
+
+def load_mapping(spec: str | Path) -> MappingTable:
+    """Load a mapping table by built-in name (``"resnet"``) or path, validating it.
+
+    Raises:
+        MappingError: naming the file, the entry and the fix.
+    """
+    path = Path(spec)
+    if path.suffix in (".yaml", ".yml") or path.exists():
+        if not path.is_file():
+            raise MappingError(f"{path}: no such mapping file; check the path", path=path)
+        try:
+            text = path.read_text()
+        except OSError as exc:
+            raise MappingError(f"{path}: cannot read mapping file ({exc.strerror})",
+                               path=path) from None
+        return parse_mapping(text, origin=str(path))
+    resource = resources.files("ms_port.mappings") / f"{spec}.yaml"
+    if not resource.is_file():
+        raise MappingError(
+            f"no mapping table {str(spec)!r}; built-in: {', '.join(builtin_mappings())} "
+            "(or give a path to a .yaml file)")
+    return parse_mapping(resource.read_text(), origin=f"mappings/{spec}.yaml")
+
+
+def parse_mapping(text: str, *, origin: str = "<string>") -> MappingTable:
+    """Parse and validate mapping YAML text (see the module docstring)."""
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        where = getattr(exc, "problem_mark", None)
+        line = f" at line {where.line + 1}" if where is not None else ""
+        raise MappingError(f"{origin}: YAML syntax error{line} "
+                           f"({getattr(exc, 'problem', exc)}); fix the file", path=origin) from None
+    data = {} if data is None else data
+    _expect(isinstance(data, dict), origin, "top level", "a mapping of sections")
+    unknown = set(data) - _SECTIONS
+    _expect(not unknown, origin, f"section {sorted(unknown)[0]!r}" if unknown else "",
+            f"one of {', '.join(sorted(_SECTIONS))}")
+    _expect(data.get("version", 1) == 1, origin, "version", "1")
+
+    rename = data.get("rename") or {}
+    _expect(isinstance(rename, dict) and not set(rename) - _RENAME_KEYS, origin, "rename",
+            "a mapping with 'segments' and/or 'regex'")
+    segments = rename.get("segments") or {}
+    _expect(isinstance(segments, dict), origin, "rename.segments", "a mapping old: new")
+    for old, new in segments.items():
+        for s in (old, new):
+            _expect(isinstance(s, str) and s and "." not in s, origin,
+                    f"rename.segments {old!r}", "segment names without dots")
+    regex = tuple(_regex_rename(r, origin, i) for i, r in enumerate(rename.get("regex") or []))
+
+    tensors_data = data.get("tensors") or {}
+    _expect(isinstance(tensors_data, dict), origin, "tensors", "a mapping target: source")
+    tensors = {t: _tensor_entry(t, v, origin) for t, v in tensors_data.items()}
+    sources = [e.source for e in tensors.values()]
+    dup = next((s for s in sources if sources.count(s) > 1), None)
+    _expect(dup is None, origin, f"tensors (source {dup!r})",
+            "each source used by one target only")
+
+    drop_data = data.get("drop") or []
+    _expect(isinstance(drop_data, list), origin, "drop", "a list of regexes")
+    drop = tuple(_compile(p, origin, f"drop[{i}]") for i, p in enumerate(drop_data))
+
+    tf_data = data.get("transforms") or []
+    _expect(isinstance(tf_data, list), origin, "transforms", "a list of {match, ops}")
+    transforms = tuple(_transform_entry(e, origin, i) for i, e in enumerate(tf_data))
+    return MappingTable(origin=origin, description=str(data.get("description") or ""),
+                        segments=dict(segments), regex=regex, tensors=tensors, drop=drop,
+                        transforms=transforms)
+
+
+def _expect(ok: bool, origin: str, entry: str, wanted: str) -> None:
+    if not ok:
+        raise MappingError(f"{origin}: invalid {entry}: expected {wanted}; fix the entry "
+                           "(format: see the README, 'Mapping files')", path=origin)
+
+
+def _compile(pattern: Any, origin: str, entry: str) -> re.Pattern:
+    _expect(isinstance(pattern, str), origin, entry, "a regex string")
+    try:
+        return re.compile(pattern)
+    except re.error as exc:
+        raise MappingError(f"{origin}: {entry}: bad regex {pattern!r} ({exc}); fix the "
+                           "pattern (Python re syntax; quote it in single quotes)",
+                           path=origin) from None
+
+
+def _ops(data: Any, origin: str, entry: str) -> tuple[Transform, ...]:
+    _expect(isinstance(data, list), origin, entry, "a list of transforms like {unsqueeze: 2}")
+    try:
+        return tuple(Transform.from_data(op) for op in data)
+    except ValueError as exc:
+        raise MappingError(f"{origin}: {entry}: {exc}", path=origin) from None
+
+
+def _regex_rename(data: Any, origin: str, i: int) -> RegexRename:
+    entry = f"rename.regex[{i}]"
+    _expect(isinstance(data, dict) and set(data) == {"from", "to"}, origin, entry,
+            "{from: REGEX, to: REPLACEMENT}")
+    pattern = _compile(data["from"], origin, entry)
+    _expect(isinstance(data["to"], str), origin, entry, "a replacement string")
+    try:
+        pattern.sub(data["to"], "")  # compiles the template: bad group references raise
+    except re.error as exc:
+        raise MappingError(f"{origin}: {entry}: bad replacement {data['to']!r} ({exc}); "
+                           "refer only to groups the pattern has", path=origin) from None
+    return RegexRename(pattern, data["to"])
+
+
+def _tensor_entry(target: Any, value: Any, origin: str) -> TensorEntry:
+    entry = f"tensors.{target}"
+    _expect(isinstance(target, str), origin, entry, "a tensor name")
+    if isinstance(value, str):
+        return TensorEntry(target, value)
+    _expect(isinstance(value, dict) and "source" in value
+            and not set(value) - {"source", "transforms"}, origin, entry,
+            "a source name, or {source: NAME, transforms: [...]}")
+    _expect(isinstance(value["source"], str), origin, entry, "a source tensor name")
+    return TensorEntry(target, value["source"],
+                       _ops(value.get("transforms") or [], origin, entry))
+
+
+def _transform_entry(data: Any, origin: str, i: int) -> TransformEntry:
+    entry = f"transforms[{i}]"
+    _expect(isinstance(data, dict) and set(data) == {"match", "ops"}, origin, entry,
+            "{match: REGEX, ops: [...]}")
+    return TransformEntry(_compile(data["match"], origin, entry), _ops(data["ops"], origin, entry))

@@ -1,0 +1,475 @@
+"""Matching: rules propose, the target disposes. The result is a :class:`Plan`.
+
+For every source tensor, candidates are proposed in order of trust and the first that
+exists in the target is taken:
+
+1. an explicit ``tensors:`` entry of the mapping table;
+2. the exact name;
+3. the name after the mapping table's segment/regex renames;
+4. the built-in layer rules (:mod:`ms_port.rules`) on that name.
+
+A proposal becomes a match only if the shapes agree, directly or after a declared
+transform. Two sources claiming one target, or a proposal whose shape does not fit,
+are conflicts. Shape/order fallback runs only when asked and is flagged. Nothing is
+written here: the Plan says what would be.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import yaml
+
+from .errors import MappingError
+from .mapping import MappingTable
+from .rules import known_drop, propose
+from .sources import Source
+from .targets import Target, TargetTensor
+from .tensors import FLOAT_DTYPES, TensorInfo, format_shape, itemsize, numpy_dtype
+from .transforms import Transform, apply_all, shape_after
+
+HOW = ("exact", "rule", "mapping", "fallback")
+
+
+@dataclass(frozen=True)
+class Match:
+    """One target tensor and the source tensor that fills it.
+
+    Attributes:
+        how: ``exact``, ``rule``, ``mapping`` or ``fallback`` (shape/order only).
+        detail: which rule or mapping entry (``batchnorm``, ``segment fc->end_point``).
+        transforms: applied to the source data, in order.
+        dtype: the source dtype; ``out_dtype`` what is written (differs under a cast).
+    """
+
+    target: str
+    source: str
+    how: str
+    detail: str
+    source_shape: tuple[int, ...]
+    shape: tuple[int, ...]
+    dtype: str
+    out_dtype: str
+    transforms: tuple[Transform, ...] = ()
+
+    @property
+    def lossy(self) -> bool:
+        """Whether the cast to ``out_dtype`` can lose information."""
+        return self.dtype != self.out_dtype and not _widens(self.dtype, self.out_dtype)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"target": self.target, "source": self.source, "how": self.how,
+                "detail": self.detail, "shape": list(self.shape),
+                "source_shape": list(self.source_shape), "dtype": self.dtype,
+                "out_dtype": self.out_dtype,
+                "transforms": [t.to_data() for t in self.transforms]}
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A near miss offered as "did you mean"."""
+
+    name: str
+    shape: tuple[int, ...]
+
+    def __str__(self) -> str:
+        return f"{self.name!r} ({format_shape(self.shape)})"
+
+
+@dataclass(frozen=True)
+class Missing:
+    """A target tensor nothing fills."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    candidates: tuple[Candidate, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "shape": list(self.shape), "dtype": self.dtype,
+                "candidates": [c.name for c in self.candidates]}
+
+
+@dataclass(frozen=True)
+class Unused:
+    """A source tensor nothing uses."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    candidates: tuple[Candidate, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "shape": list(self.shape), "dtype": self.dtype,
+                "candidates": [c.name for c in self.candidates]}
+
+
+@dataclass(frozen=True)
+class Dropped:
+    """A source tensor left out on purpose, and why."""
+
+    name: str
+    reason: str
+
+    def to_dict(self) -> dict[str, str]:
+        return {"name": self.name, "reason": self.reason}
+
+
+@dataclass(frozen=True)
+class Conflict:
+    """Something that cannot be resolved by relaxing strictness.
+
+    Attributes:
+        kind: ``shape`` (a proposal whose shape does not fit), ``claim`` (several
+            sources for one target) or ``fan-out`` (one source for several targets).
+    """
+
+    kind: str
+    targets: tuple[str, ...]
+    sources: tuple[str, ...]
+    message: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "targets": list(self.targets),
+                "sources": list(self.sources), "message": self.message}
+
+
+@dataclass
+class Plan:
+    """The result of matching a Source against a Target, before any byte is written.
+
+    Attributes:
+        matches: one per filled target tensor, in target order.
+        missing: target tensors nothing fills. unused: source tensors nothing uses.
+        dropped: source tensors left out on purpose. conflicts: unresolvable clashes.
+    """
+
+    source: Source = field(repr=False)
+    target: Target = field(repr=False)
+    mapping: MappingTable = field(repr=False)
+    matches: list[Match]
+    missing: list[Missing]
+    unused: list[Unused]
+    dropped: list[Dropped]
+    conflicts: list[Conflict]
+    allow_missing: bool = False
+    allow_unused: bool = False
+
+    @property
+    def ok(self) -> bool:
+        """No conflicts, and nothing missing or unused unless allowed."""
+        return (not self.conflicts and (self.allow_missing or not self.missing)
+                and (self.allow_unused or not self.unused))
+
+    @property
+    def counts(self) -> dict[str, int]:
+        """Matches by how they were found."""
+        c = Counter(m.how for m in self.matches)
+        return {how: c[how] for how in HOW}
+
+    @property
+    def fallbacks(self) -> list[Match]:
+        return [m for m in self.matches if m.how == "fallback"]
+
+    @property
+    def lossy_casts(self) -> list[Match]:
+        return [m for m in self.matches if m.lossy]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(_numel(m.shape) * itemsize(m.out_dtype) for m in self.matches)
+
+    def problems(self) -> list[str]:
+        """One line per reason the plan is not ok, for messages."""
+        lines = [c.message for c in self.conflicts]
+        if not self.allow_missing:
+            lines += [_missing_line(m) for m in self.missing]
+        if not self.allow_unused:
+            lines += [_unused_line(u) for u in self.unused]
+        return lines
+
+    def arrays(self):
+        """Yield ``(match, array)`` in target order: source data, transformed and cast."""
+        for m in self.matches:
+            yield m, materialize(m, self.source.tensors[m.source])
+
+    def to_mapping(self) -> dict[str, Any]:
+        """The Plan as a mapping table (``--save-map``), which ``--map`` accepts back."""
+        tensors: dict[str, Any] = {}
+        for m in self.matches:
+            tensors[m.target] = (
+                {"source": m.source, "transforms": [t.to_data() for t in m.transforms]}
+                if m.transforms else m.source)
+        data: dict[str, Any] = {
+            "version": 1,
+            "description": f"plan: {self.source.path} -> {self.target.description}",
+            "tensors": tensors,
+        }
+        drops = [d.name for d in self.dropped]
+        if drops:
+            data["drop"] = [_literal(n) for n in drops]
+        return data
+
+    def to_yaml(self) -> str:
+        """:meth:`to_mapping` as YAML, with the leftovers as comments to act on."""
+        head = ["# ms-port plan; edit and pass back with --map",
+                "# how each tensor was matched: " + ", ".join(
+                    f"{k} {v}" for k, v in self.counts.items() if v)]
+        head += [f"# MISSING  {_missing_line(m)}" for m in self.missing]
+        head += [f"# UNUSED   {_unused_line(u)}" for u in self.unused]
+        head += [f"# CONFLICT {c.message}" for c in self.conflicts]
+        body = yaml.safe_dump(self.to_mapping(), sort_keys=False, width=120)
+        return "\n".join(head) + "\n" + body
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "ok": self.ok, "source": self.source.path, "target": self.target.description,
+            "filled": len(self.matches), "total": len(self.target),
+            "counts": self.counts, "matches": [m.to_dict() for m in self.matches],
+            "missing": [m.to_dict() for m in self.missing],
+            "unused": [u.to_dict() for u in self.unused],
+            "dropped": [d.to_dict() for d in self.dropped],
+            "conflicts": [c.to_dict() for c in self.conflicts],
+            "lossy_casts": [m.target for m in self.lossy_casts],
+        }
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    return int(np.prod(shape, dtype=np.int64))
+
+
+def _literal(name: str) -> str:
+    import re
+
+    return re.escape(name)
+
+
+def _missing_line(m: Missing) -> str:
+    hint = f"; closest: {', '.join(map(str, m.candidates))}" if m.candidates else ""
+    return (f"no source tensor for {m.name!r} ({format_shape(m.shape)}){hint} — add it to "
+            "your mapping file's tensors: or pass --allow-missing")
+
+
+def _unused_line(u: Unused) -> str:
+    hint = f"; could fill: {', '.join(map(str, u.candidates))}" if u.candidates else ""
+    return (f"source tensor {u.name!r} ({format_shape(u.shape)}) is not used{hint} — map it, "
+            "add it to drop:, or pass --allow-unused")
+
+
+_FLOAT_BITS = {"float16": (5, 10), "bfloat16": (8, 7), "float32": (8, 23), "float64": (11, 52)}
+
+
+def _widens(src: str, dst: str) -> bool:
+    """Whether every ``src`` value is exactly representable in ``dst``."""
+    if src in _FLOAT_BITS and dst in _FLOAT_BITS:
+        (e1, m1), (e2, m2) = _FLOAT_BITS[src], _FLOAT_BITS[dst]
+        return e2 >= e1 and m2 >= m1
+    return src == dst
+
+
+def materialize(match: Match, info: TensorInfo) -> np.ndarray:
+    """The array written for ``match``: source data, transformed, then cast."""
+    array = apply_all(match.transforms, info.load())
+    if match.out_dtype != match.dtype:
+        array = array.astype(numpy_dtype(match.out_dtype))
+    return array
+
+
+def _rank(name: str, shape: tuple[int, ...],
+          pool: list[tuple[str, tuple[int, ...]]], n: int = 3) -> tuple[Candidate, ...]:
+    """The ``n`` nearest names in ``pool``: same shape first, then name similarity."""
+    if not pool:
+        return ()
+    matcher = difflib.SequenceMatcher(b=name, autojunk=False)
+    scored = []
+    for other, other_shape in pool:
+        matcher.set_seq1(other)
+        if matcher.real_quick_ratio() < 0.3:
+            continue
+        score = matcher.ratio() + (0.5 if other_shape == shape else 0.0)
+        if score > 0.6:
+            scored.append((score, other, other_shape))
+    scored.sort(key=lambda s: -s[0])
+    return tuple(Candidate(o, s) for _, o, s in scored[:n])
+
+
+def make_plan(
+    source: Source,
+    target: Target,
+    mapping: MappingTable | None = None,
+    *,
+    allow_missing: bool = False,
+    allow_unused: bool = False,
+    allow_shape_match: bool = False,
+    dtype: str | None = None,
+) -> Plan:
+    """Match every target tensor to a source tensor (see the module docstring).
+
+    Args:
+        source: what the PyTorch checkpoint holds.
+        target: what the MindSpore side expects.
+        mapping: the mapping table(s) to apply on top of the built-in rules.
+        allow_missing / allow_unused: accept leftovers (they are still reported).
+        allow_shape_match: fill leftovers by equal shape in order; flagged ``fallback``.
+        dtype: cast floating-point tensors to this dtype (``float16``, ``bfloat16``,
+            ``float32``); integer and bool tensors keep theirs.
+
+    Returns:
+        The :class:`Plan`; check ``plan.ok`` — this function never raises for
+        leftovers, only for a mapping table that names tensors that do not exist.
+    """
+    mapping = mapping or MappingTable.empty()
+    if dtype is not None and dtype not in FLOAT_DTYPES:
+        raise ValueError(f"cannot cast to {dtype!r}; choose one of {sorted(FLOAT_DTYPES)}")
+    _check_explicit(mapping, source, target)
+
+    layer_of, siblings = target.layers(), target.siblings()
+    proposals: dict[str, list[tuple[str, str, str, tuple[Transform, ...]]]] = {}
+    dropped: list[Dropped] = []
+    explicit_sources = {e.source: e for e in mapping.tensors.values()}
+    fan_out: list[Conflict] = []
+
+    for info in source:
+        s = info.name
+        if s in explicit_sources:
+            e = explicit_sources[s]
+            proposals.setdefault(e.target, []).append(
+                (s, "mapping", f"tensors entry in {mapping.origin}", e.transforms))
+            continue
+        pattern = mapping.dropped_by(s)
+        if pattern is not None:
+            dropped.append(Dropped(s, f"drop: {pattern} ({mapping.origin})"))
+            continue
+        found = _propose_one(s, mapping, target, layer_of, siblings)
+        if len({t for t, *_ in found}) > 1:
+            names = tuple(t for t, *_ in found)
+            fan_out.append(Conflict("fan-out", names, (s,),
+                                    f"source {s!r} could fill {', '.join(map(repr, names))}; "
+                                    "add a tensors: entry to say which"))
+            continue
+        for t, how, detail, tfs in found:
+            if t in mapping.tensors:  # an explicit entry owns this target
+                continue
+            proposals.setdefault(t, []).append((s, how, detail, tfs))
+
+    matches: dict[str, Match] = {}
+    conflicts: list[Conflict] = list(fan_out)
+    used: set[str] = set()
+    for t, props in proposals.items():
+        tt = target.tensors[t]
+        if len(props) > 1:
+            srcs = tuple(p[0] for p in props)
+            conflicts.append(Conflict("claim", (t,), srcs,
+                                      f"{len(srcs)} source tensors claim {t!r}: "
+                                      f"{', '.join(map(repr, srcs))}; add a tensors: entry "
+                                      "to pick one and drop: the others"))
+            used.update(srcs)
+            continue
+        (s, how, detail, tfs) = props[0]
+        used.add(s)
+        info = source.tensors[s]
+        tfs = tfs or mapping.transforms_for(t)
+        fitted = _fit(info.shape, tt, tfs)
+        if fitted is None:
+            conflicts.append(Conflict(
+                "shape", (t,), (s,),
+                f"{s!r} ({format_shape(info.shape)}) cannot fill {t!r} "
+                f"({format_shape(tt.shape)}), matched by {how} ({detail}); declare a "
+                "transform in your mapping file or map another tensor"))
+            continue
+        matches[t] = Match(t, s, how, detail, info.shape, tt.shape, info.dtype,
+                           _cast(info.dtype, dtype), fitted)
+
+    conflicted_targets = {t for c in conflicts for t in c.targets}
+    pending_t = [tt for name, tt in target.tensors.items()
+                 if name not in matches and name not in conflicted_targets]
+    pending_s = [i for i in source if i.name not in used and i.name not in
+                 {d.name for d in dropped}]
+    if allow_shape_match:
+        for tt in list(pending_t):
+            info = next((i for i in pending_s if i.shape == tt.shape), None)
+            if info is not None:
+                matches[tt.name] = Match(tt.name, info.name, "fallback",
+                                         "same shape, in order", info.shape, tt.shape,
+                                         info.dtype, _cast(info.dtype, dtype))
+                pending_t.remove(tt)
+                pending_s.remove(info)
+    for info in list(pending_s):
+        reason = known_drop(info.name)
+        if reason is not None:
+            dropped.append(Dropped(info.name, f"known drop: {reason}"))
+            pending_s.remove(info)
+
+    s_pool = [(i.name, i.shape) for i in pending_s]
+    t_pool = [(t.name, t.shape) for t in pending_t]
+    missing = [Missing(t.name, t.shape, t.dtype, _rank(t.name, t.shape, s_pool))
+               for t in pending_t]
+    unused = [Unused(i.name, i.shape, i.dtype, _rank(i.name, i.shape, t_pool))
+              for i in pending_s]
+    ordered = [matches[name] for name in target.tensors if name in matches]
+    return Plan(source, target, mapping, ordered, missing, unused, dropped, conflicts,
+                allow_missing=allow_missing, allow_unused=allow_unused)
+
+
+def _propose_one(s: str, mapping: MappingTable, target: Target,
+                 layer_of: dict[str, str | None],
+                 siblings: dict[str, frozenset[str]]) -> list[tuple[str, str, str, tuple]]:
+    """Proposals for one source name, most trusted first; the first kind that hits wins."""
+    by_rule = {p.target: p for p in propose(s, layer_of, siblings)}
+    if s in target:
+        rule = by_rule.get(s)  # a rule may still declare a layout transform (Conv1d)
+        return [(s, "exact", rule.rule if rule else "same name",
+                 rule.transforms if rule else ())]
+    renamed, fired = mapping.rename(s)
+    entries = ", ".join(fired)
+    if fired and renamed in target:
+        rule = next((p for p in propose(renamed, layer_of, siblings) if p.target == renamed),
+                    None)
+        return [(renamed, "mapping", f"{entries} ({mapping.origin})",
+                 rule.transforms if rule else ())]
+    proposals = propose(renamed, layer_of, siblings) if fired else list(by_rule.values())
+    detail = f" after {entries}" if fired else ""
+    return [(p.target, "rule", p.rule + detail, p.transforms) for p in proposals]
+
+
+def _fit(shape: tuple[int, ...], tt: TargetTensor,
+         transforms: tuple[Transform, ...]) -> tuple[Transform, ...] | None:
+    """The transforms that make ``shape`` fit the target, or ``None`` if nothing does."""
+    if shape == tt.shape:
+        return ()
+    if transforms:
+        try:
+            if shape_after(transforms, shape) == tt.shape:
+                return transforms
+        except ValueError:
+            return None
+    return None
+
+
+def _cast(dtype: str, wanted: str | None) -> str:
+    return wanted if wanted and dtype in FLOAT_DTYPES else dtype
+
+
+def _check_explicit(mapping: MappingTable, source: Source, target: Target) -> None:
+    for entry in mapping.tensors.values():
+        if entry.target not in target:
+            close = difflib.get_close_matches(entry.target, list(target.tensors), n=2)
+            hint = f"; did you mean {', '.join(map(repr, close))}?" if close else ""
+            raise MappingError(
+                f"{mapping.origin}: tensors entry {entry.target!r}: the target has no such "
+                f"tensor{hint} — fix the name or remove the entry", path=mapping.origin)
+        if entry.source not in source:
+            close = difflib.get_close_matches(entry.source, list(source.tensors), n=2)
+            hint = f"; did you mean {', '.join(map(repr, close))}?" if close else ""
+            raise MappingError(
+                f"{mapping.origin}: tensors entry {entry.target!r}: source {entry.source!r} "
+                f"is not in {source.path}{hint} — fix the name or remove the entry",
+                path=mapping.origin)
+
+
+__all__ = ["HOW", "Candidate", "Conflict", "Dropped", "Match", "Missing", "Plan", "Unused",
+           "make_plan", "materialize"]

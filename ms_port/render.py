@@ -1,0 +1,159 @@
+"""Rich renderings of the reports (used by the CLI and by ``__rich__`` in notebooks)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Group
+from rich.panel import Panel
+from rich.table import Table
+from rich.text import Text
+
+from .tensors import format_shape
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def render(report: Any, *, limit: int | None = None, show: str = "summary") -> Any:
+    """A rich renderable for any ms-port report."""
+    for cls, fn in _RENDERERS.items():
+        if type(report).__name__ == cls:
+            return fn(report, limit=limit, show=show)
+    return Text(repr(report))
+
+
+def _inspect(r: Any, *, limit: int | None, show: str) -> Any:
+    table = Table(title=f"{r.path}  [dim]({r.format})[/]", title_justify="left")
+    table.add_column("name", overflow="fold")
+    table.add_column("shape")
+    table.add_column("dtype")
+    table.add_column("elements", justify="right")
+    shown = r.tensors if limit is None else r.tensors[:limit]
+    for t in shown:
+        table.add_row(t.name, format_shape(t.shape), t.dtype, f"{t.numel:,}")
+    parts: list[Any] = [table]
+    if len(shown) < len(r.tensors):
+        parts.append(Text(f"… {len(r.tensors) - len(shown)} more (use --all or --limit N)",
+                          style="dim"))
+    dtypes = ", ".join(f"{k} ×{v}" for k, v in r.dtypes.items()) or "none"
+    filtered = (f" (matching {r.filter!r}, of {r.total_tensors})" if r.filter else "")
+    lines = [f"tensors: {len(r.tensors)}{filtered}   parameters: {r.parameters:,}   "
+             f"bytes: {r.nbytes:,} ({_size(r.nbytes)})   dtypes: {dtypes}"]
+    if r.unwrapped:
+        lines.append(f"unwrapped container: {' → '.join(r.unwrapped)}")
+    if r.stripped:
+        lines.append(f"stripped prefix: {', '.join(r.stripped)}")
+    if r.metadata:
+        lines.append("metadata: " + ", ".join(f"{k}={v}" for k, v in r.metadata.items()))
+    parts.append(Text("\n".join(lines)))
+    if r.skipped:
+        skipped = Table(title="skipped (not tensors)", title_justify="left")
+        for col in ("entry", "kind", "why"):
+            skipped.add_column(col)
+        for s in r.skipped:
+            skipped.add_row(s.name, s.kind, s.reason)
+        parts.append(skipped)
+    return Group(*parts)
+
+
+def _plan_table(plan: Any, *, limit: int | None) -> Table:
+    table = Table(title="tensors", title_justify="left")
+    for col in ("target (MindSpore)", "source (PyTorch)", "how", "shape", "dtype"):
+        table.add_column(col, overflow="fold")
+    rows = plan.matches if limit is None else plan.matches[:limit]
+    for m in rows:
+        how = f"[yellow]{m.how}[/]" if m.how == "fallback" else m.how
+        dtype = m.dtype if m.dtype == m.out_dtype else f"{m.dtype}→{m.out_dtype}"
+        extra = f" [{', '.join(map(str, m.transforms))}]" if m.transforms else ""
+        table.add_row(m.target, m.source, f"{how} ({m.detail}){extra}",
+                      format_shape(m.shape), dtype)
+    return table
+
+
+def _conversion(r: Any, *, limit: int | None, show: str) -> Any:
+    plan = r.plan
+    counts = ", ".join(f"{k} {v}" for k, v in plan.counts.items() if v) or "none"
+    lines = [
+        f"source:  {plan.source.path} ({plan.source.format}, {len(plan.source)} tensors)",
+        f"target:  {plan.target.description} ({plan.target.kind}, {len(plan.target)} tensors)",
+        f"matched: {len(plan.matches)}/{len(plan.target)} — {counts}",
+    ]
+    if plan.source.unwrapped or plan.source.stripped:
+        lines.append(f"source unwrapped {plan.source.unwrapped or '-'}, "
+                     f"stripped {plan.source.stripped or '-'}")
+    dropped: dict[str, int] = {}
+    for d in plan.dropped:
+        dropped[d.reason] = dropped.get(d.reason, 0) + 1
+    lines += [f"dropped: {n} × {reason}" for reason, n in dropped.items()]
+    if plan.fallbacks:
+        lines.append(f"[yellow]fallback (shape/order) matches: {len(plan.fallbacks)} — "
+                     "check them[/]")
+    if plan.lossy_casts:
+        lines.append(f"[yellow]lossy casts: {len(plan.lossy_casts)} tensors[/]")
+    if plan.missing and plan.allow_missing:
+        lines.append(f"[yellow]missing (allowed): {len(plan.missing)}[/]")
+    if plan.unused and plan.allow_unused:
+        lines.append(f"[yellow]unused (allowed): {len(plan.unused)}[/]")
+    if r.nonfinite:
+        lines.append(f"[yellow]NaN/Inf in {len(r.nonfinite)} tensors: "
+                     f"{', '.join(list(r.nonfinite)[:3])}[/]")
+    if r.written:
+        w = r.written
+        lines.append(f"output:  {w.path} ({w.format}, {_size(w.nbytes)}"
+                     f"{', CRC' if w.crc else ''}{', replaced' if w.replaced else ''})")
+        lines.append(f"readback: {w.tensors} tensors {w.readback}")
+    if r.saved_map:
+        lines.append(f"plan saved as mapping: {r.saved_map}")
+    parts: list[Any] = []
+    if show == "all":
+        parts.append(_plan_table(plan, limit=None))
+    problems = plan.problems()
+    if problems:
+        shown = problems if limit is None else problems[:limit]
+        parts.append(Text.from_markup("\n".join(f"[red]✗[/] {p}" for p in shown)))
+        if len(shown) < len(problems):
+            parts.append(Text(f"… {len(problems) - len(shown)} more (--show all, or --json)"))
+    style = "green" if r.ok else "red"
+    title = "CONVERTED" if r.ok and not r.dry_run else ("PLAN OK" if r.ok else "NOT CONVERTED")
+    parts.append(Panel("\n".join(lines), title=f"[bold {style}]{title}[/]",
+                       title_align="left", border_style=style))
+    return Group(*parts)
+
+
+def _parity(r: Any, *, limit: int | None, show: str) -> Any:
+    style = "green" if r.ok else "red"
+    lines = [r.message, ""]
+    for i, o in enumerate(r.outputs):
+        top1 = f"   top-1 agreement {o.top1_agreement:.0%}" if o.top1_agreement is not None else ""
+        nan = ""
+        if o.nan_count or o.inf_count:
+            nan = f"   [red]NaN/Inf {o.nan_count}/{o.inf_count}[/]"
+        lines.append(f"output {i}: shape {format_shape(tuple(o.shape))}   error {o.error:.2e} "
+                     f"(tol {r.tol:.0e})   max |Δ| {o.max_abs:.2e}   cosine {o.cosine:.8f}"
+                     f"{top1}{nan}")
+    if r.noise_floor is not None:
+        lines.append(f"float32 noise floor (PyTorch float64 vs float32): {r.noise_floor:.2e}")
+    d = r.first_divergence
+    if d is not None:
+        lines.append(f"[red]first divergence: {d.ms_name} (MindSpore) ↔ {d.torch_name} "
+                     f"(PyTorch), error {d.error:.2e}[/]")
+    lines.append(f"input: batch {r.batch} × {format_shape(tuple(r.input_shape))}, seed "
+                 f"{r.seed}, {r.dtype}; devices: PyTorch {r.torch_device}, MindSpore "
+                 f"{r.ms_device}")
+    if r.timings:
+        lines.append("timings: " + ", ".join(f"{k} {v:.2f}s" for k, v in r.timings.items()))
+    return Panel("\n".join(lines), title=f"[bold {style}]{'PASS' if r.ok else 'FAIL'}[/]",
+                 title_align="left", border_style=style)
+
+
+_RENDERERS = {
+    "InspectReport": _inspect,
+    "ConversionReport": _conversion,
+    "ParityReport": _parity,
+}

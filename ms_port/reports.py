@@ -1,0 +1,137 @@
+"""Report dataclasses the library returns. They never print; the CLI and notebooks
+render them (``rich`` via ``__rich__``, Jupyter via ``_repr_html_``)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from .plan import Plan
+from .sources import Skipped
+from .tensors import TensorInfo
+from .writers import WriteResult
+
+
+class _Rendered:
+    """Mixin: rich and Jupyter rendering through :mod:`ms_port.render`."""
+
+    def __rich__(self) -> Any:
+        from .render import render
+
+        return render(self)
+
+    def _repr_html_(self) -> str:
+        from io import StringIO
+
+        from rich.console import Console
+
+        console = Console(file=StringIO(), record=True, width=110, color_system=None)
+        console.print(self)
+        return console.export_html(inline_styles=True)
+
+
+@dataclass
+class InspectReport(_Rendered):
+    """What a checkpoint holds, or what an architecture expects.
+
+    Attributes:
+        path: the file, or ``arch:NAME`` for an architecture.
+        format: the checkpoint format, or ``architecture``.
+        tensors: the (filtered) tensors listed.
+        total_tensors: how many the file holds before ``filter``.
+        unwrapped / stripped / skipped / metadata: see :class:`~ms_port.sources.Source`.
+    """
+
+    path: str
+    format: str
+    tensors: list[TensorInfo]
+    total_tensors: int
+    unwrapped: list[str] = field(default_factory=list)
+    stripped: list[str] = field(default_factory=list)
+    skipped: list[Skipped] = field(default_factory=list)
+    metadata: dict[str, str] = field(default_factory=dict)
+    filter: str | None = None
+
+    @property
+    def parameters(self) -> int:
+        return sum(t.numel for t in self.tensors)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.nbytes for t in self.tensors)
+
+    @property
+    def dtypes(self) -> dict[str, int]:
+        return dict(Counter(t.dtype for t in self.tensors))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "path": self.path, "format": self.format,
+            "tensors": [t.to_dict() for t in self.tensors],
+            "count": len(self.tensors), "total_tensors": self.total_tensors,
+            "parameters": self.parameters, "bytes": self.nbytes, "dtypes": self.dtypes,
+            "unwrapped": self.unwrapped, "stripped": self.stripped,
+            "skipped": [s.to_dict() for s in self.skipped], "metadata": self.metadata,
+            "filter": self.filter,
+        }
+
+    def __repr__(self) -> str:
+        return (f"InspectReport({self.path!r}, format={self.format!r}, "
+                f"tensors={len(self.tensors)}, parameters={self.parameters:,})")
+
+
+@dataclass
+class ConversionReport(_Rendered):
+    """The outcome of a conversion.
+
+    Attributes:
+        ok: the plan was complete (or its leftovers allowed) and the output was
+            written and read back bit-exactly (or ``dry_run``).
+        plan: the :class:`~ms_port.plan.Plan`: every tensor, how it was matched.
+        output: the output path (``None`` for a dry run without output).
+        written: what the writer did; ``None`` when nothing was written.
+        dry_run: stopped after the plan.
+        saved_map: where the plan was saved as a mapping, if asked.
+        nonfinite: tensors holding NaN/Inf, with counts.
+    """
+
+    ok: bool
+    plan: Plan
+    output: str | None
+    written: WriteResult | None = None
+    dry_run: bool = False
+    saved_map: str | None = None
+    nonfinite: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def message(self) -> str:
+        if not self.plan.ok:
+            n = len(self.plan.problems())
+            return f"not converted: {n} problem{'s' * (n != 1)} in the plan"
+        if self.dry_run:
+            return "dry run: plan complete, nothing written"
+        return f"converted {len(self.plan.matches)} tensors to {self.output}"
+
+    def to_dict(self) -> dict[str, Any]:
+        plan = self.plan.to_dict()
+        return {
+            "ok": self.ok, "message": self.message, "output": self.output,
+            "source": plan["source"], "target": plan["target"],
+            "filled": plan["filled"], "total": plan["total"], "counts": plan["counts"],
+            "missing": plan["missing"], "unused": plan["unused"],
+            "dropped": plan["dropped"], "conflicts": plan["conflicts"],
+            "lossy_casts": plan["lossy_casts"],
+            "tensors": plan["matches"], "dry_run": self.dry_run,
+            "saved_map": self.saved_map,
+            "written": self.written.to_dict() if self.written else None,
+            "nonfinite": self.nonfinite,
+            "source_info": {"format": self.plan.source.format,
+                            "unwrapped": self.plan.source.unwrapped,
+                            "stripped": self.plan.source.stripped,
+                            "skipped": [s.to_dict() for s in self.plan.source.skipped]},
+        }
+
+    def __repr__(self) -> str:
+        return (f"ConversionReport(ok={self.ok}, filled={len(self.plan.matches)}/"
+                f"{len(self.plan.target)}, output={self.output!r})")

@@ -1,0 +1,438 @@
+"""Read checkpoints into a :class:`Source`: names, shapes and dtypes now, data on demand.
+
+Formats are recognised by their first bytes, not their extension:
+
+- PyTorch zip (``torch.save`` since 1.6: ``.pth``, ``.pt``, ``.bin``) — loaded with
+  ``weights_only=True`` and ``mmap=True``, so data stays on disk until asked for;
+- PyTorch legacy pickle — ``weights_only=True`` (legacy files cannot be memory-mapped);
+- safetensors, single files and sharded sets (``*.safetensors.index.json``) — without
+  importing torch or MindSpore;
+- MindSpore ``.ckpt`` — walked in place by :mod:`ms_port.ckpt`.
+
+Pickles never execute code: ``weights_only`` refuses anything but tensors and plain
+containers, and the refusal becomes :class:`~ms_port.errors.UnsafePickleError`. The
+only way around it is the explicit ``unsafe_pickle=True`` for files the user trusts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import warnings
+import zipfile
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .errors import SourceError, UnsafePickleError
+from .tensors import TensorInfo, format_shape, numpy_dtype
+
+#: container keys unwrapped, most specific first (timm, Lightning, DeiT, MMEngine...)
+CONTAINER_KEYS = (
+    "state_dict", "model_state_dict", "model", "module", "net", "network",
+    "ema", "state_dict_ema", "model_ema", "params", "weights",
+)
+#: wrapper prefixes stripped when every tensor name carries them (DDP, torch.compile)
+WRAPPER_PREFIXES = ("module.", "_orig_mod.")
+
+SAFETENSORS_DTYPES = {
+    "F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16",
+    "I64": "int64", "I32": "int32", "I16": "int16", "I8": "int8",
+    "U64": "uint64", "U32": "uint32", "U16": "uint16", "U8": "uint8", "BOOL": "bool",
+    "C64": "complex64",
+}
+
+
+@dataclass(frozen=True)
+class Skipped:
+    """A checkpoint entry that is not a tensor (epoch, optimizer state, args)."""
+
+    name: str
+    kind: str
+    reason: str
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "kind": self.kind, "reason": self.reason}
+
+
+@dataclass
+class Source:
+    """The tensors of one checkpoint, in file order.
+
+    Attributes:
+        path: the file read (the index file for a sharded safetensors set).
+        format: ``torch-zip``, ``torch-legacy``, ``safetensors``, ``safetensors-sharded``
+            or ``mindspore-ckpt``.
+        tensors: name -> :class:`~ms_port.tensors.TensorInfo`, in file order.
+        unwrapped: container keys descended into (``["state_dict"]``).
+        stripped: wrapper prefixes removed from every name (``["module."]``).
+        skipped: non-tensor entries, listed rather than silently dropped.
+        metadata: format metadata (safetensors ``__metadata__``), if any.
+    """
+
+    path: str
+    format: str
+    tensors: dict[str, TensorInfo]
+    unwrapped: list[str] = field(default_factory=list)
+    stripped: list[str] = field(default_factory=list)
+    skipped: list[Skipped] = field(default_factory=list)
+    metadata: dict[str, str] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.tensors)
+
+    def __iter__(self):
+        return iter(self.tensors.values())
+
+    def __getitem__(self, name: str) -> TensorInfo:
+        return self.tensors[name]
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.tensors
+
+
+# -- format detection ---------------------------------------------------------------
+
+
+def _check_file(path: Path) -> None:
+    if not path.exists():
+        raise SourceError(f"{path}: no such file; check the path", path=path)
+    if path.is_dir():
+        raise SourceError(
+            f"{path} is a directory; pass a checkpoint file (or a *.safetensors.index.json "
+            "for a sharded set)", path=path)
+    if not os.access(path, os.R_OK):
+        raise SourceError(f"{path}: permission denied; make the file readable", path=path)
+    if path.stat().st_size == 0:
+        raise SourceError(f"{path} is empty (0 bytes); re-create or re-download it", path=path)
+
+
+def detect_format(path: str | Path) -> str:
+    """The checkpoint format of ``path``, from its first bytes.
+
+    Raises:
+        SourceError: the file is missing, unreadable, empty or of no known format.
+    """
+    path = Path(path)
+    _check_file(path)
+    with open(path, "rb") as f:
+        head = f.read(16)
+    if path.name.endswith(".index.json"):
+        return "safetensors-sharded"
+    if head.startswith(b"PK"):
+        return "torch-zip"
+    # safetensors before pickle: a header length of 640+ bytes also starts with 0x80
+    if len(head) >= 9 and head[8:9] == b"{":
+        return "safetensors"
+    if head[:1] == b"\x80" and len(head) > 1 and head[1] in range(2, 6):
+        return "torch-legacy"
+    if head[:1] == b"\x0a":
+        return "mindspore-ckpt"
+    raise SourceError(
+        f"{path}: not a checkpoint ms-port can read (neither a PyTorch zip or pickle, "
+        "safetensors, nor a MindSpore .ckpt); check that the file is complete", path=path)
+
+
+def read_source(
+    path: str | Path,
+    *,
+    key: str | None = None,
+    strip_prefixes: bool = True,
+    unsafe_pickle: bool = False,
+) -> Source:
+    """Open a checkpoint and list its tensors without loading their data.
+
+    Args:
+        path: a ``.pth``/``.pt``/``.bin``, ``.safetensors``, ``*.safetensors.index.json``
+            or MindSpore ``.ckpt`` file.
+        key: the container to take the state dict from (dotted for nesting, e.g.
+            ``"ema"``); by default the usual keys are tried in :data:`CONTAINER_KEYS` order.
+        strip_prefixes: remove ``module.`` / ``_orig_mod.`` when every name has it.
+        unsafe_pickle: allow arbitrary unpickling for a trusted legacy file. This runs
+            whatever code the file contains; never use it on a file from elsewhere.
+
+    Returns:
+        A :class:`Source`.
+
+    Raises:
+        SourceError: unreadable, corrupt or unknown input; UnsafePickleError for a
+            pickle that asks for more than tensors.
+
+    Example:
+        >>> src = read_source("resnet50.pth")
+        >>> src["conv1.weight"].shape
+        (64, 3, 7, 7)
+    """
+    path = Path(path)
+    fmt = detect_format(path)
+    if fmt.startswith("torch"):
+        obj = _torch_load(path, fmt, unsafe_pickle=unsafe_pickle)
+        return _from_tree(path, fmt, obj, key=key, strip=strip_prefixes, leaf=_torch_leaf)
+    if fmt == "safetensors":
+        tensors, metadata = _safetensors_tensors(path)
+    elif fmt == "safetensors-sharded":
+        tensors, metadata = _sharded_tensors(path)
+    else:
+        tensors, metadata, skipped = _ckpt_tensors(path)
+        source = Source(str(path), fmt, tensors, skipped=skipped, metadata=metadata)
+        return _strip(source) if strip_prefixes else source
+    source = Source(str(path), fmt, tensors, metadata=metadata)
+    return _strip(source) if strip_prefixes else source
+
+
+# -- PyTorch -------------------------------------------------------------------------
+
+
+def _torch_load(path: Path, fmt: str, *, unsafe_pickle: bool) -> Any:
+    import pickle
+
+    import torch
+
+    if fmt == "torch-zip":
+        try:
+            with zipfile.ZipFile(path) as zf:
+                bad = zf.testzip() if path.stat().st_size < (64 << 20) else None
+        except zipfile.BadZipFile as exc:
+            raise SourceError(
+                f"{path}: damaged zip archive ({exc}); the file is truncated or corrupt, "
+                "re-download or re-save it", path=path) from None
+        if bad is not None:
+            raise SourceError(f"{path}: member {bad!r} is corrupt (CRC mismatch); "
+                              "re-download or re-save it", path=path)
+    if unsafe_pickle:
+        warnings.warn(
+            f"unpickling {path} without weights_only: any code inside the file runs now. "
+            "Only do this for files you created or fully trust.", stacklevel=3)
+    try:
+        return torch.load(
+            path, map_location="cpu", weights_only=not unsafe_pickle,
+            mmap=(fmt == "torch-zip"),
+        )
+    except pickle.UnpicklingError as exc:
+        if unsafe_pickle:
+            raise SourceError(f"{path}: cannot unpickle ({exc}); the file is corrupt",
+                              path=path) from None
+        culprit = _first_line_mentioning(
+            str(exc), ("Unsupported global", "GLOBAL", "Unsupported operand"))
+        raise UnsafePickleError(
+            f"{path}: refused to unpickle — the file asks for more than tensors "
+            f"({culprit}). Nothing was executed. If you created this file yourself or "
+            "trust its origin, re-run with --unsafe-pickle (unsafe_pickle=True); better, "
+            "re-save it as safetensors", path=path, detail=str(exc)) from None
+    except (RuntimeError, EOFError, ValueError, OSError, KeyError, AttributeError,
+            IndexError, TypeError, zipfile.BadZipFile) as exc:
+        msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise SourceError(
+            f"{path}: cannot read this PyTorch checkpoint ({msg}); it is truncated, "
+            "corrupt or not a checkpoint — re-download or re-save it", path=path) from None
+
+
+def _first_line_mentioning(text: str, needles: Iterable[str]) -> str:
+    for line in text.splitlines():
+        if any(n in line for n in needles):
+            return line.strip().rstrip(".")
+    return text.strip().splitlines()[0] if text.strip() else "unknown reason"
+
+
+_TORCH_DTYPE_NAMES = {
+    "float64": "float64", "float32": "float32", "float16": "float16",
+    "bfloat16": "bfloat16", "int64": "int64", "int32": "int32", "int16": "int16",
+    "int8": "int8", "uint8": "uint8", "uint16": "uint16", "uint32": "uint32",
+    "uint64": "uint64", "bool": "bool", "complex64": "complex64",
+    "complex128": "complex128",
+}
+
+
+def torch_to_numpy(t: Any) -> np.ndarray:
+    """A CPU torch tensor as a numpy array, sharing memory; bfloat16 via ml_dtypes."""
+    import torch
+
+    t = t.detach()
+    if t.dtype == torch.bfloat16:
+        return t.view(torch.int16).numpy().view(numpy_dtype("bfloat16"))
+    return t.numpy()
+
+
+def _torch_leaf(name: str, value: Any) -> TensorInfo | Skipped:
+    import torch
+
+    if not isinstance(value, torch.Tensor):
+        return Skipped(name, type(value).__name__, "not a tensor")
+    if value.is_sparse or value.is_quantized or value.layout != torch.strided:
+        return Skipped(name, f"tensor ({value.layout})",
+                       "sparse or quantized tensors are not supported; make it dense")
+    dtype = _TORCH_DTYPE_NAMES.get(str(value.dtype).removeprefix("torch."))
+    if dtype is None:
+        return Skipped(name, f"tensor ({value.dtype})", "dtype has no MindSpore equivalent")
+    return TensorInfo(name, tuple(value.shape), dtype, lambda v=value: torch_to_numpy(v))
+
+
+def _is_tensor_dict(obj: Any, leaf) -> bool:
+    return isinstance(obj, Mapping) and any(
+        isinstance(leaf("", v), TensorInfo) for v in obj.values())
+
+
+def _from_tree(path: Path, fmt: str, obj: Any, *, key: str | None, strip: bool,
+               leaf) -> Source:
+    """Find the state dict inside a loaded checkpoint object and list its tensors."""
+    unwrapped: list[str] = []
+    skipped: list[Skipped] = []
+    if not isinstance(obj, Mapping):
+        raise SourceError(
+            f"{path} holds a {type(obj).__name__}, not a state dict; save "
+            "model.state_dict() rather than the model", path=path)
+    if key is not None:
+        for part in key.split("."):
+            if not isinstance(obj, Mapping) or part not in obj:
+                keys = ", ".join(map(str, obj)) if isinstance(obj, Mapping) else "none"
+                raise SourceError(f"{path}: no container {key!r} (keys here: {keys})",
+                                  path=path)
+            obj = obj[part]
+            unwrapped.append(part)
+    else:
+        while not _is_tensor_dict(obj, leaf):
+            inner = next((k for k in CONTAINER_KEYS
+                          if isinstance(obj.get(k), Mapping)), None)
+            if inner is None:
+                raise SourceError(
+                    f"{path} holds no tensors at the top level nor under a known key "
+                    f"({', '.join(CONTAINER_KEYS)}); keys here: "
+                    f"{', '.join(map(str, obj)) or 'none'} — pass --key NAME", path=path)
+            prefix = ".".join(unwrapped)
+            for k, v in obj.items():
+                if k != inner:
+                    where = f"{prefix}.{k}" if prefix else str(k)
+                    skipped.append(Skipped(where, type(v).__name__,
+                                           f"outside the unwrapped {inner!r} container"))
+            obj = obj[inner]
+            unwrapped.append(inner)
+    tensors: dict[str, TensorInfo] = {}
+    for name, item in _flatten(obj, leaf):
+        if isinstance(item, Skipped):
+            skipped.append(item)
+        else:
+            tensors[name] = item
+    source = Source(str(path), fmt, tensors, unwrapped=unwrapped, skipped=skipped)
+    return _strip(source) if strip else source
+
+
+def _flatten(obj: Mapping, leaf, prefix: str = ""):
+    """Yield (name, TensorInfo | Skipped); nested dicts of tensors become dotted names."""
+    for k, v in obj.items():
+        name = f"{prefix}{k}"
+        if isinstance(v, Mapping) and _is_tensor_dict(v, leaf):
+            yield from _flatten(v, leaf, name + ".")
+        else:
+            yield name, leaf(name, v)
+
+
+def _strip(source: Source) -> Source:
+    names = list(source.tensors)
+    changed = True
+    while changed and names:
+        changed = False
+        for prefix in WRAPPER_PREFIXES:
+            if all(n.startswith(prefix) and len(n) > len(prefix) for n in names):
+                source.tensors = {
+                    n[len(prefix):]: _renamed(info, n[len(prefix):])
+                    for n, info in source.tensors.items()
+                }
+                source.stripped.append(prefix)
+                names = list(source.tensors)
+                changed = True
+    return source
+
+
+def _renamed(info: TensorInfo, name: str) -> TensorInfo:
+    return TensorInfo(name, info.shape, info.dtype, info.loader)
+
+
+# -- safetensors ---------------------------------------------------------------------
+
+
+def _safetensors_tensors(path: Path) -> tuple[dict[str, TensorInfo], dict[str, str]]:
+    """List a safetensors file; the library validates the header, numpy maps the data."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(path), framework="numpy") as f:
+            metadata = dict(f.metadata() or {})
+            names = list(f.keys())
+    except (SafetensorError, OSError, ValueError) as exc:
+        raise SourceError(
+            f"{path}: invalid safetensors file ({exc}); the header is corrupt or the "
+            "file truncated — re-download or re-save it", path=path) from None
+    # safe_open validated offsets against the file; read them to map each tensor lazily
+    # (its numpy path copies and has no bfloat16).
+    with open(path, "rb") as fh:
+        header_len = int.from_bytes(fh.read(8), "little")
+        header = json.loads(fh.read(header_len))
+    base = 8 + header_len
+    tensors: dict[str, TensorInfo] = {}
+    for name in names:
+        entry = header[name]
+        dtype = SAFETENSORS_DTYPES.get(entry["dtype"])
+        if dtype is None:
+            raise SourceError(f"{path}: tensor {name!r} has dtype {entry['dtype']}, which "
+                              "MindSpore cannot hold", path=path)
+        shape = tuple(entry["shape"])
+        start, end = entry["data_offsets"]
+        tensors[name] = TensorInfo(
+            name, shape, dtype,
+            lambda p=path, o=base + start, n=end - start, s=shape, d=dtype:
+                _map_region(p, o, n, s, d))
+    return tensors, metadata
+
+
+def _map_region(path: Path, offset: int, nbytes: int, shape: tuple[int, ...],
+                dtype: str) -> np.ndarray:
+    dt = numpy_dtype(dtype)
+    if nbytes == 0:
+        return np.zeros(shape, dt)
+    return np.memmap(path, dtype=dt, mode="r", offset=offset, shape=shape)
+
+
+def _sharded_tensors(index: Path) -> tuple[dict[str, TensorInfo], dict[str, str]]:
+    try:
+        weight_map = json.loads(index.read_text())["weight_map"]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise SourceError(f"{index}: not a safetensors index (needs a 'weight_map'; {exc})",
+                          path=index) from None
+    tensors: dict[str, TensorInfo] = {}
+    metadata: dict[str, str] = {}
+    shards: dict[str, dict[str, TensorInfo]] = {}
+    for name, shard in weight_map.items():
+        if shard not in shards:
+            shard_path = index.parent / shard
+            _check_file(shard_path)
+            shards[shard], meta = _safetensors_tensors(shard_path)
+            metadata.update(meta)
+        if name not in shards[shard]:
+            raise SourceError(f"{index}: lists {name!r} in {shard}, which does not hold it; "
+                              "the set is inconsistent — re-download it", path=index)
+        tensors[name] = shards[shard][name]
+    return tensors, metadata
+
+
+# -- MindSpore ------------------------------------------------------------------------
+
+
+def _ckpt_tensors(path: Path) -> tuple[dict[str, TensorInfo], dict[str, str], list[Skipped]]:
+    from .ckpt import CkptReader
+
+    reader = CkptReader(path)
+    tensors = {
+        e.name: TensorInfo(e.name, e.shape, e.dtype, lambda e=e: reader.load(e.name))
+        for e in reader.entries
+    }
+    skipped = [Skipped(name, kind, reason) for name, kind, reason in reader.skipped]
+    metadata = {"crc": "ok" if reader.crc_ok else "bad"} if reader.has_crc else {}
+    return tensors, metadata, skipped
+
+
+def describe(info: TensorInfo) -> str:
+    """``'fc.weight' (1000×2048 float32)``, for messages."""
+    return f"{info.name!r} ({format_shape(info.shape)} {info.dtype})"

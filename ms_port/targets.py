@@ -1,0 +1,162 @@
+"""What the MindSpore side expects: names, shapes, dtypes and owning layer types.
+
+Three equal ways to get a :class:`Target`: a built-in architecture (:func:`from_arch`),
+a live ``mindspore.nn.Cell`` (:func:`from_cell`, or :func:`from_factory` for a
+``module:callable`` path), or a template checkpoint (:func:`from_template`), whose
+names and shapes are read without keeping its data.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from .errors import MsPortError, TargetError
+from .tensors import NUMPY_DTYPES, TensorInfo
+
+
+@dataclass(frozen=True)
+class TargetTensor:
+    """One tensor the MindSpore side expects; ``layer`` is the owning cell's class name."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    layer: str | None = None
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "shape": list(self.shape), "dtype": self.dtype,
+                "layer": self.layer}
+
+
+@dataclass
+class Target:
+    """An ordered mapping name -> :class:`TargetTensor`.
+
+    Attributes:
+        kind: ``arch``, ``cell`` or ``template``.
+        description: for reports (``resnet50``, ``mypkg.nets:build``, a file path).
+        tensors: the expected tensors, in the network's parameter order.
+        cell: the live network when built from one (architectures and factories).
+    """
+
+    kind: str
+    description: str
+    tensors: dict[str, TargetTensor]
+    cell: Any = field(default=None, repr=False)
+
+    def __len__(self) -> int:
+        return len(self.tensors)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.tensors
+
+    def __getitem__(self, name: str) -> TargetTensor:
+        return self.tensors[name]
+
+    def layers(self) -> dict[str, str | None]:
+        """Layer path -> cell class name (``None`` when unknown, as for templates)."""
+        return {t.name.rpartition(".")[0]: t.layer for t in self.tensors.values()}
+
+    def siblings(self) -> dict[str, frozenset[str]]:
+        """Layer path -> the parameter suffixes the target has at that path."""
+        out: dict[str, set[str]] = {}
+        for name in self.tensors:
+            prefix, _, suffix = name.rpartition(".")
+            out.setdefault(prefix, set()).add(suffix)
+        return {k: frozenset(v) for k, v in out.items()}
+
+
+def from_cell(cell: Any, description: str | None = None) -> Target:
+    """The tensors a MindSpore ``nn.Cell`` expects, with each owning layer's type.
+
+    Args:
+        cell: a ``mindspore.nn.Cell``.
+        description: shown in reports; defaults to the cell's class name.
+    """
+    from mindspore import nn
+
+    if not isinstance(cell, nn.Cell):
+        raise TargetError(f"{description or cell!r} is a {type(cell).__name__}, not a "
+                          "mindspore.nn.Cell; the factory must return the network")
+    layer_types = {name: type(c).__name__ for name, c in cell.cells_and_names()}
+    tensors: dict[str, TargetTensor] = {}
+    for path, param in cell.parameters_and_names():
+        # the checkpoint is keyed by Parameter.name; the path finds the owning cell
+        owner = path.rpartition(".")[0]
+        tensors[param.name] = TargetTensor(param.name, tuple(param.shape),
+                                           _ms_dtype_name(param.dtype),
+                                           layer_types.get(owner))
+    return Target("cell", description or type(cell).__name__, tensors, cell=cell)
+
+
+def _ms_dtype_name(dtype: Any) -> str:
+    # MindSpore names dtypes Float32, BFloat16, UInt8...: lower-cased, ours
+    name = str(dtype).lower()
+    return name if name in NUMPY_DTYPES else str(dtype)
+
+
+def from_arch(name: str, **kwargs: Any) -> Target:
+    """Build a registered architecture's MindSpore network and describe it."""
+    from .archs import get_arch
+
+    arch = get_arch(name)
+    cell = _call(arch.build_mindspore, f"building architecture {name!r}", **kwargs)
+    target = from_cell(cell, name)
+    target.kind = "arch"
+    return target
+
+
+def import_callable(spec: str, option: str = "--ms-model") -> Callable[..., Any]:
+    """Import ``package.module:callable`` (the current directory is importable)."""
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise TargetError(f"{option} {spec!r}: expected 'package.module:callable', "
+                          "e.g. mypkg.nets:build_net")
+    if "" not in sys.path and str(Path.cwd()) not in sys.path:
+        sys.path.insert(0, str(Path.cwd()))
+    try:
+        obj: Any = importlib.import_module(module_name)
+    except Exception as exc:  # any import failure is the module's own
+        raise TargetError(f"{option} {spec!r}: cannot import {module_name!r} "
+                          f"({type(exc).__name__}: {exc}); check the module path and that "
+                          "it imports on its own") from None
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise TargetError(f"{option} {spec!r}: module {module_name!r} has no {attr!r}")
+        obj = getattr(obj, part)
+    if not callable(obj):
+        raise TargetError(f"{option} {spec!r}: {attr!r} is not callable")
+    return obj
+
+
+def _call(factory: Callable[..., Any], what: str, **kwargs: Any) -> Any:
+    try:
+        return factory(**kwargs)
+    except MsPortError:
+        raise
+    except Exception as exc:  # the factory is user code
+        raise TargetError(f"{what} failed ({type(exc).__name__}: {exc})") from exc
+
+
+def from_factory(spec: str, **kwargs: Any) -> Target:
+    """Build a network from ``module:callable`` and describe it."""
+    cell = _call(import_callable(spec), f"--ms-model {spec!r}", **kwargs)
+    return from_cell(cell, spec)
+
+
+def from_template(path: str | Path) -> Target:
+    """The names, shapes and dtypes of a template checkpoint (its data is not kept)."""
+    from .sources import read_source
+
+    source = read_source(path, strip_prefixes=False)
+    return from_infos(source.tensors.values(), str(path))
+
+
+def from_infos(infos: Any, description: str) -> Target:
+    tensors = {i.name: TargetTensor(i.name, i.shape, i.dtype) for i in infos
+               if isinstance(i, TensorInfo)}
+    return Target("template", description, tensors)

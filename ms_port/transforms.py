@@ -1,0 +1,124 @@
+"""Per-tensor transforms: small, declared, and each with its inverse.
+
+A transform is data (``{"unsqueeze": 2}`` in YAML); :data:`OPS` holds, for each op,
+how it changes a shape, how it changes an array, and which op undoes it. The same
+table serves convert (forward) and export (inverse).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class _Op:
+    shape: Callable[[tuple[int, ...], Any], tuple[int, ...]]
+    array: Callable[[np.ndarray, Any], np.ndarray]
+    inverse: Callable[[Any, tuple[int, ...]], tuple[str, Any]]
+    check: Callable[[Any], bool]
+
+
+def _insert(shape: tuple[int, ...], axis: int) -> tuple[int, ...]:
+    axis = axis if axis >= 0 else len(shape) + 1 + axis
+    return (*shape[:axis], 1, *shape[axis:])
+
+
+def _remove(shape: tuple[int, ...], axis: int) -> tuple[int, ...]:
+    if not -len(shape) <= axis < len(shape) or shape[axis] != 1:
+        raise ValueError(f"cannot squeeze axis {axis} of shape {shape}")
+    axis = axis % len(shape)
+    return (*shape[:axis], *shape[axis + 1:])
+
+
+def _permute(shape: tuple[int, ...], perm: list[int]) -> tuple[int, ...]:
+    if sorted(perm) != list(range(len(shape))):
+        raise ValueError(f"permutation {perm} does not fit shape {shape}")
+    return tuple(shape[p] for p in perm)
+
+
+def _reshape(shape: tuple[int, ...], dims: list[int]) -> tuple[int, ...]:
+    if int(np.prod(shape)) != int(np.prod(dims)):
+        raise ValueError(f"cannot reshape {shape} to {tuple(dims)}")
+    return tuple(dims)
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_int_list(v: Any) -> bool:
+    return isinstance(v, list) and all(_is_int(x) for x in v)
+
+
+OPS: dict[str, _Op] = {
+    "unsqueeze": _Op(_insert, lambda a, ax: np.expand_dims(a, ax),
+                     lambda ax, _shape: ("squeeze", ax), _is_int),
+    "squeeze": _Op(_remove, lambda a, ax: np.squeeze(a, ax),
+                   lambda ax, _shape: ("unsqueeze", ax), _is_int),
+    "transpose": _Op(_permute, lambda a, p: np.ascontiguousarray(np.transpose(a, p)),
+                     lambda p, _shape: ("transpose", [int(i) for i in np.argsort(p)]),
+                     _is_int_list),
+    "reshape": _Op(_reshape, lambda a, dims: a.reshape(dims),
+                   lambda _dims, shape: ("reshape", list(shape)), _is_int_list),
+}
+
+
+@dataclass(frozen=True)
+class Transform:
+    """One declared transform, e.g. ``Transform("unsqueeze", 2)``."""
+
+    op: str
+    arg: Any
+
+    def __post_init__(self) -> None:
+        if self.op not in OPS:
+            raise ValueError(f"unknown transform {self.op!r}; known: {', '.join(OPS)}")
+        if not OPS[self.op].check(self.arg):
+            raise ValueError(f"bad argument {self.arg!r} for transform {self.op!r}")
+
+    def shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
+        return OPS[self.op].shape(shape, self.arg)
+
+    def apply(self, array: np.ndarray) -> np.ndarray:
+        return OPS[self.op].array(array, self.arg)
+
+    def inverse(self, input_shape: tuple[int, ...]) -> Transform:
+        """The transform that undoes this one, given the shape this one was applied to."""
+        return Transform(*OPS[self.op].inverse(self.arg, input_shape))
+
+    def to_data(self) -> dict[str, Any]:
+        return {self.op: self.arg}
+
+    def __str__(self) -> str:
+        return f"{self.op}({self.arg})"
+
+    @classmethod
+    def from_data(cls, data: Any) -> Transform:
+        """Parse ``{"unsqueeze": 2}``; raises ValueError with what is wrong."""
+        if not isinstance(data, dict) or len(data) != 1:
+            raise ValueError(f"a transform is one {{op: argument}} pair, got {data!r}")
+        ((op, arg),) = data.items()
+        return cls(op, arg)
+
+
+def apply_all(transforms: tuple[Transform, ...], array: np.ndarray) -> np.ndarray:
+    for t in transforms:
+        array = t.apply(array)
+    return array
+
+
+def shape_after(transforms: tuple[Transform, ...], shape: tuple[int, ...]) -> tuple[int, ...]:
+    for t in transforms:
+        shape = t.shape(shape)
+    return shape
+
+
+def invert(transforms: tuple[Transform, ...], shape: tuple[int, ...]) -> tuple[Transform, ...]:
+    """The chain that undoes ``transforms`` applied to an array of ``shape``."""
+    shapes = [shape]
+    for t in transforms:
+        shapes.append(t.shape(shapes[-1]))
+    return tuple(t.inverse(s) for t, s in zip(reversed(transforms), reversed(shapes[:-1])))

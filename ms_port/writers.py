@@ -1,0 +1,230 @@
+"""Write a Plan to disk safely, then prove the file holds exactly what was planned.
+
+The output is streamed, one tensor at a time, into a temporary file beside the
+destination; it is fsynced, read back and compared bit for bit with the source, and
+only then renamed into place. An existing output is replaced only with ``force``.
+Whatever goes wrong, the temporary file is removed and the old output is untouched; a
+run killed outright leaves a ``.ms-port-PID.tmp`` file that the next run removes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, BinaryIO, Callable
+
+import numpy as np
+
+from .errors import OutputExistsError, ReadbackError, WriteError
+from .plan import Plan, materialize
+from .sources import SAFETENSORS_DTYPES, read_source
+from .tensors import itemsize
+
+FORMATS = ("ckpt", "safetensors")
+_ST_CODES = {v: k for k, v in SAFETENSORS_DTYPES.items()}
+
+Progress = Callable[[str, int, int], None]  # (phase, done_bytes, total_bytes)
+
+
+@dataclass(frozen=True)
+class WriteResult:
+    """What was written and how it was checked.
+
+    Attributes:
+        path: the final output file.
+        format: ``ckpt`` or ``safetensors``.
+        tensors: number of tensors written. nbytes: size of the file.
+        readback: ``"bit-exact"`` once every tensor was read back and compared.
+        replaced: whether an existing file was replaced (``force``).
+        seconds: time spent writing and checking.
+    """
+
+    path: str
+    format: str
+    tensors: int
+    nbytes: int
+    readback: str
+    replaced: bool
+    crc: bool
+    seconds: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+def check_output(output: str | Path, *, force: bool) -> Path:
+    """Fail early, before any work, if ``output`` cannot be written."""
+    output = Path(output)
+    if output.is_dir():
+        raise WriteError(f"{output} is a directory; give a file name for the output",
+                         path=output)
+    if not output.parent.is_dir():
+        raise WriteError(f"{output.parent}: no such directory for the output; create it first",
+                         path=output)
+    if output.exists() and not force:
+        raise OutputExistsError(f"{output} exists; pass --force (force=True) to replace it",
+                                path=output)
+    if not os.access(output.parent, os.W_OK):
+        raise WriteError(f"{output.parent}: not writable; choose another output directory",
+                         path=output)
+    return output
+
+
+def _temp_path(output: Path) -> Path:
+    return output.with_name(f".{output.name}.ms-port-{os.getpid()}.tmp")
+
+
+def remove_stale_temps(output: Path) -> list[Path]:
+    """Remove temporary files of ours for ``output`` whose process no longer runs."""
+    removed = []
+    for tmp in output.parent.glob(f".{output.name}.ms-port-*.tmp"):
+        pid = tmp.name.rsplit("-", 1)[-1].removesuffix(".tmp")
+        if pid.isdigit() and not _alive(int(pid)):
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+                removed.append(tmp)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def write_plan(
+    plan: Plan,
+    output: str | Path,
+    *,
+    format: str = "ckpt",
+    force: bool = False,
+    crc: bool = False,
+    progress: Progress | None = None,
+) -> WriteResult:
+    """Write ``plan`` to ``output`` atomically and verify it bit for bit.
+
+    Args:
+        plan: an ok :class:`~ms_port.plan.Plan`.
+        output: destination file.
+        format: ``ckpt`` (default) or ``safetensors`` (MindSpore loads it with
+            ``format="safetensors"``).
+        force: replace an existing output (only after the new one is verified).
+        crc: append MindSpore's ``crc_check`` trailer (``ckpt`` only).
+        progress: called with (phase, bytes done, bytes total) while writing/reading back.
+
+    Raises:
+        OutputExistsError, WriteError, ReadbackError.
+    """
+    if format not in FORMATS:
+        raise WriteError(f"unknown output format {format!r}; choose {' or '.join(FORMATS)}")
+    if crc and format != "ckpt":
+        raise WriteError("a CRC trailer exists only in the ckpt format; drop --crc")
+    output = check_output(output, force=force)
+    remove_stale_temps(output)
+    replaced = output.exists()
+    tmp = _temp_path(output)
+    start = time.perf_counter()
+    try:
+        with open(tmp, "xb") as f:
+            if format == "ckpt":
+                _write_ckpt(plan, f, crc=crc, progress=progress)
+            else:
+                _write_safetensors(plan, f, progress=progress)
+            f.flush()
+            os.fsync(f.fileno())
+        readback(plan, tmp, format=format, progress=progress)
+        nbytes = tmp.stat().st_size
+        os.replace(tmp, output)
+    except OSError as exc:
+        raise WriteError(f"{output}: cannot write ({exc.strerror or exc}); check free disk "
+                         "space and permissions — the previous output, if any, is untouched",
+                         path=output) from exc
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+    return WriteResult(str(output), format, len(plan.matches), nbytes, "bit-exact", replaced,
+                       crc, time.perf_counter() - start)
+
+
+def _write_ckpt(plan: Plan, f: BinaryIO, *, crc: bool, progress: Progress | None) -> None:
+    from .ckpt import CkptWriter
+
+    total, done = plan.nbytes, 0
+    with CkptWriter(f, crc=crc) as writer:
+        for match, array in plan.arrays():
+            writer.write(match.target, array)
+            done += array.nbytes
+            if progress:
+                progress("write", done, total)
+
+
+def _write_safetensors(plan: Plan, f: BinaryIO, *, progress: Progress | None) -> None:
+    """Stream a safetensors file: the header is known from the Plan before any data."""
+    header: dict[str, Any] = {"__metadata__": {"format": "ms-port"}}
+    offset = 0
+    for m in plan.matches:
+        size = int(np.prod(m.shape, dtype=np.int64)) * itemsize(m.out_dtype)
+        header[m.target] = {"dtype": _ST_CODES[m.out_dtype], "shape": list(m.shape),
+                            "data_offsets": [offset, offset + size]}
+        offset += size
+    blob = json.dumps(header, separators=(",", ":")).encode()
+    blob += b" " * (-len(blob) % 8)  # the spec pads the header to 8-byte alignment
+    f.write(len(blob).to_bytes(8, "little") + blob)
+    done = 0
+    for _, array in plan.arrays():
+        f.write(memoryview(np.ascontiguousarray(array)).cast("B"))
+        done += array.nbytes
+        if progress:
+            progress("write", done, offset)
+
+
+def readback(plan: Plan, path: Path, *, format: str = "ckpt",
+             progress: Progress | None = None) -> None:
+    """Read ``path`` and compare every tensor with the plan's data, bit for bit.
+
+    Raises:
+        ReadbackError: naming the first tensors that differ, are missing or extra.
+    """
+    try:
+        written = read_source(path, strip_prefixes=False)
+    except Exception as exc:
+        raise ReadbackError(f"{path}: the written file cannot be read back ({exc})",
+                            path=path) from exc
+    expected = [m.target for m in plan.matches]
+    if list(written.tensors) != expected:
+        extra = sorted(set(written.tensors) - set(expected))
+        lost = sorted(set(expected) - set(written.tensors))
+        raise ReadbackError(f"{path}: read back {len(written)} tensors, expected "
+                            f"{len(expected)} (missing {lost[:3]}, extra {extra[:3]})",
+                            path=path)
+    bad: list[str] = []
+    total, done = plan.nbytes, 0
+    for m in plan.matches:
+        got = written.tensors[m.target]
+        want = materialize(m, plan.source.tensors[m.source])
+        if got.shape != tuple(want.shape) or got.dtype != m.out_dtype or not _same_bits(
+                got.load(), want):
+            bad.append(m.target)
+        done += want.nbytes
+        if progress:
+            progress("readback", done, total)
+    if bad:
+        raise ReadbackError(f"{path}: {len(bad)} tensors differ from their source after "
+                            f"writing: {', '.join(bad[:5])}; the disk or the writer is "
+                            "faulty — nothing was put in place", path=path, tensors=bad)
+
+
+def _same_bits(a: np.ndarray, b: np.ndarray) -> bool:
+    a, b = np.ascontiguousarray(a), np.ascontiguousarray(b)
+    return a.nbytes == b.nbytes and np.array_equal(a.reshape(-1).view(np.uint8),
+                                                   b.reshape(-1).view(np.uint8))

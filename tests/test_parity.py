@@ -1,0 +1,449 @@
+"""The verify engine: tiny twin networks, copied exactly or broken on purpose.
+
+Each test builds a small PyTorch net and its MindSpore twin (MindSpore names:
+gamma/beta/moving_mean/moving_variance, ``end_point`` for the classifier), copies the
+weights across, optionally breaks one tensor, and checks what :func:`run_parity` says.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ms = pytest.importorskip("mindspore")
+torch = pytest.importorskip("torch")
+
+from ms_port.errors import DeviceError, ParityError  # noqa: E402
+from ms_port.parity import (  # noqa: E402
+    ERROR_DEFINITION,
+    Divergence,
+    ParityReport,
+    correspondence_from_pairs,
+    run_parity,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+SHAPE = (3, 8, 8)
+CLASSES = 5
+
+# torch suffix -> MindSpore suffix for BatchNorm; the classifier is renamed fc -> end_point
+BN_SUFFIX = {"weight": "gamma", "bias": "beta", "running_mean": "moving_mean",
+             "running_var": "moving_variance"}
+
+
+# --- the twin networks ------------------------------------------------------------------
+
+
+class TorchBlock(torch.nn.Module):
+    def __init__(self, ch: int):
+        super().__init__()
+        self.conv1 = torch.nn.Conv2d(ch, ch, 3, padding=1, bias=False)
+        self.bn1 = torch.nn.BatchNorm2d(ch)
+        self.relu = torch.nn.ReLU(inplace=True)  # shared: runs twice per block
+        self.conv2 = torch.nn.Conv2d(ch, ch, 3, padding=1, bias=False)
+        self.bn2 = torch.nn.BatchNorm2d(ch)
+
+    def forward(self, x):
+        out = self.relu(self.bn1(self.conv1(x)))
+        out = self.bn2(self.conv2(out))
+        out += x
+        return self.relu(out)
+
+
+class TorchNet(torch.nn.Module):
+    def __init__(self, classes: int = CLASSES):
+        super().__init__()
+        self.conv1 = torch.nn.Conv2d(3, 4, 3, stride=2, padding=1, bias=False)
+        self.bn1 = torch.nn.BatchNorm2d(4)
+        self.relu = torch.nn.ReLU(inplace=True)
+        self.layer1 = torch.nn.Sequential(TorchBlock(4))
+        self.pool = torch.nn.AdaptiveAvgPool2d(1)
+        self.fc = torch.nn.Linear(4, classes)
+
+    def forward(self, x):
+        x = self.layer1(self.relu(self.bn1(self.conv1(x))))
+        return self.fc(torch.flatten(self.pool(x), 1))
+
+
+class MsBlock(ms.nn.Cell):
+    def __init__(self, ch: int):
+        super().__init__()
+        self.conv1 = ms.nn.Conv2d(ch, ch, 3, pad_mode="pad", padding=1, has_bias=False)
+        self.bn1 = ms.nn.BatchNorm2d(ch)
+        self.relu = ms.nn.ReLU()
+        self.conv2 = ms.nn.Conv2d(ch, ch, 3, pad_mode="pad", padding=1, has_bias=False)
+        self.bn2 = ms.nn.BatchNorm2d(ch)
+
+    def construct(self, x):
+        out = self.relu(self.bn1(self.conv1(x)))
+        out = self.bn2(self.conv2(out))
+        return self.relu(out + x)
+
+
+class MsNet(ms.nn.Cell):
+    def __init__(self, classes: int = CLASSES):
+        super().__init__()
+        self.conv1 = ms.nn.Conv2d(3, 4, 3, stride=2, pad_mode="pad", padding=1, has_bias=False)
+        self.bn1 = ms.nn.BatchNorm2d(4)
+        self.relu = ms.nn.ReLU()
+        self.layer1 = ms.nn.SequentialCell([MsBlock(4)])
+        self.pool = ms.nn.AdaptiveAvgPool2d(1)
+        self.end_point = ms.nn.Dense(4, classes)
+
+    def construct(self, x):
+        x = self.layer1(self.relu(self.bn1(self.conv1(x))))
+        return self.end_point(ms.ops.flatten(self.pool(x)))
+
+
+class TorchMLP(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1 = torch.nn.Linear(6, 8)
+        self.act = torch.nn.Tanh()
+        self.fc2 = torch.nn.Linear(8, 3)
+
+    def forward(self, x):
+        return self.fc2(self.act(self.fc1(x)))
+
+
+class MsMLP(ms.nn.Cell):
+    def __init__(self):
+        super().__init__()
+        self.fc1 = ms.nn.Dense(6, 8)
+        self.act = ms.nn.Tanh()
+        self.fc2 = ms.nn.Dense(8, 3)
+
+    def construct(self, x):
+        return self.fc2(self.act(self.fc1(x)))
+
+
+def ms_name(torch_name: str) -> str:
+    """The MindSpore parameter name of a torch state-dict key in these twins."""
+    module, _, suffix = torch_name.rpartition(".")
+    if module.rpartition(".")[2].startswith("bn"):
+        suffix = BN_SUFFIX[suffix]
+    if module == "fc":
+        module = "end_point"
+    return f"{module}.{suffix}"
+
+
+def copy_weights(torch_net, ms_net, edit=None) -> list[tuple[str, str]]:
+    """Copy torch weights into the MindSpore twin; ``edit(ms_name, array)`` may break one.
+
+    Returns the (mindspore_name, torch_name) pairs, as a conversion Plan would.
+    """
+    params = dict(ms_net.parameters_and_names())
+    pairs = []
+    for name, tensor in torch_net.state_dict().items():
+        if name.endswith("num_batches_tracked"):
+            continue
+        target = ms_name(name) if isinstance(ms_net, MsNet) else name
+        array = tensor.detach().numpy().copy()
+        if edit is not None:
+            array = edit(target, array)
+        if tuple(params[target].shape) == array.shape:
+            params[target].set_data(ms.Tensor(array))
+        pairs.append((target, name))
+    return pairs
+
+
+def make_twins(edit=None, *, classes: int = CLASSES, seed: int = 0):
+    """A torch net with BN statistics moved off 0/1, and its MindSpore copy."""
+    torch.manual_seed(seed)
+    net = TorchNet(classes=CLASSES)
+    rng = np.random.default_rng(seed)
+    with torch.no_grad():
+        for module in net.modules():
+            if isinstance(module, torch.nn.BatchNorm2d):
+                n = module.num_features
+                # positive means, so a mean/variance swap stays finite (no sqrt of < 0)
+                module.running_mean.copy_(torch.from_numpy(rng.uniform(0.2, 1.0, n)))
+                module.running_var.copy_(torch.from_numpy(rng.uniform(0.5, 2.0, n)))
+                module.weight.copy_(torch.from_numpy(rng.uniform(0.5, 1.5, n)))
+                module.bias.copy_(torch.from_numpy(rng.uniform(-0.5, 0.5, n)))
+    twin = MsNet(classes=classes)
+    pairs = copy_weights(net, twin, edit)
+    return net, twin, correspondence_from_pairs(pairs)
+
+
+def parity(net, twin, corr=None, **kw) -> ParityReport:
+    kw.setdefault("input_shape", SHAPE)
+    kw.setdefault("batch", 2)
+    return run_parity(net, twin, correspondence=corr, **kw)
+
+
+# --- correct copies pass ----------------------------------------------------------------
+
+
+def test_exact_copy_passes_with_error_at_rounding_level():
+    net, twin, corr = make_twins()
+    steps = []
+    report = parity(net, twin, corr, progress=steps.append)
+    assert report.ok, report.message
+    assert report.error < 1e-6  # float32 rounding, far below tol
+    assert report.noise_floor is not None and 0 < report.noise_floor < 1e-5
+    assert report.first_divergence is None
+    assert report.message.startswith("outputs agree")
+    (out,) = report.outputs
+    assert out.ms_shape == out.torch_shape == (2, CLASSES)
+    assert out.top1_agreement == 1.0 and out.cosine == pytest.approx(1.0)
+    assert out.ms_nan_count == out.torch_nan_count == 0
+    assert {"torch_forward", "mindspore_forward", "torch_float64_forward"} <= set(report.timings)
+    assert steps[:2] == ["torch forward", "mindspore forward"]
+    data = report.to_dict()
+    json.dumps(data, allow_nan=False)
+    assert {"ok", "max_abs", "error", "tol", "first_divergence"} <= set(data)
+    assert data["first_divergence"] is None and data["ok"] is True
+
+
+def test_same_seed_same_input_and_batch_recorded():
+    net, twin, corr = make_twins()
+    a = parity(net, twin, corr, seed=7, batch=3, noise_floor=False)
+    b = parity(net, twin, corr, seed=7, batch=3, noise_floor=False)
+    assert a.error == b.error and a.batch == 3 and a.seed == 7
+    assert a.noise_floor is None and a.input_shape == SHAPE
+
+
+def test_tuple_outputs_are_compared_one_by_one():
+    net, twin, _ = make_twins()
+
+    class TorchPair(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.net = net
+
+        def forward(self, x):
+            y = self.net(x)
+            return y, [y * 2]
+
+    class MsPair(ms.nn.Cell):
+        def __init__(self):
+            super().__init__()
+            self.net = twin
+
+        def construct(self, x):
+            y = self.net(x)
+            return y, y * 2
+
+    report = parity(TorchPair(), MsPair())
+    assert report.ok and [o.index for o in report.outputs] == [0, 1]
+
+
+# --- broken copies fail and are located -------------------------------------------------
+
+
+def test_swapped_bn_statistics_located_at_that_bn():
+    def swap(name, array):
+        # moving_mean <- running_var and moving_variance <- running_mean in one BN
+        if name == "layer1.0.bn2.moving_mean":
+            return torch_stats["running_var"]
+        if name == "layer1.0.bn2.moving_variance":
+            return torch_stats["running_mean"]
+        return array
+
+    reference, _, _ = make_twins()  # make_twins is deterministic
+    torch_stats = {k: v.numpy().copy()
+                   for k, v in reference.layer1[0].bn2.state_dict().items()}
+    net, twin, corr = make_twins(swap)
+    report = parity(net, twin, corr)
+    assert not report.ok
+    assert report.error > 1e-2
+    div = report.first_divergence
+    assert isinstance(div, Divergence)
+    assert (div.ms_name, div.torch_name) == ("layer1.0.bn2", "layer1.0.bn2")
+    assert div.ms_block == "layer1.0" and not div.nan and div.error > 1e-2
+    assert "first divergence at layer1.0.bn2" in report.message
+    assert "in block layer1.0" in report.message
+    assert report.to_dict()["first_divergence"]["ms_name"] == "layer1.0.bn2"
+
+
+def test_rolled_classifier_rows_located_at_classifier():
+    def roll(name, array):
+        return np.roll(array, 1, axis=0) if name == "end_point.weight" else array
+
+    net, twin, corr = make_twins(roll)
+    report = parity(net, twin, corr)
+    assert not report.ok
+    div = report.first_divergence
+    assert (div.ms_name, div.torch_name) == ("end_point", "fc")
+    assert "end_point (PyTorch fc)" in report.message
+    assert report.outputs[0].top1_agreement is not None
+
+
+def test_nan_weight_never_passes_even_with_infinite_tol():
+    def poison(name, array):
+        if name == "layer1.0.conv1.weight":
+            array[0, 0, 0, 0] = np.nan
+        return array
+
+    net, twin, corr = make_twins(poison)
+    report = parity(net, twin, corr, tol=float("inf"))
+    assert not report.ok
+    out = report.outputs[0]
+    assert out.ms_nan_count > 0 and out.torch_nan_count == 0
+    assert "MindSpore output 0 holds" in report.message and "NaN" in report.message
+    assert report.first_divergence.ms_name == "layer1.0.conv1"
+    assert report.first_divergence.nan
+    data = report.to_dict()
+    json.dumps(data, allow_nan=False)
+    assert data["error"] is None and data["outputs"][0]["ms_nan_count"] == out.ms_nan_count
+
+
+def test_different_output_shapes_fail_clearly():
+    net, twin, corr = make_twins(classes=CLASSES + 1)
+    report = parity(net, twin, corr)
+    assert not report.ok
+    assert "shapes differ (MindSpore 2×6 vs PyTorch 2×5)" in report.message
+    assert report.outputs[0].problem.startswith("output 0 shapes differ")
+    # every layer before the classifier agrees; the classifier cannot be compared
+    assert report.first_divergence is None
+    assert any("end_point (PyTorch fc)" in note for note in report.notes)
+
+
+def test_default_correspondence_pairs_same_named_layers():
+    def swap(name, array):
+        return array[::-1].copy() if name == "bn1.moving_variance" else array
+
+    net, twin, _ = make_twins(swap)
+    report = parity(net, twin)  # correspondence=None: same paths on both sides
+    assert report.first_divergence.ms_name == "bn1"
+    assert report.first_divergence.ms_block is None
+    assert "first divergence at bn1 (error" in report.message
+
+
+def test_without_correspondence_the_message_says_how_to_locate():
+    def roll(name, array):
+        return np.roll(array, 1, axis=0) if name == "end_point.weight" else array
+
+    net, twin, _ = make_twins(roll)
+    report = parity(net, twin, [])
+    assert not report.ok and report.first_divergence is None
+    assert report.layers_checked == 0
+
+
+# --- float64 ------------------------------------------------------------------------------
+
+
+def test_float64_runs_where_mindspore_has_kernels():
+    torch.manual_seed(0)
+    net, twin = TorchMLP(), MsMLP()
+    copy_weights(net, twin)
+    report = run_parity(net, twin, input_shape=(6,), batch=4, dtype="float64", tol=1e-12)
+    assert report.ok, report.message
+    assert report.error < 1e-13 and report.dtype == "float64"
+    assert report.noise_floor > report.error  # float32 rounding, for contrast
+    # the caller's models keep their dtype
+    assert net.fc1.weight.dtype == torch.float32
+    assert all(p.dtype == ms.float32 for p in twin.get_parameters())
+
+
+def test_float64_refused_clearly_for_conv_nets():
+    net, twin, corr = make_twins()
+    with pytest.raises(ParityError, match=r"kernel for Conv2D has no float64 .*'conv1'.*"
+                                          r"dtype='float32'"):
+        parity(net, twin, corr, dtype="float64")
+    assert all(p.dtype == ms.float32 for p in twin.get_parameters())
+    assert parity(net, twin, corr).ok  # the net still works afterwards
+
+
+# --- devices and arguments ----------------------------------------------------------------
+
+
+def test_mindspore_gpu_refused_by_cpu_build():
+    net, twin, corr = make_twins()
+    with pytest.raises(DeviceError, match=r"MindSpore side: device GPU not supported by "
+                                          r"this MindSpore build \(it supports CPU\)"):
+        parity(net, twin, corr, ms_device="gpu")
+    assert ms.get_context("device_target") == "CPU"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA device")
+def test_torch_gpu_without_cuda_refused():
+    net, twin, corr = make_twins()
+    with pytest.raises(DeviceError, match=r"PyTorch side: no CUDA device available"):
+        parity(net, twin, corr, torch_device="gpu")
+
+
+def test_torch_ascend_refused():
+    net, twin, corr = make_twins()
+    with pytest.raises(DeviceError, match=r"PyTorch side: device 'ascend' is not supported"):
+        parity(net, twin, corr, torch_device="ascend")
+
+
+@pytest.mark.parametrize(("kw", "match"), [
+    ({"dtype": "float16"}, r"unknown dtype 'float16'; choose one of: float32, float64"),
+    ({"batch": 0}, r"batch must be at least 1"),
+    ({"tol": float("nan")}, r"tol must be a number >= 0"),
+    ({"input_shape": (3, 0, 8)}, r"input_shape must be positive integers"),
+])
+def test_bad_arguments(kw, match):
+    net, twin, corr = make_twins()
+    with pytest.raises(ParityError, match=match):
+        parity(net, twin, corr, **kw)
+
+
+def test_forward_failure_names_the_layer():
+    net, twin, corr = make_twins()
+    with pytest.raises(ParityError, match=r"PyTorch forward failed in module 'conv1'"):
+        parity(net, twin, corr, input_shape=(5, 8, 8))
+
+
+# --- correspondence_from_pairs ------------------------------------------------------------
+
+
+def test_correspondence_from_resnet_style_pairs():
+    pairs = [
+        ("conv1.weight", "conv1.weight"),
+        ("bn1.gamma", "bn1.weight"),
+        ("layer1.0.conv1.weight", "layer1.0.conv1.weight"),
+        ("layer1.0.down_sample_layer.0.weight", "layer1.0.downsample.0.weight"),
+        ("layer1.0.down_sample_layer.1.gamma", "layer1.0.downsample.1.weight"),
+        ("layer1.0.down_sample_layer.1.moving_mean", "layer1.0.downsample.1.running_mean"),
+        ("layer3.2.bn2.gamma", "layer3.2.bn2.weight"),
+        ("layer3.2.bn2.moving_variance", "layer3.2.bn2.running_var"),
+        ("end_point.weight", "fc.weight"),
+        ("end_point.bias", "fc.bias"),
+    ]
+    assert correspondence_from_pairs(pairs) == [
+        ("conv1", "conv1"),
+        ("bn1", "bn1"),
+        ("layer1.0.conv1", "layer1.0.conv1"),
+        ("layer1.0.down_sample_layer.0", "layer1.0.downsample.0"),
+        ("layer1.0.down_sample_layer.1", "layer1.0.downsample.1"),
+        ("layer1.0.down_sample_layer", "layer1.0.downsample"),
+        ("layer1.0", "layer1.0"),
+        ("layer1", "layer1"),
+        ("layer3.2.bn2", "layer3.2.bn2"),
+        ("layer3.2", "layer3.2"),
+        ("layer3", "layer3"),
+        ("end_point", "fc"),
+    ]
+
+
+def test_correspondence_drops_ambiguous_blocks_and_root_params():
+    pairs = [
+        ("a.x.weight", "p.x.weight"),
+        ("a.y.weight", "q.y.weight"),  # 'a' would pair with both 'p' and 'q'
+        ("head.proj.weight", "proj.weight"),  # depths differ: no block
+        ("scale", "scale"),  # root-level parameter: no layer
+    ]
+    assert correspondence_from_pairs(pairs) == [
+        ("a.x", "p.x"), ("a.y", "q.y"), ("head.proj", "proj"),
+    ]
+
+
+# --- the module stays light ---------------------------------------------------------------
+
+
+def test_import_does_not_load_frameworks():
+    code = ("import sys, ms_port.parity as p; "
+            "assert 'torch' not in sys.modules and 'mindspore' not in sys.modules; "
+            "print(p.ERROR_DEFINITION)")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                         text=True, check=True)
+    assert out.stdout.strip() == ERROR_DEFINITION
