@@ -165,14 +165,18 @@ class Divergence:
 
     @property
     def where(self) -> str:
-        """``layer3.2.bn2`` or ``end_point (PyTorch fc)`` when the names differ."""
+        """``layer3.2.bn2``, or ``end_point (PyTorch: fc)`` when the names differ."""
         return _pair_name(self.ms_name, self.torch_name)
 
     def describe(self) -> str:
-        """``layer3.2.bn2 (error 3.1e-01) in block layer3.2``."""
+        """``layer3.2.bn2 (error 3.1e-01) in block layer3.2``; ``end_point (PyTorch: fc;
+        NaN/Inf)`` when the names differ."""
         what = "NaN/Inf" if self.nan else f"error {_fmt(self.error)}"
-        call = f", call {self.call + 1}" if self.call else ""
-        text = f"{self.where} ({what}{call})"
+        if self.call:
+            what += f", call {self.call + 1}"
+        if self.torch_name != self.ms_name:
+            what = f"PyTorch: {self.torch_name}; {what}"
+        text = f"{self.ms_name} ({what})"
         if self.ms_block is not None:
             text += f" in block {_pair_name(self.ms_block, self.torch_block or self.ms_block)}"
         return text
@@ -214,6 +218,9 @@ class ParityReport:
         message: a one-sentence verdict.
         layers_checked: corresponding layer outputs compared while searching for the
             first divergence (``0`` when no search ran).
+        nonfinite_weights: parameters/buffers holding NaN or Inf, per side
+            (``"MindSpore layer1.0.conv1.weight: 1 NaN"``); any entry fails the run, even
+            when the outputs happen to agree (MindSpore's ReLU maps NaN to 0).
         notes: remarks worth showing (skipped layers, noise floor not measured, …).
     """
 
@@ -233,6 +240,7 @@ class ParityReport:
     timings: dict[str, float] = field(default_factory=dict)
     message: str = ""
     layers_checked: int = 0
+    nonfinite_weights: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
@@ -255,7 +263,7 @@ class ParityReport:
 
 
 def _pair_name(ms_name: str, torch_name: str) -> str:
-    return ms_name if ms_name == torch_name else f"{ms_name} (PyTorch {torch_name})"
+    return ms_name if ms_name == torch_name else f"{ms_name} (PyTorch: {torch_name})"
 
 
 # ---------------------------------------------------------------------------------------
@@ -411,12 +419,12 @@ def _compare_output(index: int, ms_arr: np.ndarray, torch_arr: np.ndarray,
         return OutputComparison(
             index=index, ms_shape=ms_arr.shape, torch_shape=torch_arr.shape, error=math.inf,
             max_abs=math.inf, cosine=None, top1_agreement=None, ok=False,
-            problem=(f"output {index} shapes differ (MindSpore {format_shape(ms_arr.shape)} "
-                     f"vs PyTorch {format_shape(torch_arr.shape)})"),
+            problem=(f"output {index} shapes differ: MindSpore {format_shape(ms_arr.shape)} "
+                     f"vs PyTorch {format_shape(torch_arr.shape)}"),
             **counts)
     error, max_abs = _relative_error(ms_arr, torch_arr)
     top1 = None
-    if ms_arr.ndim == 2 and ms_arr.shape[0] > 0 and ms_arr.shape[1] > 0:
+    if ms_arr.ndim == 2 and ms_arr.shape[1] > 0 and math.isfinite(error):
         top1 = float(np.mean(ms_arr.argmax(axis=1) == torch_arr.argmax(axis=1)))
     problem = None
     bad = [f"{side} output {index} holds {counts[key]} {kind}" for side, kind, key in (
@@ -431,6 +439,34 @@ def _compare_output(index: int, ms_arr: np.ndarray, torch_arr: np.ndarray,
         index=index, ms_shape=ms_arr.shape, torch_shape=torch_arr.shape, error=error,
         max_abs=max_abs, cosine=_cosine(ms_arr, torch_arr), top1_agreement=top1,
         ok=problem is None, problem=problem, **counts)
+
+
+def _count_nonfinite(side: str, name: str, array: np.ndarray) -> str | None:
+    nan, inf = int(np.isnan(array).sum()), int(np.isinf(array).sum())
+    if not (nan or inf):
+        return None
+    counts = [f"{n} {kind}" for n, kind in ((nan, "NaN"), (inf, "Inf")) if n]
+    return f"{side} {name}: {', '.join(counts)}"
+
+
+def _nonfinite_weights(torch_model: Any, ms_model: Any) -> list[str]:
+    """Parameters and buffers holding NaN/Inf on either side.
+
+    Checked directly because a NaN weight need not reach the output: MindSpore's ReLU
+    maps NaN to 0 where PyTorch's keeps it, so the outputs can agree around a bad weight.
+    """
+    import mindspore
+    import torch
+
+    found = []
+    for name, tensor in [*torch_model.named_parameters(), *torch_model.named_buffers()]:
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            found.append(_count_nonfinite("PyTorch", name, _torch_to_numpy(tensor)))
+    floats = set(mindspore.common.dtype.float_type)
+    for name, param in ms_model.parameters_and_names():
+        if param.dtype in floats:
+            found.append(_count_nonfinite("MindSpore", name, _ms_to_numpy(param)))
+    return [entry for entry in found if entry]
 
 
 # ---------------------------------------------------------------------------------------
@@ -704,8 +740,12 @@ def _enclosing_block(torch_name: str, pairs: list[tuple[str, str]]) -> tuple[str
 def _find_divergence(
     torch_model: Any, ms_model: Any, x: np.ndarray, device: Any,
     correspondence: list[tuple[str, str]], tol: float, notes: list[str],
-) -> tuple[Divergence | None, int]:
-    """Hook both sides, run them once more, and name the first diverging layer."""
+) -> tuple[Divergence | None, int, list[str]]:
+    """Hook both sides, run them once more, and name the first diverging layer.
+
+    Returns the divergence (or None), the number of layer outputs compared, and the
+    layers that could not be compared (with the reason).
+    """
     torch_modules = dict(torch_model.named_modules())
     ms_cells = dict(ms_model.cells_and_names())
     pairs = []
@@ -722,7 +762,7 @@ def _find_divergence(
             continue
         pairs.append((ms_path, torch_path))
     if not pairs:
-        return None, 0
+        return None, 0, []
 
     torch_rec, ms_rec = _Recorder(_torch_arrays), _Recorder(_ms_arrays)
     handles = []
@@ -749,16 +789,16 @@ def _find_divergence(
         for ms_path in ms_for_torch[torch_path]:
             ms_calls = ms_rec.calls.get(ms_path, [])
             if call >= len(ms_calls):
-                unmatched.add(f"{_pair_name(ms_path, torch_path)} (ran {len(ms_calls)} time(s) "
-                              f"in MindSpore, more in PyTorch)")
+                unmatched.add(f"{_pair_name(ms_path, torch_path)}: ran {len(ms_calls)} "
+                              "time(s) in MindSpore, more in PyTorch")
                 continue
             errors, max_abs, nan, shape = [], [], False, None
             for ms_arr, torch_arr in zip(ms_calls[call], torch_arrays):
                 if ms_arr.shape != torch_arr.shape:
                     if _squeezed(ms_arr.shape) != _squeezed(torch_arr.shape):
-                        unmatched.add(f"{_pair_name(ms_path, torch_path)} (output shapes "
-                                      f"{format_shape(ms_arr.shape)} vs "
-                                      f"{format_shape(torch_arr.shape)})")
+                        unmatched.add(f"{_pair_name(ms_path, torch_path)}: output shapes "
+                                      f"MindSpore {format_shape(ms_arr.shape)} vs PyTorch "
+                                      f"{format_shape(torch_arr.shape)}")
                         continue
                     ms_arr = ms_arr.reshape(torch_arr.shape)
                 nan = nan or not (np.isfinite(ms_arr).all() and np.isfinite(torch_arr).all())
@@ -771,16 +811,13 @@ def _find_divergence(
             checked += 1
             if nan or max(errors) > tol:
                 block = _enclosing_block(torch_path, pairs)
-                if unmatched:
-                    notes.append("not compared: " + "; ".join(sorted(unmatched)))
                 return Divergence(
                     ms_name=ms_path, torch_name=torch_path, error=max(errors),
                     max_abs=max(max_abs), nan=nan, call=call,
                     ms_block=block[0] if block else None,
-                    torch_block=block[1] if block else None, shape=tuple(shape or ())), checked
-    if unmatched:
-        notes.append("not compared: " + "; ".join(sorted(unmatched)))
-    return None, checked
+                    torch_block=block[1] if block else None, shape=tuple(shape or ())), \
+                    checked, sorted(unmatched)
+    return None, checked, sorted(unmatched)
 
 
 # ---------------------------------------------------------------------------------------
@@ -883,6 +920,11 @@ def run_parity(
     ms_model.set_train(False)
     torch_main = _torch_variant(torch_model, torch_dtype, device)
 
+    step("checking weights for NaN/Inf")
+    t0 = time.perf_counter()
+    nonfinite = _nonfinite_weights(torch_model, ms_model)
+    timings["weight_check"] = time.perf_counter() - t0
+
     with _strict_fp32(device), _ms_params_as(ms_model, ms_dtype):
         step("torch forward")
         t0 = time.perf_counter()
@@ -911,9 +953,12 @@ def run_parity(
                                f"PyTorch {len(torch_arrays)}")
         if not outputs:
             problems.insert(0, "no output tensors to compare")
+        if nonfinite:
+            shown = "; ".join(nonfinite[:3]) + ("; …" if len(nonfinite) > 3 else "")
+            problems.append(f"weights hold NaN/Inf: {shown}")
         ok = not problems
 
-        divergence, checked = None, 0
+        divergence, checked, unmatched = None, 0, []
         if not ok:
             pairs = (_default_correspondence(torch_main, ms_model) if correspondence is None
                      else list(correspondence))
@@ -924,8 +969,10 @@ def run_parity(
                 step("searching for the first divergence")
                 t0 = time.perf_counter()
                 try:
-                    divergence, checked = _find_divergence(
+                    divergence, checked, unmatched = _find_divergence(
                         torch_main, ms_model, x, device, pairs, tol, notes)
+                    if unmatched:
+                        notes.append("not compared: " + "; ".join(unmatched))
                 except Exception as exc:  # a diagnostic; the verdict above stands
                     notes.append(f"first-divergence search failed: {_first_line(exc)}")
                 timings["divergence_search"] = time.perf_counter() - t0
@@ -939,8 +986,8 @@ def run_parity(
         ok=ok, tol=float(tol), error=error, max_abs=max_abs, outputs=outputs,
         noise_floor=floor, first_divergence=divergence, input_shape=input_shape, batch=batch,
         seed=seed, dtype=dtype, torch_device=torch_device, ms_device=ms_device,
-        timings=timings, layers_checked=checked, notes=notes)
-    report.message = _verdict(report, problems, correspondence)
+        timings=timings, layers_checked=checked, nonfinite_weights=nonfinite, notes=notes)
+    report.message = _verdict(report, problems, correspondence, unmatched)
     return report
 
 
@@ -967,7 +1014,7 @@ def _noise_floor(torch_model: Any, torch_main: Any, main_arrays: list[np.ndarray
 
 
 def _verdict(report: ParityReport, problems: list[str],
-             correspondence: list[tuple[str, str]] | None) -> str:
+             correspondence: list[tuple[str, str]] | None, unmatched: list[str]) -> str:
     floor = ("" if report.noise_floor is None
              else f" (float32 noise floor {_fmt(report.noise_floor)})")
     if report.ok:
@@ -977,7 +1024,10 @@ def _verdict(report: ParityReport, problems: list[str],
         return f"{text}: first divergence at {report.first_divergence.describe()}"
     if correspondence is not None and not correspondence:
         return text
+    if unmatched:
+        return (f"{text}; the {report.layers_checked} layer outputs compared agree, not "
+                f"compared: {'; '.join(unmatched)}")
     if report.layers_checked:
-        return (f"{text}; no corresponding layer diverged beyond tol, so the difference "
-                "arises after or outside the compared layers")
+        return (f"{text}; the {report.layers_checked} layer outputs compared agree, so the "
+                "difference arises after or outside them")
     return f"{text}; pass correspondence=[(mindspore_path, torch_path), ...] to locate it"

@@ -126,23 +126,33 @@ def _conversion(r: Any, *, limit: int | None, show: str) -> Any:
     return Group(*parts)
 
 
+def _num(x: float | None, spec: str = ".2e") -> str:
+    return "n/a" if x is None or x != x or x in (float("inf"), float("-inf")) else f"{x:{spec}}"
+
+
 def _parity(r: Any, *, limit: int | None, show: str) -> Any:
     style = "green" if r.ok else "red"
     lines = [r.message, ""]
-    for i, o in enumerate(r.outputs):
-        top1 = f"   top-1 agreement {o.top1_agreement:.0%}" if o.top1_agreement is not None else ""
+    for o in r.outputs:
+        top1 = (f"   top-1 agreement {o.top1_agreement:.0%}"
+                if o.top1_agreement is not None else "")
         nan = ""
-        if o.nan_count or o.inf_count:
-            nan = f"   [red]NaN/Inf {o.nan_count}/{o.inf_count}[/]"
-        lines.append(f"output {i}: shape {format_shape(tuple(o.shape))}   error {o.error:.2e} "
-                     f"(tol {r.tol:.0e})   max |Δ| {o.max_abs:.2e}   cosine {o.cosine:.8f}"
-                     f"{top1}{nan}")
+        if o.ms_nan_count or o.ms_inf_count or o.torch_nan_count or o.torch_inf_count:
+            nan = (f"   [red]NaN/Inf: MindSpore {o.ms_nan_count}/{o.ms_inf_count}, "
+                   f"PyTorch {o.torch_nan_count}/{o.torch_inf_count}[/]")
+        lines.append(f"output {o.index}: {format_shape(tuple(o.torch_shape))}   error "
+                     f"{_num(o.error)} (tol {r.tol:g})   max |Δ| {_num(o.max_abs)}   cosine "
+                     f"{_num(o.cosine, '.8f')}{top1}{nan}")
+        if o.problem:
+            lines.append(f"  [red]{o.problem}[/]")
     if r.noise_floor is not None:
-        lines.append(f"float32 noise floor (PyTorch float64 vs float32): {r.noise_floor:.2e}")
-    d = r.first_divergence
-    if d is not None:
-        lines.append(f"[red]first divergence: {d.ms_name} (MindSpore) ↔ {d.torch_name} "
-                     f"(PyTorch), error {d.error:.2e}[/]")
+        lines.append(f"float32 noise floor (PyTorch float32 vs float64): {_num(r.noise_floor)}")
+    if r.first_divergence is not None:
+        lines.append(f"[red]first divergence: {r.first_divergence.describe()}[/]")
+    for w in r.nonfinite_weights:
+        lines.append(f"[red]non-finite weights: {w}[/]")
+    for note in r.notes[: limit or 10]:
+        lines.append(f"[dim]note: {note}[/]")
     lines.append(f"input: batch {r.batch} × {format_shape(tuple(r.input_shape))}, seed "
                  f"{r.seed}, {r.dtype}; devices: PyTorch {r.torch_device}, MindSpore "
                  f"{r.ms_device}")

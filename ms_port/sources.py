@@ -424,12 +424,15 @@ def _ckpt_tensors(path: Path) -> tuple[dict[str, TensorInfo], dict[str, str], li
     from .ckpt import CkptReader
 
     reader = CkptReader(path)
+    if reader.has_crc and reader.crc_ok is False:
+        raise SourceError(f"{path}: CRC check failed — the file was changed or damaged after "
+                          "it was written; re-create or re-download it", path=path)
     tensors = {
         e.name: TensorInfo(e.name, e.shape, e.dtype, lambda e=e: reader.load(e.name))
         for e in reader.entries
     }
     skipped = [Skipped(name, kind, reason) for name, kind, reason in reader.skipped]
-    metadata = {"crc": "ok" if reader.crc_ok else "bad"} if reader.has_crc else {}
+    metadata = {"crc": "ok"} if reader.has_crc else {}
     return tensors, metadata, skipped
 
 

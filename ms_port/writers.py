@@ -182,7 +182,8 @@ def _write_safetensors(plan: Plan, f: BinaryIO, *, progress: Progress | None) ->
     f.write(len(blob).to_bytes(8, "little") + blob)
     done = 0
     for _, array in plan.arrays():
-        f.write(memoryview(np.ascontiguousarray(array)).cast("B"))
+        # a byte view: memoryview cannot describe bfloat16 itself
+        f.write(memoryview(np.ascontiguousarray(array).reshape(-1).view(np.uint8)))
         done += array.nbytes
         if progress:
             progress("write", done, offset)

@@ -449,3 +449,12 @@ def test_roundtrip_property(dtype, shape, slice_bytes, seed, crc):
             assert reader.entries[0].nbytes == array.nbytes
     finally:
         os.unlink(name)
+
+
+def test_load_entry_notices_a_file_that_shrank(tmp_path):
+    path = tmp_path / "ours.ckpt"
+    data = our_save(path, {"a": sample("float32", (8,)), "b": sample("int8", (4,))})
+    entry = read_ckpt(path).entries[1]
+    path.write_bytes(data[:-2])
+    with pytest.raises(SourceError, match=f"{path}.*list it again"):
+        load_entry(path, entry)

@@ -194,7 +194,7 @@ def test_exact_copy_passes_with_error_at_rounding_level():
     assert out.top1_agreement == 1.0 and out.cosine == pytest.approx(1.0)
     assert out.ms_nan_count == out.torch_nan_count == 0
     assert {"torch_forward", "mindspore_forward", "torch_float64_forward"} <= set(report.timings)
-    assert steps[:2] == ["torch forward", "mindspore forward"]
+    assert steps[:3] == ["checking weights for NaN/Inf", "torch forward", "mindspore forward"]
     data = report.to_dict()
     json.dumps(data, allow_nan=False)
     assert {"ok", "max_abs", "error", "tol", "first_divergence"} <= set(data)
@@ -275,23 +275,33 @@ def test_rolled_classifier_rows_located_at_classifier():
     assert report.outputs[0].top1_agreement is not None
 
 
-def test_nan_weight_never_passes_even_with_infinite_tol():
+@pytest.mark.parametrize(("weight", "layer", "reaches_output"), [
+    ("end_point.weight", ("end_point", "fc"), True),
+    # MindSpore's ReLU maps NaN to 0 (PyTorch's keeps it): the outputs agree, the
+    # weight check still fails the run
+    ("layer1.0.conv1.weight", ("layer1.0.conv1", "layer1.0.conv1"), False),
+])
+def test_nan_weight_never_passes_even_with_infinite_tol(weight, layer, reaches_output):
     def poison(name, array):
-        if name == "layer1.0.conv1.weight":
-            array[0, 0, 0, 0] = np.nan
+        if name == weight:
+            array.flat[0] = np.nan
         return array
 
     net, twin, corr = make_twins(poison)
     report = parity(net, twin, corr, tol=float("inf"))
     assert not report.ok
+    assert report.nonfinite_weights == [f"MindSpore {weight}: 1 NaN"]
+    assert f"weights hold NaN/Inf: MindSpore {weight}: 1 NaN" in report.message
     out = report.outputs[0]
-    assert out.ms_nan_count > 0 and out.torch_nan_count == 0
-    assert "MindSpore output 0 holds" in report.message and "NaN" in report.message
-    assert report.first_divergence.ms_name == "layer1.0.conv1"
-    assert report.first_divergence.nan
+    assert (out.ms_nan_count > 0) == reaches_output and out.torch_nan_count == 0
+    div = report.first_divergence
+    assert (div.ms_name, div.torch_name) == layer and div.nan
+    assert "(NaN/Inf" in report.message
     data = report.to_dict()
     json.dumps(data, allow_nan=False)
-    assert data["error"] is None and data["outputs"][0]["ms_nan_count"] == out.ms_nan_count
+    if reaches_output:
+        assert "MindSpore output 0 holds" in report.message
+        assert data["error"] is None and data["outputs"][0]["ms_nan_count"] == out.ms_nan_count
 
 
 def test_different_output_shapes_fail_clearly():
