@@ -271,15 +271,16 @@ def test_rolled_classifier_rows_located_at_classifier():
     assert not report.ok
     div = report.first_divergence
     assert (div.ms_name, div.torch_name) == ("end_point", "fc")
-    assert "end_point (PyTorch fc)" in report.message
+    assert "first divergence at end_point (PyTorch: fc; error" in report.message
     assert report.outputs[0].top1_agreement is not None
 
 
 @pytest.mark.parametrize(("weight", "layer", "reaches_output"), [
-    ("end_point.weight", ("end_point", "fc"), True),
+    pytest.param("end_point.weight", ("end_point", "fc"), True, id="classifier"),
     # MindSpore's ReLU maps NaN to 0 (PyTorch's keeps it): the outputs agree, the
     # weight check still fails the run
-    ("layer1.0.conv1.weight", ("layer1.0.conv1", "layer1.0.conv1"), False),
+    pytest.param("layer1.0.conv1.weight", ("layer1.0.conv1", "layer1.0.conv1"), False,
+                 id="masked-by-relu"),
 ])
 def test_nan_weight_never_passes_even_with_infinite_tol(weight, layer, reaches_output):
     def poison(name, array):
@@ -296,7 +297,7 @@ def test_nan_weight_never_passes_even_with_infinite_tol(weight, layer, reaches_o
     assert (out.ms_nan_count > 0) == reaches_output and out.torch_nan_count == 0
     div = report.first_divergence
     assert (div.ms_name, div.torch_name) == layer and div.nan
-    assert "(NaN/Inf" in report.message
+    assert f"first divergence at {layer[0]} (" in report.message and "NaN/Inf)" in report.message
     data = report.to_dict()
     json.dumps(data, allow_nan=False)
     if reaches_output:
@@ -308,11 +309,13 @@ def test_different_output_shapes_fail_clearly():
     net, twin, corr = make_twins(classes=CLASSES + 1)
     report = parity(net, twin, corr)
     assert not report.ok
-    assert "shapes differ (MindSpore 2×6 vs PyTorch 2×5)" in report.message
+    assert "output 0 shapes differ: MindSpore 2×6 vs PyTorch 2×5" in report.message
     assert report.outputs[0].problem.startswith("output 0 shapes differ")
+    assert report.outputs[0].top1_agreement is None
     # every layer before the classifier agrees; the classifier cannot be compared
     assert report.first_divergence is None
-    assert any("end_point (PyTorch fc)" in note for note in report.notes)
+    assert ("not compared: end_point (PyTorch: fc): output shapes MindSpore 2×6 vs "
+            "PyTorch 2×5") in report.message
 
 
 def test_default_correspondence_pairs_same_named_layers():
@@ -333,7 +336,7 @@ def test_without_correspondence_the_message_says_how_to_locate():
     net, twin, _ = make_twins(roll)
     report = parity(net, twin, [])
     assert not report.ok and report.first_divergence is None
-    assert report.layers_checked == 0
+    assert report.layers_checked == 0 and "divergence_search" not in report.timings
 
 
 # --- float64 ------------------------------------------------------------------------------
