@@ -292,7 +292,7 @@ def verify(
     Returns:
         A :class:`~ms_port.parity.ParityReport` with ``ok`` and ``first_divergence``.
     """
-    from .verify import run_verify
+    from .networks import run_verify
 
     return run_verify(
         source, checkpoint, arch=arch, torch_model=torch_model, ms_model=ms_model,

@@ -1,4 +1,4 @@
-"""Verify: build both networks, load each side's file, then hand over to :mod:`.parity`.
+"""Build both networks for verify, load each side's file, then hand over to :mod:`.parity`.
 
 Loading is checked before any forward pass: a tensor the MindSpore network needs but
 the checkpoint lacks is named, and the run fails without computing anything.
