@@ -11,7 +11,9 @@ The error, per output (a network may return one tensor or a tuple/list of them):
 the relative L2 error: the size of the difference measured against the size of the
 PyTorch output, so one tolerance fits logits and feature maps alike. An output passes
 iff ``error <= tol`` *and* neither side holds a NaN or Inf anywhere: a NaN is a
-failure, never a pass. Shapes that differ fail. The report also gives the largest
+failure, never a pass. The weights of both networks are checked for NaN/Inf too, since a
+bad weight need not reach the output (MindSpore's ReLU maps NaN to 0, PyTorch's keeps
+it). Shapes that differ fail. The report also gives the largest
 absolute difference, the cosine similarity, top-1 agreement for 2-D outputs and the
 **noise floor**: the same error between the PyTorch model's own float32 and float64
 outputs, i.e. what float32 rounding alone costs, so a user can read an error against it.
@@ -22,6 +24,10 @@ layers are walked in the order in which the PyTorch hooks fired, and the first o
 output has a relative error above ``tol`` (or a NaN/Inf) is named, with its enclosing
 block. Hooks fire when a layer *finishes*, so a layer is checked before the block that
 contains it and the finest-grained culprit is found first.
+
+``dtype="float64"`` runs both sides in float64, which MindSpore's CPU kernels allow for
+Dense, activations, pooling and LayerNorm but not for Conv2D or BatchNorm: such a network
+is refused with a :class:`~ms_port.errors.ParityError` naming the operator and the cell.
 
 torch and mindspore are imported inside functions so that importing this module (and
 ``ms-port --help``) stays fast.
@@ -40,6 +46,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import numpy as np
 
 from .errors import DeviceError, ParityError
+from .reports import Renderable
 from .tensors import format_shape
 
 if TYPE_CHECKING:
@@ -190,7 +197,7 @@ class Divergence:
 
 
 @dataclass(repr=False)
-class ParityReport:
+class ParityReport(Renderable):
     """The verdict of :func:`run_parity`.
 
     ``error`` is the relative L2 error ``||ms - torch||_2 / max(||torch||_2, tiny)``,
@@ -350,19 +357,27 @@ def _default_correspondence(torch_model: Any, ms_model: Any) -> list[tuple[str, 
 # comparing arrays
 
 
+_NATIVE = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))
+
+
+def _numpy_copy(array: np.ndarray) -> np.ndarray:
+    # A copy: hooks see tensors that in-place ops (ReLU(inplace=True), `out += identity`)
+    # change afterwards. Floats keep their width (float64 only when compared); anything
+    # else (bfloat16 from ml_dtypes, ints, bools) becomes float64 so numpy can do the maths.
+    return np.array(array, dtype=array.dtype if array.dtype in _NATIVE else np.float64)
+
+
 def _torch_to_numpy(tensor: Any) -> np.ndarray:
     import torch
 
     t = tensor.detach()
     if t.dtype == torch.bfloat16:  # numpy has no bfloat16; float32 holds it exactly
         t = t.float()
-    # np.array copies: hooks see tensors that in-place ops (ReLU(inplace=True),
-    # `out += identity`) change afterwards.
-    return np.array(t.cpu().numpy(), dtype=np.float64)
+    return _numpy_copy(t.cpu().numpy())
 
 
 def _ms_to_numpy(tensor: Any) -> np.ndarray:
-    return np.array(tensor.asnumpy(), dtype=np.float64)
+    return _numpy_copy(tensor.asnumpy())
 
 
 def _leaves(obj: Any, is_tensor: Callable[[Any], bool]) -> list[Any]:
@@ -392,6 +407,7 @@ def _relative_error(value: np.ndarray, reference: np.ndarray) -> tuple[float, fl
     """(relative L2 error, max abs difference); ``inf`` for both if anything is non-finite."""
     if not (np.isfinite(value).all() and np.isfinite(reference).all()):
         return math.inf, math.inf
+    value, reference = value.astype(np.float64), reference.astype(np.float64)
     diff = (value - reference).ravel()
     if diff.size == 0:
         return 0.0, 0.0
@@ -402,6 +418,7 @@ def _relative_error(value: np.ndarray, reference: np.ndarray) -> tuple[float, fl
 def _cosine(a: np.ndarray, b: np.ndarray) -> float | None:
     if not (np.isfinite(a).all() and np.isfinite(b).all()):
         return None
+    a, b = a.astype(np.float64), b.astype(np.float64)
     na, nb = float(np.linalg.norm(a.ravel())), float(np.linalg.norm(b.ravel()))
     if na == 0.0 or nb == 0.0:
         return None
@@ -598,7 +615,7 @@ def _ms_pynative() -> Iterator[None]:
 
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip()
-    return f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}".rstrip(": ")
+    return f"{type(exc).__name__}: {text.splitlines()[0].rstrip('.') if text else ''}".rstrip(": ")
 
 
 def _torch_forward(model: Any, x: np.ndarray, device: Any) -> Any:
@@ -707,20 +724,73 @@ def _current_device_name() -> str:
 # first divergence
 
 
-class _Recorder:
-    """Outputs of hooked layers, per path and call, plus the firing order of events."""
+class _TorchRecorder:
+    """Copies of hooked PyTorch layer outputs, per path and call, in firing order."""
 
-    def __init__(self, convert: Callable[[Any], list[np.ndarray]]):
-        self.convert = convert
+    def __init__(self) -> None:
         self.calls: dict[str, list[list[np.ndarray]]] = {}
         self.order: list[tuple[str, int]] = []
 
     def hook(self, path: str) -> Callable[..., None]:
-        def record(_layer: Any, _args: Any, output: Any) -> None:
+        def record(_module: Any, _args: Any, output: Any) -> None:
             calls = self.calls.setdefault(path, [])
             self.order.append((path, len(calls)))
-            calls.append(self.convert(output))
+            calls.append(_torch_arrays(output))
         return record
+
+
+@dataclass
+class _LayerResult:
+    error: float
+    max_abs: float
+    nan: bool
+    shape: tuple[int, ...]
+
+
+class _MsComparer:
+    """Compares each hooked MindSpore cell output with the recorded PyTorch output as it
+    fires, so MindSpore activations are never held (ResNet-size nets stay cheap)."""
+
+    def __init__(self, torch_rec: _TorchRecorder, torch_for_ms: dict[str, list[str]]):
+        self.torch_rec = torch_rec
+        self.torch_for_ms = torch_for_ms
+        self.calls: dict[str, int] = {}
+        self.results: dict[tuple[str, str, int], _LayerResult | str] = {}
+
+    def hook(self, path: str) -> Callable[..., None]:
+        def compare(_cell: Any, _args: Any, output: Any) -> None:
+            call = self.calls.get(path, 0)
+            self.calls[path] = call + 1
+            ms_arrays = None
+            for torch_path in self.torch_for_ms[path]:
+                torch_calls = self.torch_rec.calls.get(torch_path, [])
+                if call < len(torch_calls):
+                    if ms_arrays is None:
+                        ms_arrays = _ms_arrays(output)
+                    self.results[(path, torch_path, call)] = _compare_layer(
+                        ms_arrays, torch_calls[call])
+        return compare
+
+
+def _compare_layer(ms_arrays: list[np.ndarray],
+                   torch_arrays: list[np.ndarray]) -> _LayerResult | str:
+    """Worst error over a layer's output tensors, or why they cannot be compared."""
+    result = None
+    for ms_arr, torch_arr in zip(ms_arrays, torch_arrays):
+        if ms_arr.shape != torch_arr.shape:
+            # the same data with a size-1 axis more or less still compares
+            if _squeezed(ms_arr.shape) != _squeezed(torch_arr.shape):
+                return (f"output shapes MindSpore {format_shape(ms_arr.shape)} vs PyTorch "
+                        f"{format_shape(torch_arr.shape)}")
+            ms_arr = ms_arr.reshape(torch_arr.shape)
+        error, max_abs = _relative_error(ms_arr, torch_arr)
+        nan = not math.isfinite(error)
+        if result is None:
+            result = _LayerResult(error, max_abs, nan, tuple(torch_arr.shape))
+        else:
+            result.error, result.max_abs = max(result.error, error), max(result.max_abs, max_abs)
+            result.nan = result.nan or nan
+    return result if result is not None else "no output tensors"
 
 
 def _squeezed(shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -760,63 +830,57 @@ def _find_divergence(
         if missing:
             notes.append(f"correspondence: skipped {' and '.join(missing)} (no such layer)")
             continue
-        pairs.append((ms_path, torch_path))
+        if (ms_path, torch_path) not in pairs:
+            pairs.append((ms_path, torch_path))
     if not pairs:
         return None, 0, []
 
-    torch_rec, ms_rec = _Recorder(_torch_arrays), _Recorder(_ms_arrays)
+    ms_for_torch: dict[str, list[str]] = {}
+    torch_for_ms: dict[str, list[str]] = {}
+    for ms_path, torch_path in pairs:
+        ms_for_torch.setdefault(torch_path, []).append(ms_path)
+        torch_for_ms.setdefault(ms_path, []).append(torch_path)
+    torch_rec = _TorchRecorder()
+    comparer = _MsComparer(torch_rec, torch_for_ms)
     handles = []
     try:
+        # PyTorch first: its recorded outputs are what each MindSpore hook compares with.
+        for torch_path in ms_for_torch:
+            handles.append(torch_modules[torch_path].register_forward_hook(
+                torch_rec.hook(torch_path)))
+        _torch_forward(torch_model, x, device)
         with _ms_pynative():
-            for torch_path in dict.fromkeys(t for _, t in pairs):
-                handles.append(torch_modules[torch_path].register_forward_hook(
-                    torch_rec.hook(torch_path)))
-            for ms_path in dict.fromkeys(m for m, _ in pairs):
-                handles.append(ms_cells[ms_path].register_forward_hook(ms_rec.hook(ms_path)))
-            _torch_forward(torch_model, x, device)
+            for ms_path in torch_for_ms:
+                handles.append(ms_cells[ms_path].register_forward_hook(comparer.hook(ms_path)))
             _ms_forward(ms_model, x)
     finally:
         for handle in handles:
             handle.remove()
 
-    ms_for_torch: dict[str, list[str]] = {}
-    for ms_path, torch_path in pairs:
-        ms_for_torch.setdefault(torch_path, []).append(ms_path)
     unmatched: set[str] = set()
     checked = 0
+    # Walk in the order the PyTorch hooks fired: execution order, a layer before the
+    # block that contains it, and each call of a layer that runs several times.
     for torch_path, call in torch_rec.order:
-        torch_arrays = torch_rec.calls[torch_path][call]
         for ms_path in ms_for_torch[torch_path]:
-            ms_calls = ms_rec.calls.get(ms_path, [])
-            if call >= len(ms_calls):
-                unmatched.add(f"{_pair_name(ms_path, torch_path)}: ran {len(ms_calls)} "
-                              "time(s) in MindSpore, more in PyTorch")
+            name = _pair_name(ms_path, torch_path)
+            result = comparer.results.get((ms_path, torch_path, call))
+            if result is None:
+                ran = comparer.calls.get(ms_path, 0)
+                unmatched.add(f"{name}: ran {ran} time(s) in MindSpore, more in PyTorch")
                 continue
-            errors, max_abs, nan, shape = [], [], False, None
-            for ms_arr, torch_arr in zip(ms_calls[call], torch_arrays):
-                if ms_arr.shape != torch_arr.shape:
-                    if _squeezed(ms_arr.shape) != _squeezed(torch_arr.shape):
-                        unmatched.add(f"{_pair_name(ms_path, torch_path)}: output shapes "
-                                      f"MindSpore {format_shape(ms_arr.shape)} vs PyTorch "
-                                      f"{format_shape(torch_arr.shape)}")
-                        continue
-                    ms_arr = ms_arr.reshape(torch_arr.shape)
-                nan = nan or not (np.isfinite(ms_arr).all() and np.isfinite(torch_arr).all())
-                error, diff = _relative_error(ms_arr, torch_arr)
-                errors.append(error)
-                max_abs.append(diff)
-                shape = shape or torch_arr.shape
-            if not errors:
+            if isinstance(result, str):
+                unmatched.add(f"{name}: {result}")
                 continue
             checked += 1
-            if nan or max(errors) > tol:
+            if result.nan or result.error > tol:
                 block = _enclosing_block(torch_path, pairs)
-                return Divergence(
-                    ms_name=ms_path, torch_name=torch_path, error=max(errors),
-                    max_abs=max(max_abs), nan=nan, call=call,
+                divergence = Divergence(
+                    ms_name=ms_path, torch_name=torch_path, error=result.error,
+                    max_abs=result.max_abs, nan=result.nan, call=call,
                     ms_block=block[0] if block else None,
-                    torch_block=block[1] if block else None, shape=tuple(shape or ())), \
-                    checked, sorted(unmatched)
+                    torch_block=block[1] if block else None, shape=result.shape)
+                return divergence, checked, sorted(unmatched)
     return None, checked, sorted(unmatched)
 
 
@@ -889,9 +953,10 @@ def run_parity(
             kernel for an operator.
 
     Example:
-        >>> report = run_parity(torch_net, ms_net, input_shape=(3, 224, 224), batch=2)
-        >>> report.ok, report.error, report.noise_floor
-        (True, 1.3e-07, 9.8e-08)
+        >>> report = run_parity(torch_net, ms_net, input_shape=(3, 224, 224), batch=2,
+        ...                     correspondence=correspondence_from_pairs(plan_pairs))
+        >>> report.message  # doctest: +SKIP
+        'outputs agree: error 5.4e-07 <= tol 1e-05 (float32 noise floor 5.5e-07)'
     """
     import mindspore
     import torch

@@ -13,7 +13,7 @@ from .tensors import TensorInfo
 from .writers import WriteResult
 
 
-class _Rendered:
+class Renderable:
     """Mixin: rich and Jupyter rendering through :mod:`ms_port.render`."""
 
     def __rich__(self) -> Any:
@@ -32,7 +32,7 @@ class _Rendered:
 
 
 @dataclass
-class InspectReport(_Rendered):
+class InspectReport(Renderable):
     """What a checkpoint holds, or what an architecture expects.
 
     Attributes:
@@ -82,7 +82,7 @@ class InspectReport(_Rendered):
 
 
 @dataclass
-class ConversionReport(_Rendered):
+class ConversionReport(Renderable):
     """The outcome of a conversion.
 
     Attributes:

@@ -199,6 +199,7 @@ def test_exact_copy_passes_with_error_at_rounding_level():
     json.dumps(data, allow_nan=False)
     assert {"ok", "max_abs", "error", "tol", "first_divergence"} <= set(data)
     assert data["first_divergence"] is None and data["ok"] is True
+    assert repr(report).startswith("ParityReport(ok=True, error=")
 
 
 def test_same_seed_same_input_and_batch_recorded():
@@ -237,13 +238,18 @@ def test_tuple_outputs_are_compared_one_by_one():
 # --- broken copies fail and are located -------------------------------------------------
 
 
-def test_swapped_bn_statistics_located_at_that_bn():
+@pytest.mark.parametrize("sign", [
+    pytest.param(1, id="finite"),
+    # a negative mean as variance: MindSpore's BN gives NaN, its ReLU turns them into 0
+    pytest.param(-1, id="negative-variance"),
+])
+def test_swapped_bn_statistics_located_at_that_bn(sign):
     def swap(name, array):
         # moving_mean <- running_var and moving_variance <- running_mean in one BN
         if name == "layer1.0.bn2.moving_mean":
             return torch_stats["running_var"]
         if name == "layer1.0.bn2.moving_variance":
-            return torch_stats["running_mean"]
+            return sign * torch_stats["running_mean"]
         return array
 
     reference, _, _ = make_twins()  # make_twins is deterministic
@@ -256,8 +262,8 @@ def test_swapped_bn_statistics_located_at_that_bn():
     div = report.first_divergence
     assert isinstance(div, Divergence)
     assert (div.ms_name, div.torch_name) == ("layer1.0.bn2", "layer1.0.bn2")
-    assert div.ms_block == "layer1.0" and not div.nan and div.error > 1e-2
-    assert "first divergence at layer1.0.bn2" in report.message
+    assert div.ms_block == "layer1.0" and div.nan == (sign < 0) and div.error > 1e-2
+    assert "first divergence at layer1.0.bn2 (" in report.message
     assert "in block layer1.0" in report.message
     assert report.to_dict()["first_divergence"]["ms_name"] == "layer1.0.bn2"
 
@@ -316,6 +322,21 @@ def test_different_output_shapes_fail_clearly():
     assert report.first_divergence is None
     assert ("not compared: end_point (PyTorch: fc): output shapes MindSpore 2×6 vs "
             "PyTorch 2×5") in report.message
+
+
+def test_graph_mode_network_is_compared_and_located():
+    def swap(name, array):
+        return array[::-1].copy() if name == "layer1.0.bn2.moving_variance" else array
+
+    net, twin, corr = make_twins(swap)
+    ms.set_context(mode=ms.GRAPH_MODE)
+    try:
+        report = parity(net, twin, corr)
+        # hooks need PyNative: the search switches there and back
+        assert ms.get_context("mode") == ms.GRAPH_MODE
+    finally:
+        ms.set_context(mode=ms.PYNATIVE_MODE)
+    assert report.first_divergence.ms_name == "layer1.0.bn2"
 
 
 def test_default_correspondence_pairs_same_named_layers():
