@@ -13,6 +13,7 @@ import contextlib
 import json
 import os
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO, Callable
@@ -102,6 +103,38 @@ def _alive(pid: int) -> bool:
     return True
 
 
+@contextlib.contextmanager
+def atomic_output(output: str | Path, *, force: bool = False) -> Iterator[tuple[Path, Path]]:
+    """Yield ``(final, temporary)`` paths; on a clean exit the temporary file replaces final.
+
+    The temporary file lives beside the output (same filesystem, so the rename is
+    atomic). On any exception it is removed and the old output, if any, is untouched.
+    Stale temporary files of dead ms-port processes are removed first.
+
+    Raises:
+        OutputExistsError, WriteError.
+    """
+    output = check_output(output, force=force)
+    remove_stale_temps(output)
+    tmp = _temp_path(output)
+    try:
+        yield output, tmp
+        os.replace(tmp, output)
+    except OSError as exc:
+        raise WriteError(f"{output}: cannot write ({exc.strerror or exc}); check free disk "
+                         "space and permissions — the previous output, if any, is untouched",
+                         path=output) from exc
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+
+
+def fsynced(f: BinaryIO) -> None:
+    """Push a written file to the disk before it is renamed into place."""
+    f.flush()
+    os.fsync(f.fileno())
+
+
 def write_plan(
     plan: Plan,
     output: str | Path,
@@ -129,30 +162,18 @@ def write_plan(
         raise WriteError(f"unknown output format {format!r}; choose {' or '.join(FORMATS)}")
     if crc and format != "ckpt":
         raise WriteError("a CRC trailer exists only in the ckpt format; drop --crc")
-    output = check_output(output, force=force)
-    remove_stale_temps(output)
-    replaced = output.exists()
-    tmp = _temp_path(output)
     start = time.perf_counter()
-    try:
+    with atomic_output(output, force=force) as (final, tmp):
+        replaced = final.exists()
         with open(tmp, "xb") as f:
             if format == "ckpt":
                 _write_ckpt(plan, f, crc=crc, progress=progress)
             else:
                 _write_safetensors(plan, f, progress=progress)
-            f.flush()
-            os.fsync(f.fileno())
+            fsynced(f)
         readback(plan, tmp, format=format, progress=progress)
         nbytes = tmp.stat().st_size
-        os.replace(tmp, output)
-    except OSError as exc:
-        raise WriteError(f"{output}: cannot write ({exc.strerror or exc}); check free disk "
-                         "space and permissions — the previous output, if any, is untouched",
-                         path=output) from exc
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
-    return WriteResult(str(output), format, len(plan.matches), nbytes, "bit-exact", replaced,
+    return WriteResult(str(final), format, len(plan.matches), nbytes, "bit-exact", replaced,
                        crc, time.perf_counter() - start)
 
 
