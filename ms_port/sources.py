@@ -195,10 +195,12 @@ def _torch_load(path: Path, fmt: str, *, unsafe_pickle: bool) -> Any:
         try:
             with zipfile.ZipFile(path) as zf:
                 bad = zf.testzip() if path.stat().st_size < (64 << 20) else None
-        except zipfile.BadZipFile as exc:
+        # zipfile raises more than BadZipFile on damaged directories (found by fuzzing)
+        except (zipfile.BadZipFile, ValueError, OSError, EOFError, NotImplementedError,
+                RuntimeError) as exc:
             raise SourceError(
-                f"{path}: damaged zip archive ({exc}); the file is truncated or corrupt, "
-                "re-download or re-save it", path=path) from None
+                f"{path}: damaged zip archive ({type(exc).__name__}: {exc}); the file is "
+                "truncated or corrupt, re-download or re-save it", path=path) from None
         if bad is not None:
             raise SourceError(f"{path}: member {bad!r} is corrupt (CRC mismatch); "
                               "re-download or re-save it", path=path)
@@ -222,8 +224,7 @@ def _torch_load(path: Path, fmt: str, *, unsafe_pickle: bool) -> Any:
             f"({culprit}). Nothing was executed. If you created this file yourself or "
             "trust its origin, re-run with --unsafe-pickle (unsafe_pickle=True); better, "
             "re-save it as safetensors", path=path, detail=str(exc)) from None
-    except (RuntimeError, EOFError, ValueError, OSError, KeyError, AttributeError,
-            IndexError, TypeError, zipfile.BadZipFile) as exc:
+    except Exception as exc:  # torch.load parses untrusted bytes: any failure is "corrupt"
         msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise SourceError(
             f"{path}: cannot read this PyTorch checkpoint ({msg}); it is truncated, "

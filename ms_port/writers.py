@@ -66,6 +66,7 @@ def check_output(output: str | Path, *, force: bool) -> Path:
     if not output.parent.is_dir():
         raise WriteError(f"{output.parent}: no such directory for the output; create it first",
                          path=output)
+    remove_stale_temps(output)  # left by a killed run, whatever this run decides
     if output.exists() and not force:
         raise OutputExistsError(f"{output} exists; pass --force (force=True) to replace it",
                                 path=output)
@@ -115,7 +116,6 @@ def atomic_output(output: str | Path, *, force: bool = False) -> Iterator[tuple[
         OutputExistsError, WriteError.
     """
     output = check_output(output, force=force)
-    remove_stale_temps(output)
     tmp = _temp_path(output)
     try:
         yield output, tmp

@@ -1,0 +1,220 @@
+"""Interrupted runs, full disks and random state dicts: nothing lost, nothing half-written."""
+
+from __future__ import annotations
+
+import errno
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import ms_port
+from ms_port.errors import MsPortError, WriteError
+from ms_port.sources import read_source
+from ms_port.targets import from_infos
+
+TORCH_DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int64,
+                torch.int32, torch.int8, torch.uint8, torch.bool]
+
+
+def _identity_target(path: Path):
+    """A template target with exactly the source's (unwrapped) names and shapes."""
+    return from_infos(read_source(path).tensors.values(), "identity")
+
+
+def _same_bits(a: np.ndarray, b: np.ndarray) -> bool:
+    a, b = np.ascontiguousarray(a), np.ascontiguousarray(b)
+    return a.shape == b.shape and a.dtype == b.dtype and a.tobytes() == b.tobytes()
+
+
+@pytest.fixture
+def big_pth(tmp_path) -> Path:
+    """~96 MiB of float32 in 24 tensors: long enough to be killed mid-write."""
+    gen = torch.Generator().manual_seed(0)
+    state = {f"layers.{i}.weight": torch.randn(1024, 1024, generator=gen) for i in range(24)}
+    path = tmp_path / "big.pth"
+    torch.save(state, path)
+    return path
+
+
+def _convert_cmd(src: Path, out: Path, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "ms_port", "convert", str(src), "--target", str(src),
+            "-o", str(out), "--quiet", *extra]
+
+
+def _temps(out: Path) -> list[Path]:
+    return list(out.parent.glob(f".{out.name}.ms-port-*.tmp"))
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGINT])
+def test_interrupted_run_keeps_old_output(big_pth, tmp_path, sig):
+    out = tmp_path / "out.ckpt"
+    out.write_bytes(b"previous output")
+    for delay in (0.5, 1.5, 3.0):
+        proc = subprocess.Popen(_convert_cmd(big_pth, out, "--force"),
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(delay)
+        proc.send_signal(sig)
+        proc.wait(timeout=120)
+        # either the new file is complete and verified, or the old one is untouched
+        data = out.read_bytes()
+        if data != b"previous output":
+            assert ms_port.inspect(out).total_tensors == 24
+            out.write_bytes(b"previous output")
+        if sig == signal.SIGINT:
+            assert not _temps(out), "SIGINT must clean its temporary file"
+    # a following run (even one that refuses) removes what killed runs left behind
+    result = subprocess.run(_convert_cmd(big_pth, out), capture_output=True, text=True)
+    assert result.returncode == 2 and "exists" in result.stderr
+    assert not _temps(out)
+    assert out.read_bytes() == b"previous output"
+
+
+def test_full_disk_is_a_clean_error(big_pth, tmp_path, monkeypatch):
+    out = tmp_path / "out.ckpt"
+    out.write_bytes(b"previous output")
+    from ms_port import ckpt
+
+    real_put = ckpt.CkptWriter._put
+    written = {"n": 0}
+
+    def filling_put(self, data):
+        written["n"] += len(data)
+        if written["n"] > 20 << 20:
+            raise WriteError("disk full", path=str(out)) from OSError(errno.ENOSPC, "No space")
+        return real_put(self, data)
+
+    monkeypatch.setattr(ckpt.CkptWriter, "_put", filling_put)
+    with pytest.raises(MsPortError, match="disk full"):
+        ms_port.convert(big_pth, target=_identity_target(big_pth), output=out, force=True)
+    assert out.read_bytes() == b"previous output"
+    assert not _temps(out)
+
+
+def test_oserror_while_writing_names_the_output(big_pth, tmp_path, monkeypatch):
+    out = tmp_path / "out.ckpt"
+    import ms_port.writers as writers
+
+    def no_space(*_a, **_k):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(writers, "fsynced", no_space)
+    with pytest.raises(WriteError, match=r"out\.ckpt: cannot write \(No space left on device\)"):
+        ms_port.convert(big_pth, target=_identity_target(big_pth), output=out)
+    assert not out.exists() and not _temps(out)
+
+
+_names = st.lists(
+    st.from_regex(r"[a-z][a-z0-9_]{0,6}(\.[a-z0-9_]{1,6}){0,3}", fullmatch=True),
+    min_size=1, max_size=6, unique=True)
+_shapes = st.lists(st.integers(1, 5), min_size=0, max_size=4).map(tuple)
+
+
+@st.composite
+def state_dicts(draw):
+    names = draw(_names)
+    state = {}
+    for name in names:
+        dtype = draw(st.sampled_from(TORCH_DTYPES))
+        shape = draw(_shapes)
+        seed = draw(st.integers(0, 2**16))
+        gen = torch.Generator().manual_seed(seed)
+        if dtype.is_floating_point:
+            value = torch.randn(shape, generator=gen).to(dtype)
+        elif dtype == torch.bool:
+            value = torch.randint(0, 2, shape, generator=gen).bool()
+        else:
+            value = torch.randint(0, 100, shape, generator=gen).to(dtype)
+        state[name] = value
+    wrapper = draw(st.sampled_from(["none", "state_dict", "module", "model+epoch"]))
+    return state, wrapper
+
+
+def _wrap(state: dict, wrapper: str):
+    if wrapper == "state_dict":
+        return {"state_dict": state}
+    if wrapper == "module":
+        return {f"module.{k}": v for k, v in state.items()}
+    if wrapper == "model+epoch":
+        return {"model": state, "epoch": 3}
+    return state
+
+
+@settings(max_examples=25, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(case=state_dicts(), fmt=st.sampled_from(["ckpt", "safetensors"]))
+def test_random_state_dicts_round_trip_bit_exactly(tmp_path, case, fmt):
+    state, wrapper = case
+    src = tmp_path / f"src-{os.getpid()}-{time.monotonic_ns()}.pth"
+    torch.save(_wrap(state, wrapper), src)
+    out = src.with_suffix(f".{fmt}")
+    try:
+        report = ms_port.convert(src, target=_identity_target(src), output=out, format=fmt)
+    except MsPortError:
+        assert not out.exists()  # a clean refusal leaves nothing behind
+        return
+    assert report.ok and report.written.readback == "bit-exact"
+    written = read_source(out)
+    assert set(written.tensors) == set(state)
+    for name, tensor in state.items():
+        want = ms_port.sources.torch_to_numpy(tensor)
+        assert _same_bits(written[name].load(), want), name
+
+
+def _mutations(data: bytes, count: int, seed: int):
+    rng = np.random.default_rng(seed)
+    for _ in range(count):
+        buf = bytearray(data)
+        kind = rng.integers(3)
+        if kind == 0:  # flip bytes
+            for pos in rng.integers(0, len(buf), size=rng.integers(1, 8)):
+                buf[pos] ^= int(rng.integers(1, 256))
+        elif kind == 1:  # truncate
+            del buf[int(rng.integers(0, len(buf))):]
+        else:  # splice a random block
+            pos = int(rng.integers(0, len(buf)))
+            buf[pos:pos] = rng.bytes(int(rng.integers(1, 64)))
+        yield bytes(buf)
+
+
+def _small_files(tmp_path: Path) -> dict[str, Path]:
+    state = {"a.weight": torch.randn(4, 3), "a.bias": torch.randn(4).half(),
+             "b.running_var": torch.rand(4).bfloat16(), "n": torch.tensor(7)}
+    files = {"zip": tmp_path / "s.pth", "legacy": tmp_path / "s_legacy.pth",
+             "safetensors": tmp_path / "s.safetensors", "ckpt": tmp_path / "s.ckpt"}
+    torch.save(state, files["zip"])
+    torch.save(state, files["legacy"], _use_new_zipfile_serialization=False)
+    from safetensors.torch import save_file
+
+    save_file(state, files["safetensors"])
+    assert ms_port.convert(files["zip"], target=_identity_target(files["zip"]),
+                           output=files["ckpt"]).ok
+    return files
+
+
+@pytest.mark.parametrize("fmt", ["zip", "legacy", "safetensors", "ckpt"])
+def test_fuzzed_readers_return_or_refuse(tmp_path, fmt):
+    """Mutated real checkpoints: every outcome is a Source or an MsPortError."""
+    original = _small_files(tmp_path)[fmt].read_bytes()
+    outcomes = {"read": 0, "refused": 0}
+    for i, data in enumerate(_mutations(original, count=150, seed=hash(fmt) % 1000)):
+        path = tmp_path / f"m{i}{'.safetensors' if fmt == 'safetensors' else ''}"
+        path.write_bytes(data)
+        try:
+            source = read_source(path)
+            for info in source:
+                info.load()
+            outcomes["read"] += 1
+        except MsPortError as exc:
+            assert str(path) in exc.message or path.name in exc.message, exc.message
+            outcomes["refused"] += 1
+        path.unlink()
+    assert outcomes["refused"] > 0  # the mutations did break files
