@@ -20,7 +20,7 @@ _EXPORTS = {
     "inspect": "api", "plan": "api", "convert": "api", "verify": "api",
     "list_archs": "archs", "get_arch": "archs", "register_arch": "archs", "Arch": "archs",
     "read_source": "sources", "Source": "sources",
-    "Target": "targets", "Plan": "plan", "Match": "plan",
+    "Target": "targets", "Plan": "matching", "Match": "matching",
     "MappingTable": "mapping", "load_mapping": "mapping",
     "InspectReport": "reports", "ConversionReport": "reports",
     "ParityReport": "parity",

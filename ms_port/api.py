@@ -14,7 +14,7 @@ import numpy as np
 
 from .errors import MsPortError, NonFiniteError, TargetError
 from .mapping import MappingTable, load_mapping
-from .plan import Plan, make_plan
+from .matching import Plan, make_plan
 from .reports import ConversionReport, InspectReport
 from .sources import Source, read_source
 from .targets import Target, from_arch, from_cell, from_factory, from_template
@@ -138,10 +138,10 @@ def plan(
         mapping: mapping table(s): a built-in name, a YAML path, a
             :class:`~ms_port.mapping.MappingTable`, or a list of them.
         allow_missing / allow_unused / allow_shape_match / dtype: see
-            :func:`~ms_port.plan.make_plan`.
+            :func:`~ms_port.matching.make_plan`.
 
     Returns:
-        The :class:`~ms_port.plan.Plan`; ``plan.ok`` says whether it is complete.
+        The :class:`~ms_port.matching.Plan`; ``plan.ok`` says whether it is complete.
 
     Example:
         >>> p = ms_port.plan("resnet50.pth", arch="resnet50")

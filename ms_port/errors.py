@@ -56,7 +56,7 @@ class PlanError(MsPortError):
     """Matching failed in strict mode: tensors unfilled, unused or in conflict.
 
     Attributes:
-        plan: the :class:`~ms_port.plan.Plan` that failed, for the caller to render.
+        plan: the :class:`~ms_port.matching.Plan` that failed, for the caller to render.
     """
 
     exit_code = 1

@@ -97,7 +97,7 @@ def run_verify(
 ) -> ParityReport:
     """See :func:`ms_port.api.verify`."""
     from .api import resolve_mapping
-    from .plan import make_plan
+    from .matching import make_plan
     from .targets import from_cell
 
     entry = None

@@ -7,7 +7,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from .plan import Plan
+from .matching import Plan
 from .sources import Skipped
 from .tensors import TensorInfo
 from .writers import WriteResult
@@ -88,7 +88,7 @@ class ConversionReport(Renderable):
     Attributes:
         ok: the plan was complete (or its leftovers allowed) and the output was
             written and read back bit-exactly (or ``dry_run``).
-        plan: the :class:`~ms_port.plan.Plan`: every tensor, how it was matched.
+        plan: the :class:`~ms_port.matching.Plan`: every tensor, how it was matched.
         output: the output path (``None`` for a dry run without output).
         written: what the writer did; ``None`` when nothing was written.
         dry_run: stopped after the plan.

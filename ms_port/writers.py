@@ -21,7 +21,7 @@ from typing import Any, BinaryIO, Callable
 import numpy as np
 
 from .errors import OutputExistsError, ReadbackError, WriteError
-from .plan import Plan, materialize
+from .matching import Plan, materialize
 from .sources import SAFETENSORS_DTYPES, read_source
 from .tensors import itemsize
 
@@ -147,7 +147,7 @@ def write_plan(
     """Write ``plan`` to ``output`` atomically and verify it bit for bit.
 
     Args:
-        plan: an ok :class:`~ms_port.plan.Plan`.
+        plan: an ok :class:`~ms_port.matching.Plan`.
         output: destination file.
         format: ``ckpt`` (default) or ``safetensors`` (MindSpore loads it with
             ``format="safetensors"``).
