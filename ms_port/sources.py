@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import warnings
 import zipfile
 from collections.abc import Iterable, Mapping
@@ -170,7 +171,7 @@ def read_source(
     fmt = detect_format(path)
     if fmt.startswith("torch"):
         obj = _torch_load(path, fmt, unsafe_pickle=unsafe_pickle)
-        return _from_tree(path, fmt, obj, key=key, strip=strip_prefixes, leaf=_torch_leaf)
+        return _from_tree(path, fmt, obj, key=key, strip=strip_prefixes, leaf=_tensor_leaf)
     if fmt == "safetensors":
         tensors, metadata = _safetensors_tensors(path)
     elif fmt == "safetensors-sharded":
@@ -187,9 +188,8 @@ def read_source(
 
 
 def _torch_load(path: Path, fmt: str, *, unsafe_pickle: bool) -> Any:
+    """The unpickled checkpoint: torch-free where possible, else torch.load(weights_only)."""
     import pickle
-
-    import torch
 
     if fmt == "torch-zip":
         try:
@@ -204,6 +204,20 @@ def _torch_load(path: Path, fmt: str, *, unsafe_pickle: bool) -> Any:
         if bad is not None:
             raise SourceError(f"{path}: member {bad!r} is corrupt (CRC mismatch); "
                               "re-download or re-save it", path=path)
+        if not unsafe_pickle:
+            from . import torchzip
+
+            try:
+                return torchzip.load(path)
+            except torchzip.Unsupported:
+                pass  # something only torch.load(weights_only=True) may judge
+            except Exception as exc:  # damaged bytes, whatever the parser tripped on
+                raise SourceError(
+                    f"{path}: cannot read this PyTorch checkpoint ({type(exc).__name__}: "
+                    f"{exc}); it is truncated or corrupt — re-download or re-save it",
+                    path=path) from None
+    import torch
+
     if unsafe_pickle:
         warnings.warn(
             f"unpickling {path} without weights_only: any code inside the file runs now. "
@@ -257,10 +271,13 @@ def torch_to_numpy(t: Any) -> np.ndarray:
     return t.numpy()
 
 
-def _torch_leaf(name: str, value: Any) -> TensorInfo | Skipped:
-    import torch
+def _tensor_leaf(name: str, value: Any) -> TensorInfo | Skipped:
+    from .torchzip import LazyTensor
 
-    if not isinstance(value, torch.Tensor):
+    if isinstance(value, LazyTensor):
+        return TensorInfo(name, value.shape, value.dtype, value.load)
+    torch = sys.modules.get("torch")  # only a torch.load fallback yields torch tensors
+    if torch is None or not isinstance(value, torch.Tensor):
         return Skipped(name, type(value).__name__, "not a tensor")
     if value.is_sparse or value.is_quantized or value.layout != torch.strided:
         return Skipped(name, f"tensor ({value.layout})",
