@@ -100,10 +100,17 @@ def _ms_dtype_name(dtype: Any) -> str:
 
 
 def from_arch(name: str, **kwargs: Any) -> Target:
-    """Build a registered architecture's MindSpore network and describe it."""
+    """Describe a registered architecture's MindSpore network.
+
+    Built-in architectures at their default options come from a recorded manifest
+    (:mod:`ms_port.archs.manifest`); anything else builds the network.
+    """
     from .archs import get_arch
+    from .archs.manifest import load_manifest
 
     arch = get_arch(name)
+    if not kwargs and (recorded := load_manifest(name)) is not None:
+        return recorded  # no MindSpore import needed for the default options
     cell = _call(arch.build_mindspore, f"building architecture {name!r}", **kwargs)
     target = from_cell(cell, name)
     target.kind = "arch"
