@@ -348,6 +348,25 @@ def _array(buf: Any, entry: CkptEntry, path: str) -> np.ndarray:
     return flat.reshape(entry.shape)
 
 
+def _read(path: str, entry: CkptEntry) -> np.ndarray:
+    """Read ``entry``'s bytes (all its pieces) from ``path`` into a fresh array."""
+    flat = np.empty(entry.numel, numpy_dtype(entry.dtype))
+    raw, at = flat.view(np.uint8), 0
+    try:
+        with open(path, "rb") as f:
+            for offset, n in entry.pieces or ((entry.offset, entry.nbytes),):
+                f.seek(offset)
+                if f.readinto(raw[at:at + n]) != n:
+                    raise SourceError(f"{path}: tensor {entry.name!r} lies past the end of "
+                                      "the file; the file changed since it was listed, list "
+                                      "it again", path=path)
+                at += n
+    except OSError as exc:
+        raise SourceError(f"{path}: cannot read tensor {entry.name!r} ({exc})",
+                          path=path) from None
+    return flat.reshape(entry.shape)
+
+
 def read_ckpt(path: str | os.PathLike, *, verify_crc: bool = True) -> CkptIndex:
     """List the tensors of a ``.ckpt`` file without reading their data.
 
@@ -384,24 +403,26 @@ def load_entry(source: str | os.PathLike | mmap.mmap, entry: CkptEntry) -> np.nd
 
 
 class CkptReader:
-    """One mapped ``.ckpt`` file: its listing, and tensors loaded by name.
+    """One ``.ckpt`` file: its listing, and tensors read by name.
 
-    Usable as a context manager or left open; arrays already returned stay valid after
-    :meth:`close` (they keep the mapping alive until they are freed).
+    The file is mapped only while it is listed. Each :meth:`load` reads that tensor's
+    bytes into a fresh array: converting or checking a multi-GB file one tensor at a time
+    then holds one tensor, where a long-lived map would keep every page it touched
+    resident (and counted in the process's RSS).
 
     Attributes:
         path, index, entries, skipped, has_crc, crc_ok: as in :class:`CkptIndex`.
     """
 
     def __init__(self, path: str | os.PathLike, *, verify_crc: bool = True):
-        """Map ``path`` and list it (see :func:`read_ckpt` for arguments and errors)."""
+        """List ``path`` (see :func:`read_ckpt` for arguments and errors)."""
         self.path = str(path)
-        self._map: mmap.mmap | None = _open_map(path)
+        buf = _open_map(path)
         try:
-            self.index = _scan(self._map, self.path, verify_crc)
-        except BaseException:
-            self.close()
-            raise
+            self.index = _scan(buf, self.path, verify_crc)
+        finally:
+            with contextlib.suppress(BufferError):
+                buf.close()
         self.entries, self.skipped = self.index.entries, self.index.skipped
         self.has_crc, self.crc_ok = self.index.has_crc, self.index.crc_ok
         self._by_name = {e.name: e for e in self.entries}
@@ -410,17 +431,11 @@ class CkptReader:
         return name in self._by_name
 
     def load(self, name: str) -> np.ndarray:
-        """Return tensor ``name``'s data (see :func:`load_entry`); KeyError if absent."""
-        if self._map is None:
-            raise ValueError(f"{self.path}: reader is closed")
-        return _array(self._map, self._by_name[name], self.path)
+        """Return tensor ``name``'s data as a fresh array; KeyError if absent."""
+        return _read(self.path, self._by_name[name])
 
     def close(self) -> None:
-        """Drop the mapping; arrays still alive keep it until they are freed."""
-        if self._map is not None:
-            with contextlib.suppress(BufferError):  # exported to live arrays: the last unmaps it
-                self._map.close()
-            self._map = None
+        """Nothing stays open between loads; kept for ``with`` and symmetry."""
 
     def __enter__(self) -> CkptReader:
         return self
