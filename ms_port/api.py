@@ -10,15 +10,12 @@ import re
 from pathlib import Path
 from typing import Any, Callable
 
-import numpy as np
-
-from .errors import MsPortError, NonFiniteError, TargetError
+from .errors import MsPortError, TargetError
 from .mapping import MappingTable, load_mapping
 from .matching import Plan, make_plan
 from .reports import ConversionReport, InspectReport
 from .sources import Source, read_source
 from .targets import Target, from_arch, from_cell, from_factory, from_template
-from .tensors import FLOAT_DTYPES
 from .writers import Progress, check_output, write_plan
 
 
@@ -155,18 +152,6 @@ def plan(
                      allow_shape_match=allow_shape_match, dtype=dtype)
 
 
-def find_nonfinite(plan: Plan) -> dict[str, int]:
-    """Source tensors of the plan holding NaN or Inf, with how many such values."""
-    bad: dict[str, int] = {}
-    for m in plan.matches:
-        if m.dtype in FLOAT_DTYPES:
-            data = plan.source.tensors[m.source].load()
-            n = int(np.count_nonzero(~np.isfinite(data.astype(np.float32, copy=False))))
-            if n:
-                bad[m.source] = n
-    return bad
-
-
 def convert(
     source: str | Path | Source,
     *,
@@ -232,15 +217,10 @@ def convert(
     out = None if output is None else str(output)
     if not p.ok or dry_run:
         return ConversionReport(p.ok, p, out, dry_run=dry_run, saved_map=saved)
-    nonfinite = find_nonfinite(p)
-    if nonfinite and check_finite:
-        names = ", ".join(f"{k} ({v})" for k, v in list(nonfinite.items())[:5])
-        raise NonFiniteError(f"{p.source.path}: NaN/Inf values in {len(nonfinite)} tensors: "
-                             f"{names}; fix the weights or drop --check-finite",
-                             path=p.source.path, tensors=nonfinite)
-    written = write_plan(p, output, format=format, force=force, crc=crc, progress=progress)
+    written = write_plan(p, output, format=format, force=force, crc=crc,
+                         check_finite=check_finite, progress=progress)
     return ConversionReport(True, p, out, written=written, saved_map=saved,
-                            nonfinite=nonfinite)
+                            nonfinite=written.nonfinite)
 
 
 def _atomic_text(path: Path, text: str) -> None:

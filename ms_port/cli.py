@@ -270,21 +270,32 @@ def verify(source: str, checkpoint: str, arch: str | None, torch_model: str | No
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def archs(as_json: bool) -> None:
     """List the built-in architectures."""
+    import math
+
     from .archs import get_arch, list_archs
+    from .archs.manifest import load_manifest
 
     entries = [get_arch(n) for n in list_archs()]
+    # parameter counts from the recorded manifests; unrecorded (user) archs are not built
+    params: dict[str, int | None] = {}
+    for a in entries:
+        recorded = load_manifest(a.name)
+        params[a.name] = None if recorded is None else sum(
+            math.prod(t.shape) for t in recorded.tensors.values())
     if as_json:
-        _emit_json({"archs": [{"name": a.name, "reference": a.reference,
-                               "mapping": a.mapping, "input_shape": list(a.input_shape),
-                               "notes": a.notes} for a in entries]})
+        _emit_json({"archs": [{"name": a.name, "parameters": params[a.name],
+                               "reference": a.reference, "mapping": a.mapping,
+                               "input_shape": list(a.input_shape), "notes": a.notes}
+                              for a in entries]})
         return
     from rich.table import Table
 
     table = Table(title="built-in architectures", title_justify="left")
-    for col in ("name", "PyTorch reference", "mapping", "input", "notes"):
-        table.add_column(col)
+    for col in ("name", "parameters", "PyTorch reference", "input", "notes"):
+        table.add_column(col, justify="right" if col == "parameters" else "left")
     for a in entries:
-        table.add_row(a.name, a.reference, a.mapping or "-",
+        count = params[a.name]
+        table.add_row(a.name, "-" if count is None else f"{count:,}", a.reference,
                       "×".join(map(str, a.input_shape)), a.notes)
     _console().print(table)
 

@@ -14,16 +14,16 @@ import json
 import os
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO, Callable
 
 import numpy as np
 
-from .errors import OutputExistsError, ReadbackError, WriteError
+from .errors import NonFiniteError, OutputExistsError, ReadbackError, WriteError
 from .matching import Plan, materialize
 from .sources import SAFETENSORS_DTYPES, read_source
-from .tensors import itemsize
+from .tensors import FLOAT_DTYPES, itemsize
 
 FORMATS = ("ckpt", "safetensors")
 _ST_CODES = {v: k for k, v in SAFETENSORS_DTYPES.items()}
@@ -52,9 +52,10 @@ class WriteResult:
     replaced: bool
     crc: bool
     seconds: float
+    nonfinite: dict[str, int] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)
+        return {**self.__dict__, "nonfinite": dict(self.nonfinite)}
 
 
 def check_output(output: str | Path, *, force: bool) -> Path:
@@ -142,9 +143,13 @@ def write_plan(
     format: str = "ckpt",
     force: bool = False,
     crc: bool = False,
+    check_finite: bool = False,
     progress: Progress | None = None,
 ) -> WriteResult:
     """Write ``plan`` to ``output`` atomically and verify it bit for bit.
+
+    NaN/Inf values are counted per tensor in the same pass (``WriteResult.nonfinite``);
+    with ``check_finite`` they abort the write before anything is put in place.
 
     Args:
         plan: an ok :class:`~ms_port.matching.Plan`.
@@ -153,10 +158,11 @@ def write_plan(
             ``format="safetensors"``).
         force: replace an existing output (only after the new one is verified).
         crc: append MindSpore's ``crc_check`` trailer (``ckpt`` only).
+        check_finite: refuse (NonFiniteError) weights holding NaN or Inf.
         progress: called with (phase, bytes done, bytes total) while writing/reading back.
 
     Raises:
-        OutputExistsError, WriteError, ReadbackError.
+        OutputExistsError, WriteError, ReadbackError, NonFiniteError.
     """
     if format not in FORMATS:
         raise WriteError(f"unknown output format {format!r}; choose {' or '.join(FORMATS)}")
@@ -165,31 +171,51 @@ def write_plan(
     start = time.perf_counter()
     with atomic_output(output, force=force) as (final, tmp):
         replaced = final.exists()
+        nonfinite: dict[str, int] = {}
+        arrays = _counting_nonfinite(plan.arrays(), nonfinite)
         with open(tmp, "xb") as f:
             if format == "ckpt":
-                _write_ckpt(plan, f, crc=crc, progress=progress)
+                _write_ckpt(plan, arrays, f, crc=crc, progress=progress)
             else:
-                _write_safetensors(plan, f, progress=progress)
+                _write_safetensors(plan, arrays, f, progress=progress)
             fsynced(f)
+        if nonfinite and check_finite:
+            names = ", ".join(f"{k} ({v})" for k, v in list(nonfinite.items())[:5])
+            raise NonFiniteError(
+                f"{plan.source.path}: NaN/Inf values in {len(nonfinite)} tensors: {names}; "
+                "fix the weights or drop --check-finite (nothing was written)",
+                path=plan.source.path, tensors=nonfinite)
         readback(plan, tmp, format=format, progress=progress)
         nbytes = tmp.stat().st_size
     return WriteResult(str(final), format, len(plan.matches), nbytes, "bit-exact", replaced,
-                       crc, time.perf_counter() - start)
+                       crc, time.perf_counter() - start, nonfinite)
 
 
-def _write_ckpt(plan: Plan, f: BinaryIO, *, crc: bool, progress: Progress | None) -> None:
+def _counting_nonfinite(arrays: Iterator, found: dict[str, int]) -> Iterator:
+    """Pass ``(match, array)`` pairs through, counting NaN/Inf in floating-point ones."""
+    for match, array in arrays:
+        if match.out_dtype in FLOAT_DTYPES:
+            n = int(array.size - np.count_nonzero(np.isfinite(array)))
+            if n:
+                found[match.source] = n
+        yield match, array
+
+
+def _write_ckpt(plan: Plan, arrays: Iterator, f: BinaryIO, *, crc: bool,
+                progress: Progress | None) -> None:
     from .ckpt import CkptWriter
 
     total, done = plan.nbytes, 0
     with CkptWriter(f, crc=crc) as writer:
-        for match, array in plan.arrays():
+        for match, array in arrays:
             writer.write(match.target, array)
             done += array.nbytes
             if progress:
                 progress("write", done, total)
 
 
-def _write_safetensors(plan: Plan, f: BinaryIO, *, progress: Progress | None) -> None:
+def _write_safetensors(plan: Plan, arrays: Iterator, f: BinaryIO, *,
+                       progress: Progress | None) -> None:
     """Stream a safetensors file: the header is known from the Plan before any data."""
     header: dict[str, Any] = {"__metadata__": {"format": "ms-port"}}
     offset = 0
@@ -202,7 +228,7 @@ def _write_safetensors(plan: Plan, f: BinaryIO, *, progress: Progress | None) ->
     blob += b" " * (-len(blob) % 8)  # the spec pads the header to 8-byte alignment
     f.write(len(blob).to_bytes(8, "little") + blob)
     done = 0
-    for _, array in plan.arrays():
+    for _, array in arrays:
         # a byte view: memoryview cannot describe bfloat16 itself
         f.write(memoryview(np.ascontiguousarray(array).reshape(-1).view(np.uint8)))
         done += array.nbytes

@@ -218,3 +218,17 @@ def test_fuzzed_readers_return_or_refuse(tmp_path, fmt):
             outcomes["refused"] += 1
         path.unlink()
     assert outcomes["refused"] > 0  # the mutations did break files
+
+
+def test_nonfinite_weights_are_named_and_check_finite_refuses(tmp_path):
+    state = {"ok": torch.ones(3), "bad": torch.tensor([1.0, float("nan"), float("inf")]),
+             "half": torch.tensor([float("nan")]).bfloat16(), "count": torch.tensor(3)}
+    src = tmp_path / "nan.pth"
+    torch.save(state, src)
+    out = tmp_path / "nan.ckpt"
+    report = ms_port.convert(src, target=_identity_target(src), output=out)
+    assert report.ok and report.nonfinite == {"bad": 2, "half": 1}
+    out2 = tmp_path / "strict.ckpt"
+    with pytest.raises(MsPortError, match=r"nan\.pth: NaN/Inf values in 2 tensors: bad \(2\)"):
+        ms_port.convert(src, target=_identity_target(src), output=out2, check_finite=True)
+    assert not out2.exists() and not _temps(out2)

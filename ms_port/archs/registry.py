@@ -8,6 +8,7 @@ shape for ``verify``. Neither framework is imported until a network is built.
 from __future__ import annotations
 
 import importlib
+import re
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -115,10 +116,15 @@ def _load_builtins() -> None:
     from . import resnet  # noqa: F401  (registers the ResNet family)
 
 
+def _natural(name: str) -> list:
+    """``resnet18`` before ``resnet101``."""
+    return [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", name)]
+
+
 def list_archs() -> list[str]:
-    """Names of all registered architectures, sorted."""
+    """Names of all registered architectures, in natural order (resnet18 … resnet152)."""
     _load_builtins()
-    return sorted(_REGISTRY)
+    return sorted(_REGISTRY, key=_natural)
 
 
 def get_arch(name: str) -> Arch:
