@@ -26,7 +26,7 @@ _EXPORTS = {
     "ParityReport": "parity",
     "MsPortError": "errors", "SourceError": "errors", "UnsafePickleError": "errors",
     "MappingError": "errors", "TargetError": "errors", "ArchError": "errors",
-    "PlanError": "errors", "WriteError": "errors", "OutputExistsError": "errors",
+    "WriteError": "errors", "OutputExistsError": "errors",
     "ReadbackError": "errors", "ParityError": "errors", "DeviceError": "errors",
     "NonFiniteError": "errors",
 }

@@ -52,20 +52,6 @@ class ArchError(TargetError):
     """An architecture name is unknown or registered twice."""
 
 
-class PlanError(MsPortError):
-    """Matching failed in strict mode: tensors unfilled, unused or in conflict.
-
-    Attributes:
-        plan: the :class:`~ms_port.matching.Plan` that failed, for the caller to render.
-    """
-
-    exit_code = 1
-
-    def __init__(self, message: str, *, plan: Any = None, **data: Any):
-        super().__init__(message, **data)
-        self.plan = plan
-
-
 class WriteError(MsPortError):
     """An output could not be written, or its read-back did not match."""
 
