@@ -1,0 +1,348 @@
+"""Matching and convert: rules, mapping tables, targets, strictness, dtypes, outputs."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from pathlib import Path
+
+import mindspore as ms
+import numpy as np
+import pytest
+import torch
+import yaml
+from click.testing import CliRunner
+
+import ms_port
+from ms_port.cli import main
+from ms_port.errors import MappingError, TargetError
+from ms_port.mapping import parse_mapping
+from ms_port.rules import RULES, propose
+from ms_port.sources import read_source, torch_to_numpy
+from ms_port.targets import from_cell
+from tests import tiny_nets
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _save(state: dict, path: Path) -> Path:
+    torch.save(state, path)
+    return path
+
+
+@pytest.fixture
+def src(tmp_path) -> Path:
+    return _save(tiny_nets.torch_state(), tmp_path / "tiny.pth")
+
+
+def _cli(*args: str, cwd: Path = REPO):
+    old = Path.cwd()
+    os.chdir(cwd)
+    try:
+        return CliRunner().invoke(main, [str(a) for a in args])
+    finally:
+        os.chdir(old)
+
+
+def _load_into(cell, path: Path, fmt: str = "ckpt") -> None:
+    """MindSpore's own loader must fill every parameter and use every entry."""
+    params = ms.load_checkpoint(str(path), format=fmt)
+    not_loaded, unused = ms.load_param_into_net(cell, params)
+    assert not_loaded == [] and unused == [], (not_loaded, unused)
+
+
+def test_every_rule_fires_on_a_tiny_net(src, tmp_path):
+    cell = tiny_nets.build_ms()
+    plan = ms_port.plan(src, ms_model=cell)
+    assert plan.ok, plan.problems()
+    details = " ".join(m.detail for m in plan.matches)
+    for rule in RULES:
+        assert rule.name in details, f"rule {rule.name} never fired"
+    by_target = {m.target: m for m in plan.matches}
+    assert by_target["bn.moving_variance"].source == "bn.running_var"
+    assert by_target["emb.embedding_table"].source == "emb.weight"
+    assert by_target["act.w"].source == "act.weight"
+    assert by_target["ln.gamma"].source == "ln.weight"
+    assert [str(t) for t in by_target["conv1d.weight"].transforms] == ["unsqueeze(2)"]
+    assert sorted(d.name for d in plan.dropped) == ["bn.num_batches_tracked",
+                                                    "bn1d.num_batches_tracked"]
+
+    out = tmp_path / "tiny.ckpt"
+    report = ms_port.convert(src, ms_model=cell, output=out)
+    assert report.ok and report.written.readback == "bit-exact"
+    _load_into(tiny_nets.build_ms(), out)
+    params = ms.load_checkpoint(str(out))
+    state = tiny_nets.torch_state()
+    np.testing.assert_array_equal(params["conv1d.weight"].asnumpy(),
+                                  state["conv1d.weight"].numpy()[:, :, None, :])
+    np.testing.assert_array_equal(params["bn.moving_mean"].asnumpy(),
+                                  state["bn.running_mean"].numpy())
+
+
+@pytest.mark.parametrize("rule", RULES, ids=lambda r: r.name)
+def test_rules_need_the_layer_kind(rule):
+    """A rule renames only inside a layer of its kind: a Dense weight never becomes gamma."""
+    for ms_suffix, torch_suffix in rule.params.items():
+        siblings = {"x": frozenset(rule.params) | {"weight", "bias"}}
+        assert propose(f"x.{torch_suffix}", {"x": "Dense"}, siblings) == []
+        kind = sorted(rule.cells)[0]
+        hits = propose(f"x.{torch_suffix}", {"x": kind}, siblings)
+        assert f"x.{ms_suffix}" in [p.target for p in hits]
+
+
+def test_a_custom_gamma_is_not_a_norm(tmp_path):
+    from mindspore import Parameter, nn
+
+    class Scale(nn.Cell):
+        def __init__(self):
+            super().__init__()
+            self.gamma = Parameter(ms.Tensor(np.ones(3, np.float32)), name="gamma")
+
+    class Net(nn.Cell):
+        def __init__(self):
+            super().__init__()
+            self.s = Scale()
+
+    path = _save({"s.weight": torch.ones(3)}, tmp_path / "s.pth")
+    plan = ms_port.plan(path, ms_model=Net())
+    assert not plan.ok
+    assert [m.name for m in plan.missing] == ["s.gamma"]
+    assert [u.name for u in plan.unused] == ["s.weight"]
+
+
+def test_mint_target_matches_exactly(tmp_path):
+    torch.manual_seed(0)
+    module = torch.nn.ModuleDict({"bn": torch.nn.BatchNorm2d(6), "fc": torch.nn.Linear(6, 5)})
+    path = _save(module.state_dict(), tmp_path / "m.pth")
+    plan = ms_port.plan(path, ms_model=tiny_nets.build_mint())
+    assert plan.ok and plan.counts["exact"] == len(plan.matches)
+    assert "bn.num_batches_tracked" in {m.target for m in plan.matches}
+    assert plan.dropped == []
+
+
+def test_strict_refusal_names_the_closest_candidate(src, tmp_path):
+    out = tmp_path / "out.ckpt"
+    result = _cli("convert", src, "--ms-model", "tests.tiny_nets:build_ms_head", "-o", out)
+    assert result.exit_code == 1
+    assert "no source tensor for 'head.weight'" in result.stdout
+    assert "closest: 'fc.weight'" in result.stdout
+    assert not out.exists() and not list(tmp_path.glob(".out.ckpt*"))
+    data = json.loads(_cli("convert", src, "--ms-model", "tests.tiny_nets:build_ms_head",
+                           "-o", out, "--json").stdout)
+    assert data["ok"] is False and data["filled"] == data["total"] - 2
+    assert {m["name"] for m in data["missing"]} == {"head.weight", "head.bias"}
+    assert data["missing"][0]["candidates"][0] == "fc.weight"
+    assert {u["name"] for u in data["unused"]} == {"fc.weight", "fc.bias"}
+
+
+MAPS = {
+    "segments": "rename:\n  segments:\n    fc: head\n",
+    "regex": "rename:\n  regex:\n    - {from: '^fc\\.(\\w+)$', to: 'head.\\1'}\n",
+    "tensors": "tensors:\n  head.weight: fc.weight\n  head.bias: fc.bias\n",
+}
+
+
+@pytest.mark.parametrize("kind", sorted(MAPS))
+def test_mapping_file_bridges_names(src, tmp_path, kind):
+    mapping = tmp_path / "m.yaml"
+    mapping.write_text(MAPS[kind])
+    out = tmp_path / "out.ckpt"
+    result = _cli("convert", src, "--ms-model", "tests.tiny_nets:build_ms_head", "-o", out,
+                  "--map", mapping, "--json")
+    data = json.loads(result.stdout)
+    assert result.exit_code == 0 and data["ok"], data
+    head = next(t for t in data["tensors"] if t["target"] == "head.weight")
+    assert head["source"] == "fc.weight" and head["how"] == "mapping"
+    _load_into(tiny_nets.build_ms_head(), out)
+
+
+def test_mapping_drop_and_allow_missing(src, tmp_path):
+    mapping = tmp_path / "m.yaml"
+    mapping.write_text("drop:\n  - 'fc\\..*'\n")
+    plan = ms_port.plan(src, ms_model=tiny_nets.build_ms_head(), mapping=mapping,
+                        allow_missing=True)
+    assert plan.ok and [m.name for m in plan.missing] == ["head.weight", "head.bias"]
+    assert {d.name for d in plan.dropped} >= {"fc.weight", "fc.bias"}
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("rename: [oops", r"YAML syntax error at line 1"),
+    ("renames: {}", r"invalid section 'renames'"),
+    ("rename:\n  regex:\n    - {from: '(', to: x}\n", r"rename\.regex\[0\]: bad regex '\('"),
+    ("rename:\n  regex:\n    - {from: 'a', to: '\\2'}\n", r"bad replacement"),
+    ("tensors:\n  a: {source: b, transforms: [{rotate: 1}]}\n", r"unknown transform 'rotate'"),
+    ("drop: '.*'\n", r"invalid drop: expected a list"),
+])
+def test_mapping_validation_names_file_and_entry(tmp_path, text, message):
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    with pytest.raises(MappingError, match=message) as info:
+        ms_port.load_mapping(path)
+    assert str(path) in info.value.message
+
+
+@pytest.mark.parametrize(("entry", "message"), [
+    ("nope.weight: fc.weight", r"tensors entry 'nope\.weight': the target has no such tensor"),
+    ("head.weight: fc.wieght", r"source 'fc\.wieght' is not in .*did you mean 'fc\.weight'"),
+])
+def test_tensors_entries_must_exist(src, tmp_path, entry, message):
+    mapping = tmp_path / "m.yaml"
+    mapping.write_text(f"tensors:\n  {entry}\n")
+    with pytest.raises(MappingError, match=message):
+        ms_port.plan(src, ms_model=tiny_nets.build_ms_head(), mapping=mapping)
+    result = _cli("convert", src, "--ms-model", "tests.tiny_nets:build_ms_head", "-o",
+                  tmp_path / "o.ckpt", "--map", mapping)
+    assert result.exit_code == 2 and "m.yaml" in result.stderr
+
+
+def test_template_target(src, tmp_path):
+    template = tmp_path / "zoo.ckpt"
+    ms.save_checkpoint(tiny_nets.build_ms(), str(template))
+    result = _cli("convert", src, "--target", template, "-o", tmp_path / "a.ckpt")
+    assert result.exit_code == 1  # a template has no layer types: Conv1d's layout is unknown
+    assert "conv1d.weight" in result.stdout and "declare a transform" in result.stdout
+    mapping = tmp_path / "conv1d.yaml"
+    mapping.write_text("transforms:\n  - {match: 'conv1d\\.weight', ops: [{unsqueeze: 2}]}\n")
+    out = tmp_path / "b.ckpt"
+    result = _cli("convert", src, "--target", template, "-o", out, "--map", mapping, "--json")
+    data = json.loads(result.stdout)
+    assert result.exit_code == 0, data
+    hows = {t["target"]: t["how"] for t in data["tensors"]}
+    assert hows["bn.gamma"] == "rule" and hows["ln.beta"] == "rule"
+    _load_into(tiny_nets.build_ms(), out)
+
+
+@pytest.mark.parametrize(("spec", "message"), [
+    ("tests.tiny_nets:not_a_cell", "not a mindspore.nn.Cell"),
+    ("tests.no_such_module:build", "cannot import 'tests.no_such_module'"),
+    ("tests.tiny_nets:missing", "has no 'missing'"),
+    ("no_colon", "expected 'package.module:callable'"),
+])
+def test_bad_ms_model(src, tmp_path, spec, message):
+    result = _cli("convert", src, "--ms-model", spec, "-o", tmp_path / "o.ckpt")
+    assert result.exit_code == 2 and message in result.stderr
+    assert not (tmp_path / "o.ckpt").exists()
+    with pytest.raises(TargetError):
+        ms_port.plan(src, ms_model=spec)
+
+
+def test_wrapped_checkpoint(tmp_path):
+    state = tiny_nets.torch_state()
+    path = _save({"state_dict": {f"module.{k}": v for k, v in state.items()}, "epoch": 9},
+                 tmp_path / "wrapped.pth")
+    report = ms_port.convert(path, ms_model=tiny_nets.build_ms(), output=tmp_path / "o.ckpt")
+    assert report.ok
+    info = report.to_dict()["source_info"]
+    assert info["unwrapped"] == ["state_dict"] and info["stripped"] == ["module."]
+    assert [s["name"] for s in info["skipped"]] == ["epoch"]
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_kept_bit_exactly(tmp_path, dtype):
+    state = tiny_nets.torch_state(dtype=dtype)
+    path = _save(state, tmp_path / "half.pth")
+    out = tmp_path / "half.ckpt"
+    report = ms_port.convert(path, ms_model=tiny_nets.build_ms(), output=out)
+    assert report.ok and not report.plan.lossy_casts
+    written = read_source(out)
+    name = {torch.float16: "float16", torch.bfloat16: "bfloat16"}[dtype]
+    assert written["bn.gamma"].dtype == name
+    assert written["bn.gamma"].load().tobytes() == torch_to_numpy(state["bn.weight"]).tobytes()
+    _load_into(tiny_nets.build_ms(), out)
+
+
+def test_dtype_cast_lists_lossy_casts(src, tmp_path):
+    report = ms_port.convert(src, ms_model=tiny_nets.build_ms(), output=tmp_path / "c.ckpt",
+                             dtype="bfloat16")
+    assert report.ok and len(report.plan.lossy_casts) == len(report.plan.matches)
+    assert read_source(tmp_path / "c.ckpt")["fc.weight"].dtype == "bfloat16"
+    up = ms_port.plan(_save(tiny_nets.torch_state(dtype=torch.float16), tmp_path / "h.pth"),
+                      ms_model=tiny_nets.build_ms(), dtype="float32")
+    assert up.ok and up.lossy_casts == []  # float16 -> float32 widens exactly
+
+
+def test_claim_and_fan_out_conflicts(tmp_path):
+    state = {"bn.weight": torch.ones(6), "bn.gamma": torch.ones(6)}
+    template = ms_port.targets.from_infos(
+        [ms_port.tensors.TensorInfo(n, (6,), "float32")
+         for n in ("bn.gamma", "bn.beta", "bn.moving_mean", "bn.moving_variance")], "t")
+    plan = ms_port.plan(_save(state, tmp_path / "c.pth"), target=template)
+    claim = [c for c in plan.conflicts if c.kind == "claim"]
+    assert claim and claim[0].targets == ("bn.gamma",) and not plan.ok
+    fan = ms_port.targets.from_infos(
+        [ms_port.tensors.TensorInfo(n, (6,), "float32") for n in ("x.gamma", "x.w")], "t")
+    plan = ms_port.plan(_save({"x.weight": torch.ones(6)}, tmp_path / "f.pth"), target=fan)
+    assert [c.kind for c in plan.conflicts] == ["fan-out"]
+    assert "add a tensors: entry" in plan.conflicts[0].message
+
+
+def test_shape_match_fallback_is_flagged(src, tmp_path):
+    result = _cli("convert", src, "--ms-model", "tests.tiny_nets:build_ms_head", "-o",
+                  tmp_path / "o.ckpt", "--allow-shape-match", "--json")
+    data = json.loads(result.stdout)
+    assert result.exit_code == 0, data
+    fallback = {t["target"]: t["source"] for t in data["tensors"] if t["how"] == "fallback"}
+    assert fallback == {"head.weight": "fc.weight", "head.bias": "fc.bias"}
+    assert data["counts"]["fallback"] == 2
+
+
+def test_save_map_edit_map_round_trip(src, tmp_path):
+    saved = tmp_path / "plan.yaml"
+    result = _cli("convert", src, "--ms-model", "tests.tiny_nets:build_ms_head",
+                  "--save-map", saved, "--dry-run")
+    assert result.exit_code == 1 and saved.exists()
+    text = saved.read_text()
+    assert "# MISSING  no source tensor for 'head.weight'" in text
+    data = yaml.safe_load(text)
+    data["tensors"]["head.weight"] = "fc.weight"  # the one-line fix
+    data["tensors"]["head.bias"] = "fc.bias"
+    saved.write_text(yaml.safe_dump(data))
+    out = tmp_path / "fixed.ckpt"
+    result = _cli("convert", src, "--ms-model", "tests.tiny_nets:build_ms_head", "-o", out,
+                  "--map", saved)
+    assert result.exit_code == 0, result.stdout
+    _load_into(tiny_nets.build_ms_head(), out)
+    assert parse_mapping(saved.read_text()).tensors["head.weight"].source == "fc.weight"
+
+
+def test_existing_output_needs_force_even_read_only(src, tmp_path):
+    out = tmp_path / "o.ckpt"
+    out.write_bytes(b"old")
+    out.chmod(stat.S_IRUSR)  # as mindspore.save_checkpoint leaves its files
+    result = _cli("convert", src, "--ms-model", "tests.tiny_nets:build_ms", "-o", out)
+    assert result.exit_code == 2 and "--force" in result.stderr
+    assert out.read_bytes() == b"old"
+    result = _cli("convert", src, "--ms-model", "tests.tiny_nets:build_ms", "-o", out,
+                  "--force")
+    assert result.exit_code == 0 and "replaced" in result.stdout
+    _load_into(tiny_nets.build_ms(), out)
+
+
+def test_safetensors_output_loads_in_mindspore(src, tmp_path):
+    out = tmp_path / "o.safetensors"
+    report = ms_port.convert(src, ms_model=tiny_nets.build_ms(), output=out,
+                             format="safetensors")
+    assert report.ok and report.written.format == "safetensors"
+    _load_into(tiny_nets.build_ms(), out, fmt="safetensors")
+
+
+def test_convert_json_fields(src, tmp_path):
+    data = json.loads(_cli("convert", src, "--ms-model", "tests.tiny_nets:build_ms", "-o",
+                           tmp_path / "o.ckpt", "--json").stdout)
+    for key in ("ok", "output", "filled", "total", "missing", "unused", "tensors"):
+        assert key in data
+    assert data["filled"] == data["total"] == len(from_cell(tiny_nets.build_ms()))
+    assert all({"source", "how", "target"} <= set(t) for t in data["tensors"])
+
+
+def test_resnet50_end_to_end(tmp_path):
+    from ms_port.testing import save_reference_checkpoint
+
+    pth = save_reference_checkpoint("resnet50", tmp_path / "r50.pth")
+    out = tmp_path / "r50.ckpt"
+    report = ms_port.convert(pth, arch="resnet50", output=out)
+    plan = report.plan
+    assert report.ok and len(plan.matches) == 267 and plan.counts["fallback"] == 0
+    assert len(plan.dropped) == 53 and all("num_batches_tracked" in d.name for d in plan.dropped)
+    _load_into(ms_port.get_arch("resnet50").build_mindspore(), out)
