@@ -17,7 +17,8 @@ __version__ = "0.1.0"
 
 # public name -> module that defines it; resolved on first access (PEP 562)
 _EXPORTS = {
-    "inspect": "api", "plan": "api", "convert": "api", "verify": "api",
+    "inspect": "api", "plan": "api", "convert": "api", "verify": "api", "export": "api",
+    "ExportReport": "inversion",
     "list_archs": "archs", "get_arch": "archs", "register_arch": "archs", "Arch": "archs",
     "read_source": "sources", "Source": "sources",
     "Target": "targets", "Plan": "matching", "Match": "matching",

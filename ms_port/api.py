@@ -279,3 +279,15 @@ def verify(
         mapping=mapping, tol=tol, seed=seed, batch=batch, input_shape=input_shape,
         dtype=dtype, torch_device=torch_device or device, ms_device=ms_device or device,
         noise_floor=noise_floor, key=key, unsafe_pickle=unsafe_pickle, progress=progress)
+
+
+def export(checkpoint: str | Path, **kwargs: Any) -> Any:
+    """Convert a MindSpore checkpoint back to PyTorch (see :func:`ms_port.inversion.export`).
+
+    Example:
+        >>> ms_port.export("resnet50.ckpt", arch="resnet50", output="back.pth").ok
+        True
+    """
+    from .inversion import export as _export
+
+    return _export(checkpoint, **kwargs)

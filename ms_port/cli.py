@@ -267,6 +267,67 @@ def verify(source: str, checkpoint: str, arch: str | None, torch_model: str | No
 
 
 @main.command()
+@click.argument("checkpoint", type=click.Path(dir_okay=True))
+@click.option("--arch", metavar="NAME", help=f"PyTorch side: the reference of {ARCH_HELP}.")
+@click.option("--torch-model", metavar="MODULE:CALLABLE",
+              help="PyTorch side: a function returning your torch.nn.Module.")
+@click.option("--target", "template", metavar="FILE",
+              help="PyTorch side: a template .pth/.safetensors (names and shapes are read).")
+@click.option("--ms-model", metavar="MODULE:CALLABLE",
+              help="The MindSpore network, so rules know its layer types (implied by --arch).")
+@click.option("-o", "--output", metavar="FILE", help="The PyTorch checkpoint to write.")
+@click.option("--map", "maps", multiple=True, metavar="YAML",
+              help="Extra mapping table (repeatable), written PyTorch -> MindSpore as for "
+                   "convert; export inverts it.")
+@click.option("--format", "fmt", type=click.Choice(["pth", "safetensors"]),
+              help="Output format (default: from the output's suffix, else pth).")
+@click.option("--dtype", type=click.Choice(["float32", "float16", "bfloat16"]),
+              help="Cast floating-point tensors (default: keep every dtype bit for bit).")
+@click.option("--force", is_flag=True, help="Replace an existing output (after verifying "
+              "the new one).")
+@click.option("--dry-run", is_flag=True, help="Stop after the plan; write nothing.")
+@click.option("--allow-missing", is_flag=True, help="Write even if PyTorch tensors are unfilled.")
+@click.option("--allow-unused", is_flag=True, help="Write even if checkpoint tensors are unused.")
+@click.option("--show", type=click.Choice(["summary", "all"]), default="summary",
+              show_default=True, help="'all' adds the per-tensor table.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
+def export(checkpoint: str, arch: str | None, torch_model: str | None, template: str | None,
+           ms_model: str | None, output: str | None, maps: tuple[str, ...], fmt: str | None,
+           dtype: str | None, force: bool, dry_run: bool, allow_missing: bool,
+           allow_unused: bool, show: str, as_json: bool, quiet: bool) -> None:
+    """Convert a MindSpore CHECKPOINT back to PyTorch (.pth or .safetensors).
+
+    The conversion's own rules and mapping tables, inverted: every rename swaps sides
+    and every transform is undone. BatchNorm's num_batches_tracked is restored as 0.
+    The output loads with load_state_dict(strict=True) and is read back bit for bit.
+    """
+    from . import api
+
+    if sum(x is not None for x in (arch, torch_model, template)) != 1:
+        raise click.UsageError("give exactly one PyTorch side: --arch, --torch-model or "
+                               "--target")
+    if output is None and not dry_run:
+        raise click.UsageError("give -o/--output FILE, or --dry-run")
+    progress, stop = _progress_bar(not (quiet or as_json))
+    try:
+        report = api.export(checkpoint, output=output, arch=arch, torch_model=torch_model,
+                            target=template, ms_model=ms_model, mapping=list(maps),
+                            format=fmt, dtype=dtype,
+                            force=force, dry_run=dry_run, allow_missing=allow_missing,
+                            allow_unused=allow_unused, progress=progress)
+    finally:
+        stop()
+    if as_json:
+        _emit_json(report.to_dict())
+    else:
+        from .render import render
+
+        _console().print(render(report, limit=None if show == "all" else 20, show=show))
+    sys.exit(0 if report.ok else 1)
+
+
+@main.command()
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def archs(as_json: bool) -> None:
     """List the built-in architectures."""

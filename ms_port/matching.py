@@ -32,7 +32,7 @@ from .targets import Target, TargetTensor
 from .tensors import FLOAT_DTYPES, TensorInfo, format_shape, itemsize, numpy_dtype
 from .transforms import Transform, apply_all, shape_after
 
-HOW = ("exact", "rule", "mapping", "fallback")
+HOW = ("exact", "rule", "mapping", "fallback", "restored")  # restored: export only
 
 
 @dataclass(frozen=True)

@@ -15,20 +15,12 @@ from .sources import read_source
 
 
 def _build(spec: Any, option: str, arch: Any, side: str) -> Any:
-    """A network from the architecture, a ``module:callable`` string, or as given."""
-    from .targets import import_callable
+    """A network from the architecture, a ``module:callable`` string, a factory, or as given."""
+    from .targets import instantiate
 
     if spec is None:
         return arch.build_torch() if side == "torch" else arch.build_mindspore()
-    if isinstance(spec, str):
-        factory = import_callable(spec, option)
-        try:
-            return factory()
-        except MsPortError:
-            raise
-        except Exception as exc:  # the factory is user code
-            raise ParityError(f"{option} {spec!r} failed ({type(exc).__name__}: {exc})") from exc
-    return spec
+    return instantiate(spec, option)
 
 
 def load_torch_weights(model: Any, source: str | Path, **read: Any) -> None:
@@ -115,7 +107,11 @@ def run_verify(
 
     # read and validate both files before building anything heavy
     src = read_source(source, key=key, unsafe_pickle=unsafe_pickle)
-    read_source(checkpoint, strip_prefixes=False)
+    ckpt = read_source(checkpoint, strip_prefixes=False)
+    swapped = src.format == "mindspore-ckpt" and ckpt.format != "mindspore-ckpt"
+    if swapped:  # given MindSpore first (e.g. after an export): both directions work
+        source, checkpoint = checkpoint, source
+        src = read_source(source, key=key, unsafe_pickle=unsafe_pickle)
 
     step("building the PyTorch network")
     tnet = _build(torch_model, "--torch-model", entry, "torch")
@@ -136,6 +132,8 @@ def run_verify(
                         tol=tol, dtype=dtype, torch_device=torch_device,
                         ms_device=ms_device, correspondence=correspondence,
                         noise_floor=noise_floor, progress=progress)
+    if swapped:
+        report.notes.append(f"{checkpoint} is the MindSpore side, {source} the PyTorch side")
     if unused:
         report.notes.append(f"{len(unused)} checkpoint entries unused by the network: "
                             f"{', '.join(unused[:3])}")

@@ -120,7 +120,9 @@ def _conversion(r: Any, *, limit: int | None, show: str) -> Any:
         if len(shown) < len(problems):
             parts.append(Text(f"… {len(problems) - len(shown)} more (--show all, or --json)"))
     style = "green" if r.ok else "red"
-    title = "CONVERTED" if r.ok and not r.dry_run else ("PLAN OK" if r.ok else "NOT CONVERTED")
+    done, failed = (("EXPORTED", "NOT EXPORTED") if type(r).__name__ == "ExportReport"
+                    else ("CONVERTED", "NOT CONVERTED"))
+    title = done if r.ok and not r.dry_run else ("PLAN OK" if r.ok else failed)
     parts.append(Panel("\n".join(lines), title=f"[bold {style}]{title}[/]",
                        title_align="left", border_style=style))
     return Group(*parts)
@@ -165,5 +167,6 @@ def _parity(r: Any, *, limit: int | None, show: str) -> Any:
 _RENDERERS = {
     "InspectReport": _inspect,
     "ConversionReport": _conversion,
+    "ExportReport": _conversion,
     "ParityReport": _parity,
 }

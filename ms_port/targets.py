@@ -140,6 +140,16 @@ def import_callable(spec: str, option: str = "--ms-model") -> Callable[..., Any]
     return obj
 
 
+def instantiate(spec: Any, option: str) -> Any:
+    """A network from ``"module:callable"``, a class or factory function, or as given."""
+    if isinstance(spec, str):
+        return _call(import_callable(spec, option), f"{option} {spec!r}")
+    if isinstance(spec, type) or (callable(spec) and not hasattr(spec, "state_dict")
+                                  and not hasattr(spec, "parameters_and_names")):
+        return _call(spec, f"{option} {getattr(spec, '__name__', spec)!r}")
+    return spec
+
+
 def _call(factory: Callable[..., Any], what: str, **kwargs: Any) -> Any:
     try:
         return factory(**kwargs)

@@ -25,7 +25,7 @@ from .matching import Plan, materialize
 from .sources import SAFETENSORS_DTYPES, read_source
 from .tensors import FLOAT_DTYPES, itemsize
 
-FORMATS = ("ckpt", "safetensors")
+FORMATS = ("ckpt", "safetensors", "pth")  # pth: export, MindSpore -> PyTorch
 _ST_CODES = {v: k for k, v in SAFETENSORS_DTYPES.items()}
 
 Progress = Callable[[str, int, int], None]  # (phase, done_bytes, total_bytes)
@@ -176,6 +176,8 @@ def write_plan(
         with open(tmp, "xb") as f:
             if format == "ckpt":
                 _write_ckpt(plan, arrays, f, crc=crc, progress=progress)
+            elif format == "pth":
+                _write_pth(arrays, f)
             else:
                 _write_safetensors(plan, arrays, f, progress=progress)
             fsynced(f)
@@ -212,6 +214,22 @@ def _write_ckpt(plan: Plan, arrays: Iterator, f: BinaryIO, *, crc: bool,
             done += array.nbytes
             if progress:
                 progress("write", done, total)
+
+
+def _write_pth(arrays: Iterator, f: BinaryIO) -> None:
+    """A plain state dict (loadable with ``weights_only=True``); torch.save needs it whole."""
+    import collections
+
+    import torch
+
+    state = collections.OrderedDict()
+    for match, array in arrays:
+        data = np.ascontiguousarray(array).reshape(array.shape)  # keeps 0-d arrays 0-d
+        if match.out_dtype == "bfloat16":
+            state[match.target] = torch.from_numpy(data.view(np.int16)).view(torch.bfloat16)
+        else:
+            state[match.target] = torch.from_numpy(data)
+    torch.save(state, f)
 
 
 def _write_safetensors(plan: Plan, arrays: Iterator, f: BinaryIO, *,

@@ -1,0 +1,184 @@
+"""Export: MindSpore -> PyTorch through the same matching, inverted.
+
+No reverse rule set exists. The PyTorch side's names and shapes (the architecture's
+reference network, a user's module, or a template file) are matched *forward* against
+the MindSpore checkpoint with the very rules and mapping tables convert uses; then each
+match is turned around: the MindSpore tensor fills the PyTorch one and every transform
+is replaced by its inverse (:func:`ms_port.transforms.invert`). The result is an
+ordinary :class:`~ms_port.matching.Plan`, written and read back by the same writers.
+
+BatchNorm's ``num_batches_tracked`` has no MindSpore counterpart: it is restored as an
+int64 zero (the step count is unknown), and the report says so.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .errors import TargetError
+from .matching import Conflict, Match, Missing, Plan, Unused, make_plan
+from .reports import ConversionReport
+from .rules import known_drop
+from .sources import Source, read_source
+from .targets import Target, TargetTensor, from_arch, from_cell, from_infos, instantiate
+from .tensors import TensorInfo
+from .transforms import invert
+from .writers import Progress, check_output, write_plan
+
+FORMATS = ("pth", "safetensors")
+
+
+class ExportReport(ConversionReport):
+    """A :class:`~ms_port.reports.ConversionReport` for the MindSpore -> PyTorch direction."""
+
+    @property
+    def message(self) -> str:
+        if self.plan.ok and not self.dry_run:
+            return f"exported {len(self.plan.matches)} tensors to {self.output}"
+        return super().message
+
+    def __repr__(self) -> str:
+        return super().__repr__().replace("ConversionReport", "ExportReport", 1)
+
+
+def _torch_side(arch: str | None, torch_model: Any, target: Any) -> tuple[Source, str]:
+    """The PyTorch names, shapes and dtypes wanted, as a metadata-only Source."""
+    if sum(x is not None for x in (arch, torch_model, target)) != 1:
+        raise TargetError("give exactly one PyTorch target: --arch NAME, --torch-model "
+                          "module:callable or --target FILE.pth")
+    if target is not None:
+        src = read_source(target)
+        return Source(src.path, src.format, {n: replace(i, loader=None)
+                                             for n, i in src.tensors.items()}), str(target)
+    if arch is not None:
+        from .archs import get_arch
+
+        module, what = get_arch(arch).build_torch(), get_arch(arch).reference or arch
+    else:
+        module = instantiate(torch_model, "--torch-model")
+        what = torch_model if isinstance(torch_model, str) else type(module).__name__
+    from .sources import _TORCH_DTYPE_NAMES
+
+    state = module.state_dict()
+    infos = {n: TensorInfo(n, tuple(t.shape),
+                           _TORCH_DTYPE_NAMES[str(t.dtype).removeprefix("torch.")])
+             for n, t in state.items()}
+    return Source(what, "torch-module", infos), what
+
+
+def _ms_side(checkpoint: Source, arch: str | None, ms_model: Any) -> Target:
+    """The checkpoint's names as a Target, with layer types from the network if known."""
+    target = from_infos(checkpoint.tensors.values(), checkpoint.path)
+    kinds = None
+    if arch is not None:
+        kinds = from_arch(arch)
+    elif ms_model is not None:
+        kinds = from_cell(instantiate(ms_model, "--ms-model"))
+    if kinds is not None:
+        target.tensors = {n: TargetTensor(t.name, t.shape, t.dtype,
+                                          kinds.tensors[n].layer if n in kinds else None)
+                          for n, t in target.tensors.items()}
+    return target
+
+
+def invert_plan(forward: Plan, checkpoint: Source, torch_side: Source) -> Plan:
+    """Turn a PyTorch -> MindSpore plan around; restore what MindSpore cannot hold."""
+    matches: dict[str, Match] = {}
+    for m in forward.matches:
+        matches[m.source] = Match(
+            m.source, m.target, m.how, f"inverse of {m.detail}", m.shape, m.source_shape,
+            checkpoint.tensors[m.target].dtype, checkpoint.tensors[m.target].dtype,
+            invert(m.transforms, m.source_shape))
+    restored: dict[str, TensorInfo] = {}
+    for d in forward.dropped:
+        info = torch_side.tensors[d.name]
+        if known_drop(d.name) and info.dtype == "int64":
+            key = f"<restored>{d.name}"
+            restored[key] = TensorInfo(key, info.shape, "int64",
+                                       lambda s=info.shape: np.zeros(s, np.int64))
+            matches[d.name] = Match(d.name, key, "restored",
+                                    "no MindSpore counterpart; restored as 0", info.shape,
+                                    info.shape, "int64", "int64")
+    source = Source(checkpoint.path, checkpoint.format, {**checkpoint.tensors, **restored})
+    target = from_infos(torch_side.tensors.values(), torch_side.path)
+    target.kind = "pytorch"
+    missing = [Missing(u.name, u.shape, u.dtype, u.candidates) for u in forward.unused]
+    missing += [Missing(d.name, torch_side.tensors[d.name].shape,
+                        torch_side.tensors[d.name].dtype)
+                for d in forward.dropped if d.name not in matches]
+    unused = [Unused(m.name, m.shape, m.dtype, m.candidates) for m in forward.missing]
+    conflicts = [Conflict(c.kind, c.sources, c.targets, c.message) for c in forward.conflicts]
+    ordered = [matches[n] for n in target.tensors if n in matches]
+    return Plan(source, target, forward.mapping, ordered, missing, unused, [], conflicts,
+                allow_missing=forward.allow_unused, allow_unused=forward.allow_missing)
+
+
+def export(
+    checkpoint: str | Path,
+    *,
+    output: str | Path | None = None,
+    arch: str | None = None,
+    torch_model: Any = None,
+    target: str | Path | None = None,
+    ms_model: Any = None,
+    mapping: Any = None,
+    format: str | None = None,
+    dtype: str | None = None,
+    force: bool = False,
+    dry_run: bool = False,
+    allow_missing: bool = False,
+    allow_unused: bool = False,
+    progress: Progress | None = None,
+) -> ExportReport:
+    """Convert a MindSpore checkpoint back to PyTorch, through the inverted plan.
+
+    Args:
+        checkpoint: the MindSpore ``.ckpt`` (or safetensors) file.
+        output: the ``.pth`` or ``.safetensors`` file to write.
+        arch / torch_model / target: exactly one PyTorch side: an architecture's
+            reference network, a ``module:callable`` (or a module) building one, or a
+            template ``.pth``/``.safetensors`` file.
+        ms_model: optionally, the MindSpore network (Cell, factory or
+            ``module:callable``), so rules know its layer types (e.g. Conv1d's layout)
+            where the checkpoint alone cannot say; ``arch`` implies it.
+        mapping: extra mapping table(s), written PyTorch -> MindSpore as for convert.
+        format: ``pth`` or ``safetensors`` (default: from the output's suffix).
+        dtype: cast floating-point tensors; by default dtypes are kept bit for bit.
+        force / dry_run / allow_missing / allow_unused / progress: as for convert.
+
+    Returns:
+        An :class:`ExportReport`; ``ok`` is False and nothing is written when the
+        inverted plan is incomplete.
+
+    Example:
+        >>> ms_port.export("resnet50.ckpt", arch="resnet50", output="back.pth").ok
+        True
+    """
+    from .api import resolve_mapping
+
+    if output is None and not dry_run:
+        raise TargetError("no output given; pass -o FILE (output=...) or --dry-run")
+    fmt = format or ("safetensors" if str(output).endswith(".safetensors") else "pth")
+    if fmt not in FORMATS:
+        raise TargetError(f"unknown export format {fmt!r}; choose pth or safetensors")
+    if output is not None and not dry_run:
+        check_output(output, force=force)
+    ckpt = read_source(checkpoint, strip_prefixes=False)
+    torch_side, _ = _torch_side(arch, torch_model, target)
+    forward = make_plan(torch_side, _ms_side(ckpt, arch, ms_model),
+                        resolve_mapping(mapping, arch=arch),
+                        allow_missing=allow_unused, allow_unused=allow_missing)
+    plan = invert_plan(forward, ckpt, torch_side)
+    if dtype is not None:
+        from .matching import _cast
+
+        plan.matches = [replace(m, out_dtype=_cast(m.dtype, dtype)) for m in plan.matches]
+    out = None if output is None else str(output)
+    if not plan.ok or dry_run:
+        return ExportReport(plan.ok, plan, out, dry_run=dry_run)
+    written = write_plan(plan, output, format=fmt, force=force, progress=progress)
+    return ExportReport(True, plan, out, written=written, nonfinite=written.nonfinite)
