@@ -26,7 +26,8 @@ class Renderable:
 
         from rich.console import Console
 
-        console = Console(file=StringIO(), record=True, width=110, color_system=None)
+        console = Console(file=StringIO(), record=True, width=110, color_system=None,
+                          force_jupyter=False)  # else rich displays it in Jupyter itself
         console.print(self)
         return console.export_html(inline_styles=True)
 

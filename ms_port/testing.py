@@ -23,16 +23,23 @@ def seeded_torch_model(arch: str, *, seed: int = 0, perturb_bn: bool = True,
     torch.manual_seed(seed)
     model = get_arch(arch).build_torch(**kwargs)
     if perturb_bn:
-        gen = torch.Generator().manual_seed(seed + 1)
-        with torch.no_grad():
-            for module in model.modules():
-                if isinstance(module, torch.nn.modules.batchnorm._BatchNorm):
-                    n = module.num_features
-                    module.running_mean.copy_(torch.randn(n, generator=gen) * 0.1)
-                    module.running_var.copy_(torch.rand(n, generator=gen) + 0.5)
-                    module.weight.copy_(torch.rand(n, generator=gen) + 0.5)
-                    module.bias.copy_(torch.randn(n, generator=gen) * 0.1)
+        perturb_batchnorm(model, seed=seed + 1)
     return model.eval()
+
+
+def perturb_batchnorm(model: Any, *, seed: int = 1) -> None:
+    """Move BatchNorm statistics and affine parameters off 0/1, seeded, in place."""
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, torch.nn.modules.batchnorm._BatchNorm):
+                n = module.num_features
+                module.running_mean.copy_(torch.randn(n, generator=gen) * 0.1)
+                module.running_var.copy_(torch.rand(n, generator=gen) + 0.5)
+                module.weight.copy_(torch.rand(n, generator=gen) + 0.5)
+                module.bias.copy_(torch.randn(n, generator=gen) * 0.1)
 
 
 def save_reference_checkpoint(arch: str, path: str | Path, *, seed: int = 0,

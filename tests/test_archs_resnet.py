@@ -22,6 +22,7 @@ yaml = pytest.importorskip("yaml")
 
 from ms_port.archs import get_arch, list_archs, register_arch  # noqa: E402
 from ms_port.errors import ArchError  # noqa: E402
+from ms_port.testing import seeded_torch_model  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 MAPPING = ROOT / "mappings" / "resnet.yaml"
@@ -85,24 +86,8 @@ def load_into(net, params: dict[str, np.ndarray]) -> None:
     assert ckpt_not_loaded == []
 
 
-def perturb_batchnorm(model: torch.nn.Module, seed: int = 1) -> None:
-    """Move BN stats and affine params off 0/1 so a wrong mapping shows in the output."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for module in model.modules():
-            if isinstance(module, torch.nn.modules.batchnorm._BatchNorm):
-                n = module.num_features
-                module.running_mean.copy_(torch.randn(n, generator=g) * 0.1)
-                module.running_var.copy_(torch.rand(n, generator=g) + 0.5)
-                module.weight.copy_(torch.rand(n, generator=g) + 0.5)
-                module.bias.copy_(torch.randn(n, generator=g) * 0.1)
-
-
 def torch_reference(name: str, **kwargs) -> torch.nn.Module:
-    torch.manual_seed(0)
-    model = get_arch(name).build_torch(**kwargs)
-    perturb_batchnorm(model)
-    return model.eval()
+    return seeded_torch_model(name, seed=0, **kwargs)
 
 
 def build_ms(name: str, **kwargs):
