@@ -6,7 +6,8 @@ Formats are recognised by their first bytes, not their extension:
   ``weights_only=True`` and ``mmap=True``, so data stays on disk until asked for;
 - PyTorch legacy pickle — ``weights_only=True`` (legacy files cannot be memory-mapped);
 - safetensors, single files and sharded sets (``*.safetensors.index.json``) — without
-  importing torch or MindSpore;
+  importing torch or MindSpore; sharded PyTorch sets (``pytorch_model.bin.index.json``)
+  the same way, shard by shard;
 - MindSpore ``.ckpt`` — walked in place by :mod:`ms_port.ckpt`.
 
 Pickles never execute code: ``weights_only`` refuses anything but tensors and plain
@@ -65,7 +66,8 @@ class Source:
 
     Attributes:
         path: the file read (the index file for a sharded safetensors set).
-        format: ``torch-zip``, ``torch-legacy``, ``safetensors``, ``safetensors-sharded``
+        format: ``torch-zip``, ``torch-legacy``, ``safetensors``, ``safetensors-sharded``,
+            ``torch-sharded``
             or ``mindspore-ckpt``.
         tensors: name -> :class:`~ms_port.tensors.TensorInfo`, in file order.
         unwrapped: container keys descended into (``["state_dict"]``).
@@ -103,7 +105,7 @@ def _check_file(path: Path) -> None:
         raise SourceError(f"{path}: no such file; check the path", path=path)
     if path.is_dir():
         raise SourceError(
-            f"{path} is a directory; pass a checkpoint file (or a *.safetensors.index.json "
+            f"{path} is a directory; pass a checkpoint file (or the *.index.json "
             "for a sharded set)", path=path)
     if not os.access(path, os.R_OK):
         raise SourceError(f"{path}: permission denied; make the file readable", path=path)
@@ -122,7 +124,7 @@ def detect_format(path: str | Path) -> str:
     with open(path, "rb") as f:
         head = f.read(16)
     if path.name.endswith(".index.json"):
-        return "safetensors-sharded"
+        return "sharded"
     if head.startswith(b"PK"):
         return "torch-zip"
     # safetensors before pickle: a header length of 640+ bytes also starts with 0x80
@@ -174,8 +176,9 @@ def read_source(
         return _from_tree(path, fmt, obj, key=key, strip=strip_prefixes, leaf=_tensor_leaf)
     if fmt == "safetensors":
         tensors, metadata = _safetensors_tensors(path)
-    elif fmt == "safetensors-sharded":
-        tensors, metadata = _sharded_tensors(path)
+    elif fmt == "sharded":
+        source = _sharded(path, key=key, unsafe_pickle=unsafe_pickle)
+        return _strip(source) if strip_prefixes else source
     else:
         tensors, metadata, skipped = _ckpt_tensors(path)
         source = Source(str(path), fmt, tensors, skipped=skipped, metadata=metadata)
@@ -413,26 +416,31 @@ def _map_region(path: Path, offset: int, nbytes: int, shape: tuple[int, ...],
     return np.memmap(path, dtype=dt, mode="r", offset=offset, shape=shape)
 
 
-def _sharded_tensors(index: Path) -> tuple[dict[str, TensorInfo], dict[str, str]]:
+def _sharded(index: Path, **read: Any) -> Source:
+    """A sharded set: safetensors or PyTorch shards listed by an index's ``weight_map``."""
     try:
         weight_map = json.loads(index.read_text())["weight_map"]
+        if not isinstance(weight_map, dict):
+            raise TypeError("weight_map is not a mapping")
     except (ValueError, KeyError, TypeError) as exc:
-        raise SourceError(f"{index}: not a safetensors index (needs a 'weight_map'; {exc})",
-                          path=index) from None
+        raise SourceError(f"{index}: not a sharded-checkpoint index (it needs a 'weight_map' "
+                          f"of tensor name -> shard file; {exc})", path=index) from None
     tensors: dict[str, TensorInfo] = {}
-    metadata: dict[str, str] = {}
-    shards: dict[str, dict[str, TensorInfo]] = {}
+    shards: dict[str, Source] = {}
     for name, shard in weight_map.items():
         if shard not in shards:
-            shard_path = index.parent / shard
-            _check_file(shard_path)
-            shards[shard], meta = _safetensors_tensors(shard_path)
-            metadata.update(meta)
+            shards[shard] = read_source(index.parent / shard, strip_prefixes=False, **read)
         if name not in shards[shard]:
             raise SourceError(f"{index}: lists {name!r} in {shard}, which does not hold it; "
                               "the set is inconsistent — re-download it", path=index)
         tensors[name] = shards[shard][name]
-    return tensors, metadata
+    first = next(iter(shards.values()), None)
+    kind = first.format.split("-")[0] if first else "safetensors"
+    skipped = [Skipped(f"{shard}:{n}", "tensor", "in a shard but not in the index")
+               for shard, src in shards.items() for n in src.tensors if n not in tensors]
+    skipped += [s for src in shards.values() for s in src.skipped]
+    metadata = {k: v for src in shards.values() for k, v in src.metadata.items()}
+    return Source(str(index), f"{kind}-sharded", tensors, skipped=skipped, metadata=metadata)
 
 
 # -- MindSpore ------------------------------------------------------------------------

@@ -194,7 +194,9 @@ BAD = {
     "missing": (lambda p, s: None, "no such file"),
     "directory": (lambda p, s: p.mkdir(), "is a directory"),
     "empty": (lambda p, s: p.write_bytes(b""), "is empty"),
-    "random-bytes": (lambda p, s: p.write_bytes(os.urandom(4096)), "not a checkpoint"),
+    # seeded, and led by a byte no format starts with (0x0A would look like a .ckpt)
+    "random-bytes": (lambda p, s: p.write_bytes(b"\xf3" + np.random.default_rng(0).bytes(4095)),
+                     "not a checkpoint"),
     "truncated-zip": (_truncated_zip, "truncated or corrupt"),
     "corrupt-safetensors-header": (lambda p, s: _corrupt_header(p), "invalid safetensors"),
     "safetensors-offsets-past-end": (lambda p, s: _offsets_past_end(p), "invalid safetensors"),
@@ -237,3 +239,21 @@ def test_zip_member_crc_damage_is_caught(tmp_path):
     path.write_bytes(bytes(data))
     result = _inspect(path)
     assert result.exit_code == 2 and "corrupt" in result.stderr
+
+
+def test_sharded_pytorch_set(tmp_path):
+    """pytorch_model.bin.index.json: shards read one by one, strays reported."""
+    torch.save({"a.weight": torch.ones(2, 2)}, tmp_path / "pytorch_model-1.bin")
+    torch.save({"b.bias": torch.zeros(3), "stray": torch.ones(1)},
+               tmp_path / "pytorch_model-2.bin")
+    index = tmp_path / "pytorch_model.bin.index.json"
+    index.write_text(json.dumps({"metadata": {}, "weight_map": {
+        "a.weight": "pytorch_model-1.bin", "b.bias": "pytorch_model-2.bin"}}))
+    data = json.loads(_inspect(index, "--json").stdout)
+    assert data["format"] == "torch-sharded"
+    assert [t["name"] for t in data["tensors"]] == ["a.weight", "b.bias"]
+    assert [s["name"] for s in data["skipped"]] == ["pytorch_model-2.bin:stray"]
+    broken = tmp_path / "broken.index.json"
+    broken.write_text(json.dumps({"weight_map": {"a.weight": "missing.bin"}}))
+    result = _inspect(broken)
+    assert result.exit_code == 2 and "missing.bin: no such file" in result.stderr
