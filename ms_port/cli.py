@@ -106,6 +106,17 @@ def inspect(file: str | None, arch: str | None, as_json: bool, pattern: str | No
     _console().print(render(report, limit=None if show_all else limit))
 
 
+def _finish(report: Any, *, as_json: bool, show: str = "summary") -> None:
+    """Print a report (JSON or rich) and exit 0 if it is ok, else 1."""
+    if as_json:
+        _emit_json(report.to_dict())
+    else:
+        from .render import render
+
+        _console().print(render(report, limit=None if show == "all" else 20, show=show))
+    sys.exit(0 if report.ok else 1)
+
+
 def _progress_bar(enabled: bool):
     """A (phase, done, total) callback drawing a rich progress bar on a TTY, and its closer."""
     if not enabled or not sys.stderr.isatty():
@@ -184,13 +195,7 @@ def convert(source: str, arch: str | None, template: str | None, ms_model: str |
             key=key, unsafe_pickle=unsafe_pickle, progress=progress)
     finally:
         stop()
-    if as_json:
-        _emit_json(report.to_dict())
-    else:
-        from .render import render
-
-        _console().print(render(report, limit=None if show == "all" else 20, show=show))
-    sys.exit(0 if report.ok else 1)
+    _finish(report, as_json=as_json, show=show)
 
 
 @main.command()
@@ -257,13 +262,7 @@ def verify(source: str, checkpoint: str, arch: str | None, torch_model: str | No
                         torch_device=torch_device, ms_device=ms_device,
                         noise_floor=not no_noise_floor, key=key,
                         unsafe_pickle=unsafe_pickle, progress=steps)
-    if as_json:
-        _emit_json(report.to_dict())
-    else:
-        from .render import render
-
-        _console().print(render(report))
-    sys.exit(0 if report.ok else 1)
+    _finish(report, as_json=as_json)
 
 
 @main.command()
@@ -318,13 +317,7 @@ def export(checkpoint: str, arch: str | None, torch_model: str | None, template:
                             allow_unused=allow_unused, progress=progress)
     finally:
         stop()
-    if as_json:
-        _emit_json(report.to_dict())
-    else:
-        from .render import render
-
-        _console().print(render(report, limit=None if show == "all" else 20, show=show))
-    sys.exit(0 if report.ok else 1)
+    _finish(report, as_json=as_json, show=show)
 
 
 @main.command()

@@ -81,31 +81,25 @@ class Candidate:
 
 
 @dataclass(frozen=True)
-class Missing:
+class Leftover:
+    """A tensor on one side that nothing on the other side takes, with near misses."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    candidates: tuple[Candidate, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "shape": list(self.shape), "dtype": self.dtype,
+                "candidates": [c.name for c in self.candidates]}
+
+
+class Missing(Leftover):
     """A target tensor nothing fills."""
 
-    name: str
-    shape: tuple[int, ...]
-    dtype: str
-    candidates: tuple[Candidate, ...] = ()
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "shape": list(self.shape), "dtype": self.dtype,
-                "candidates": [c.name for c in self.candidates]}
-
-
-@dataclass(frozen=True)
-class Unused:
+class Unused(Leftover):
     """A source tensor nothing uses."""
-
-    name: str
-    shape: tuple[int, ...]
-    dtype: str
-    candidates: tuple[Candidate, ...] = ()
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "shape": list(self.shape), "dtype": self.dtype,
-                "candidates": [c.name for c in self.candidates]}
 
 
 @dataclass(frozen=True)
