@@ -232,3 +232,75 @@ def test_nonfinite_weights_are_named_and_check_finite_refuses(tmp_path):
     with pytest.raises(MsPortError, match=r"nan\.pth: NaN/Inf values in 2 tensors: bad \(2\)"):
         ms_port.convert(src, target=_identity_target(src), output=out2, check_finite=True)
     assert not out2.exists() and not _temps(out2)
+
+
+class _Payload:
+    """Pickles to a call of ``func(*args)``: what a hostile checkpoint smuggles in."""
+
+    def __init__(self, func, *args):
+        self.func, self.args = func, args
+
+    def __reduce__(self):
+        return (self.func, self.args)
+
+
+def _hostile(kind: str, marker: Path) -> object:
+    import builtins
+
+    touch = f"open({str(marker)!r}, 'w').close()"
+    return {
+        "os.system": _Payload(os.system, f"touch {marker}"),
+        "eval": _Payload(builtins.eval, touch),
+        "builtins.exec": _Payload(builtins.exec, touch),
+        "__import__": _Payload(builtins.__import__, "this"),  # prints the Zen on import
+    }[kind]
+
+
+@pytest.mark.parametrize("legacy", [False, True], ids=["zip", "legacy"])
+@pytest.mark.parametrize("kind", ["os.system", "eval", "builtins.exec", "__import__"])
+def test_hostile_pickles_are_refused_and_never_run(tmp_path, kind, legacy, capfd):
+    marker = tmp_path / "ran"
+    path = tmp_path / "hostile.pth"
+    torch.save({"w": torch.ones(2), "x": _hostile(kind, marker)}, path,
+               _use_new_zipfile_serialization=not legacy)
+    result = subprocess.run([sys.executable, "-m", "ms_port", "inspect", str(path)],
+                            capture_output=True, text=True)
+    assert result.returncode == 2
+    assert "refused to unpickle" in result.stderr and "--unsafe-pickle" in result.stderr
+    assert "Nothing was executed" in result.stderr
+    assert not marker.exists() and "Beautiful is better" not in result.stdout
+    out = tmp_path / "o.ckpt"
+    result = subprocess.run([sys.executable, "-m", "ms_port", "convert", str(path), "--target",
+                             str(path), "-o", str(out)], capture_output=True, text=True)
+    assert result.returncode == 2 and not out.exists() and not marker.exists()
+
+
+def test_crc_trailer_on_request(tmp_path):
+    import mindspore as ms
+
+    src = _save_small(tmp_path)
+    out = tmp_path / "crc.ckpt"
+    report = ms_port.convert(src, target=_identity_target(src), output=out, crc=True)
+    assert report.ok and report.written.crc
+    assert out.read_bytes()[-17:-10] == b"crc_num"
+    assert set(ms.load_checkpoint(str(out), crc_check=True)) == {"a", "b"}
+    damaged = bytearray(out.read_bytes())
+    damaged[40] ^= 0x01
+    out.write_bytes(bytes(damaged))
+    with pytest.raises(MsPortError, match=r"crc\.ckpt: CRC check failed"):
+        read_source(out)
+
+
+def test_unreadable_source_is_named(tmp_path, monkeypatch):
+    src = _save_small(tmp_path)
+    real_access = os.access
+    monkeypatch.setattr(os, "access",
+                        lambda p, mode: False if Path(p) == src else real_access(p, mode))
+    with pytest.raises(MsPortError, match=r"small\.pth: permission denied; make the file"):
+        read_source(src)
+
+
+def _save_small(tmp_path: Path) -> Path:
+    path = tmp_path / "small.pth"
+    torch.save({"a": torch.randn(3, 3), "b": torch.arange(4)}, path)
+    return path
