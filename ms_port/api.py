@@ -271,6 +271,11 @@ def verify(
 
     Returns:
         A :class:`~ms_port.parity.ParityReport` with ``ok`` and ``first_divergence``.
+
+    Example:
+        >>> parity = ms_port.verify("resnet50.pth", "resnet50.ckpt", arch="resnet50")
+        >>> parity.ok, parity.error < 1e-5, parity.first_divergence
+        (True, True, None)
     """
     from .networks import run_verify
 
@@ -281,13 +286,50 @@ def verify(
         noise_floor=noise_floor, key=key, unsafe_pickle=unsafe_pickle, progress=progress)
 
 
-def export(checkpoint: str | Path, **kwargs: Any) -> Any:
-    """Convert a MindSpore checkpoint back to PyTorch (see :func:`ms_port.inversion.export`).
+def export(
+    checkpoint: str | Path,
+    *,
+    output: str | Path | None = None,
+    arch: str | None = None,
+    torch_model: Any = None,
+    target: str | Path | None = None,
+    ms_model: Any = None,
+    mapping: Any = None,
+    format: str | None = None,
+    dtype: str | None = None,
+    force: bool = False,
+    dry_run: bool = False,
+    allow_missing: bool = False,
+    allow_unused: bool = False,
+    progress: Progress | None = None,
+) -> Any:
+    """Convert a MindSpore checkpoint back to PyTorch, through the conversion plan inverted.
+
+    Args:
+        checkpoint: the MindSpore ``.ckpt`` (or safetensors) file.
+        output: the ``.pth`` or ``.safetensors`` file to write.
+        arch / torch_model / target: exactly one PyTorch side: an architecture's
+            reference network, a ``module:callable`` (or module, or class) building one,
+            or a template ``.pth``/``.safetensors`` file.
+        ms_model: optionally the MindSpore network, so rules know its layer types where
+            the checkpoint alone cannot say (implied by ``arch``).
+        mapping: extra mapping table(s), written PyTorch -> MindSpore as for convert.
+        format: ``pth`` or ``safetensors`` (default: from the output's suffix).
+        dtype: cast floating-point tensors; by default dtypes are kept bit for bit.
+        force / dry_run / allow_missing / allow_unused / progress: as for :func:`convert`.
+
+    Returns:
+        An :class:`~ms_port.inversion.ExportReport` (``ok``, ``plan``, ``written``);
+        BatchNorm's ``num_batches_tracked`` is restored as 0.
 
     Example:
-        >>> ms_port.export("resnet50.ckpt", arch="resnet50", output="back.pth").ok
-        True
+        >>> report = ms_port.export("resnet50.ckpt", arch="resnet50", output="back.pth")
+        >>> report.ok, report.plan.counts["restored"]
+        (True, 53)
     """
     from .inversion import export as _export
 
-    return _export(checkpoint, **kwargs)
+    return _export(checkpoint, output=output, arch=arch, torch_model=torch_model,
+                   target=target, ms_model=ms_model, mapping=mapping, format=format,
+                   dtype=dtype, force=force, dry_run=dry_run, allow_missing=allow_missing,
+                   allow_unused=allow_unused, progress=progress)

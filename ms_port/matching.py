@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 import yaml
 
+from .display import Renderable
 from .errors import MappingError
 from .mapping import MappingTable
 from .rules import known_drop, propose
@@ -132,8 +133,8 @@ class Conflict:
                 "sources": list(self.sources), "message": self.message}
 
 
-@dataclass
-class Plan:
+@dataclass(repr=False)
+class Plan(Renderable):
     """The result of matching a Source against a Target, before any byte is written.
 
     Attributes:
@@ -218,6 +219,12 @@ class Plan:
         head += [f"# CONFLICT {c.message}" for c in self.conflicts]
         body = yaml.safe_dump(self.to_mapping(), sort_keys=False, width=120)
         return "\n".join(head) + "\n" + body
+
+    def __repr__(self) -> str:
+        counts = ", ".join(f"{k}={v}" for k, v in self.counts.items() if v)
+        return (f"Plan(ok={self.ok}, filled={len(self.matches)}/{len(self.target)}, {counts}, "
+                f"missing={len(self.missing)}, unused={len(self.unused)}, "
+                f"conflicts={len(self.conflicts)})")
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -45,8 +45,8 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
+from .display import Renderable
 from .errors import DeviceError, ParityError
-from .reports import Renderable
 from .tensors import format_shape
 
 if TYPE_CHECKING:

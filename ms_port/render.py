@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from rich.console import Group
+from rich.markup import escape
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
@@ -29,14 +30,14 @@ def render(report: Any, *, limit: int | None = None, show: str = "summary") -> A
 
 
 def _inspect(r: Any, *, limit: int | None, show: str) -> Any:
-    table = Table(title=f"{r.path}  [dim]({r.format})[/]", title_justify="left")
+    table = Table(title=f"{escape(r.path)}  [dim]({r.format})[/]", title_justify="left")
     table.add_column("name", overflow="fold")
     table.add_column("shape")
     table.add_column("dtype")
     table.add_column("elements", justify="right")
     shown = r.tensors if limit is None else r.tensors[:limit]
     for t in shown:
-        table.add_row(t.name, format_shape(t.shape), t.dtype, f"{t.numel:,}")
+        table.add_row(Text(t.name), format_shape(t.shape), t.dtype, f"{t.numel:,}")
     parts: list[Any] = [table]
     if len(shown) < len(r.tensors):
         parts.append(Text(f"… {len(r.tensors) - len(shown)} more (use --all or --limit N)",
@@ -57,7 +58,7 @@ def _inspect(r: Any, *, limit: int | None, show: str) -> Any:
         for col in ("entry", "kind", "why"):
             skipped.add_column(col)
         for s in r.skipped:
-            skipped.add_row(s.name, s.kind, s.reason)
+            skipped.add_row(Text(s.name), Text(s.kind), Text(s.reason))
         parts.append(skipped)
     return Group(*parts)
 
@@ -71,8 +72,8 @@ def _plan_table(plan: Any, *, limit: int | None) -> Table:
         how = f"[yellow]{m.how}[/]" if m.how == "fallback" else m.how
         dtype = m.dtype if m.dtype == m.out_dtype else f"{m.dtype}→{m.out_dtype}"
         extra = f" [{', '.join(map(str, m.transforms))}]" if m.transforms else ""
-        table.add_row(m.target, m.source, f"{how} ({m.detail}){extra}",
-                      format_shape(m.shape), dtype)
+        table.add_row(Text(m.target), Text(m.source),
+                      f"{how} ({escape(m.detail)}){escape(extra)}", format_shape(m.shape), dtype)
     return table
 
 
@@ -80,17 +81,18 @@ def _conversion(r: Any, *, limit: int | None, show: str) -> Any:
     plan = r.plan
     counts = ", ".join(f"{k} {v}" for k, v in plan.counts.items() if v) or "none"
     lines = [
-        f"source:  {plan.source.path} ({plan.source.format}, {len(plan.source)} tensors)",
-        f"target:  {plan.target.description} ({plan.target.kind}, {len(plan.target)} tensors)",
+        f"source:  {escape(plan.source.path)} ({plan.source.format}, {len(plan.source)} tensors)",
+        f"target:  {escape(plan.target.description)} ({plan.target.kind}, "
+        f"{len(plan.target)} tensors)",
         f"matched: {len(plan.matches)}/{len(plan.target)} — {counts}",
     ]
     if plan.source.unwrapped or plan.source.stripped:
-        lines.append(f"source unwrapped {plan.source.unwrapped or '-'}, "
-                     f"stripped {plan.source.stripped or '-'}")
+        lines.append(escape(f"source unwrapped {plan.source.unwrapped or '-'}, "
+                            f"stripped {plan.source.stripped or '-'}"))
     dropped: dict[str, int] = {}
     for d in plan.dropped:
         dropped[d.reason] = dropped.get(d.reason, 0) + 1
-    lines += [f"dropped: {n} × {reason}" for reason, n in dropped.items()]
+    lines += [escape(f"dropped: {n} × {reason}") for reason, n in dropped.items()]
     if plan.fallbacks:
         lines.append(f"[yellow]fallback (shape/order) matches: {len(plan.fallbacks)} — "
                      "check them[/]")
@@ -102,21 +104,21 @@ def _conversion(r: Any, *, limit: int | None, show: str) -> Any:
         lines.append(f"[yellow]unused (allowed): {len(plan.unused)}[/]")
     if r.nonfinite:
         lines.append(f"[yellow]NaN/Inf in {len(r.nonfinite)} tensors: "
-                     f"{', '.join(list(r.nonfinite)[:3])}[/]")
+                     f"{escape(', '.join(list(r.nonfinite)[:3]))}[/]")
     if r.written:
         w = r.written
-        lines.append(f"output:  {w.path} ({w.format}, {_size(w.nbytes)}"
+        lines.append(f"output:  {escape(w.path)} ({w.format}, {_size(w.nbytes)}"
                      f"{', CRC' if w.crc else ''}{', replaced' if w.replaced else ''})")
         lines.append(f"readback: {w.tensors} tensors {w.readback}")
     if r.saved_map:
-        lines.append(f"plan saved as mapping: {r.saved_map}")
+        lines.append(f"plan saved as mapping: {escape(r.saved_map)}")
     parts: list[Any] = []
     if show == "all":
         parts.append(_plan_table(plan, limit=None))
     problems = plan.problems()
     if problems:
         shown = problems if limit is None else problems[:limit]
-        parts.append(Text.from_markup("\n".join(f"[red]✗[/] {p}" for p in shown)))
+        parts.append(Text.from_markup("\n".join(f"[red]✗[/] {escape(p)}" for p in shown)))
         if len(shown) < len(problems):
             parts.append(Text(f"… {len(problems) - len(shown)} more (--show all, or --json)"))
     style = "green" if r.ok else "red"
@@ -134,7 +136,7 @@ def _num(x: float | None, spec: str = ".2e") -> str:
 
 def _parity(r: Any, *, limit: int | None, show: str) -> Any:
     style = "green" if r.ok else "red"
-    lines = [r.message, ""]
+    lines = [escape(r.message), ""]
     for o in r.outputs:
         top1 = (f"   top-1 agreement {o.top1_agreement:.0%}"
                 if o.top1_agreement is not None else "")
@@ -146,15 +148,15 @@ def _parity(r: Any, *, limit: int | None, show: str) -> Any:
                      f"{_num(o.error)} (tol {r.tol:g})   max |Δ| {_num(o.max_abs)}   cosine "
                      f"{_num(o.cosine, '.8f')}{top1}{nan}")
         if o.problem:
-            lines.append(f"  [red]{o.problem}[/]")
+            lines.append(f"  [red]{escape(o.problem)}[/]")
     if r.noise_floor is not None:
         lines.append(f"float32 noise floor (PyTorch float32 vs float64): {_num(r.noise_floor)}")
     if r.first_divergence is not None:
-        lines.append(f"[red]first divergence: {r.first_divergence.describe()}[/]")
+        lines.append(f"[red]first divergence: {escape(r.first_divergence.describe())}[/]")
     for w in r.nonfinite_weights:
-        lines.append(f"[red]non-finite weights: {w}[/]")
+        lines.append(f"[red]non-finite weights: {escape(w)}[/]")
     for note in r.notes[: limit or 10]:
-        lines.append(f"[dim]note: {note}[/]")
+        lines.append(f"[dim]note: {escape(note)}[/]")
     lines.append(f"input: batch {r.batch} × {format_shape(tuple(r.input_shape))}, seed "
                  f"{r.seed}, {r.dtype}; devices: PyTorch {r.torch_device}, MindSpore "
                  f"{r.ms_device}")
@@ -164,7 +166,15 @@ def _parity(r: Any, *, limit: int | None, show: str) -> Any:
                  title_align="left", border_style=style)
 
 
+def _plan(p: Any, *, limit: int | None, show: str) -> Any:
+    from .reports import ConversionReport
+
+    # a plan is its table: every tensor, where it comes from and how
+    return _conversion(ConversionReport(p.ok, p, None, dry_run=True), limit=limit, show="all")
+
+
 _RENDERERS = {
+    "Plan": _plan,
     "InspectReport": _inspect,
     "ConversionReport": _conversion,
     "ExportReport": _conversion,

@@ -7,29 +7,13 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from .display import Renderable
 from .matching import Plan
 from .sources import Skipped
 from .tensors import TensorInfo
 from .writers import WriteResult
 
-
-class Renderable:
-    """Mixin: rich and Jupyter rendering through :mod:`ms_port.render`."""
-
-    def __rich__(self) -> Any:
-        from .render import render
-
-        return render(self)
-
-    def _repr_html_(self) -> str:
-        from io import StringIO
-
-        from rich.console import Console
-
-        console = Console(file=StringIO(), record=True, width=110, color_system=None,
-                          force_jupyter=False)  # else rich displays it in Jupyter itself
-        console.print(self)
-        return console.export_html(inline_styles=True)
+__all__ = ["ConversionReport", "InspectReport", "Renderable"]
 
 
 @dataclass

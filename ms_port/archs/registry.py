@@ -96,6 +96,8 @@ def register_arch(
         ...     return MyTinyCell(**kw)
     """
 
+    _load_builtins()  # so a user's name that clashes with a built-in fails here, not later
+
     def decorator(ms_factory: Callable[..., Any]) -> Callable[..., Any]:
         if name in _REGISTRY and not replace:
             raise ArchError(
