@@ -60,6 +60,8 @@ ERROR_DEFINITION = (
 )
 
 _TINY = float(np.finfo(np.float64).tiny)
+#: a passing error this many times the noise floor gets a note: something besides rounding
+_FLOOR_FACTOR = 10
 _DTYPES = ("float32", "float64")
 #: user-facing device name -> torch device type (None: PyTorch cannot run there)
 _TORCH_DEVICES: dict[str, str | None] = {"cpu": "cpu", "gpu": "cuda", "cuda": "cuda",
@@ -1047,6 +1049,11 @@ def run_parity(
     max_abs = max((o.max_abs for o in outputs), default=math.inf)
     if len(ms_arrays) != len(torch_arrays):
         error = max_abs = math.inf
+    if ok and floor and error > _FLOOR_FACTOR * floor:
+        notes.append(f"error is {error / floor:.0f}× the float32 noise floor: rounding alone "
+                     "does not explain it — check layer settings that hold no weights "
+                     "(LayerNorm epsilon: MindSpore 1e-7, PyTorch 1e-5; BatchNorm eps; "
+                     "padding; approximate GELU)")
     report = ParityReport(
         ok=ok, tol=float(tol), error=error, max_abs=max_abs, outputs=outputs,
         noise_floor=floor, first_divergence=divergence, input_shape=input_shape, batch=batch,

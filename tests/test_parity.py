@@ -481,3 +481,27 @@ def test_import_does_not_load_frameworks():
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
                          text=True, check=True)
     assert out.stdout.strip() == ERROR_DEFINITION
+
+
+def test_pass_far_above_the_noise_floor_gets_a_note():
+    """LayerNorm epsilon differs by default (MindSpore 1e-7, PyTorch 1e-5): a real but
+    small mismatch that may pass the tolerance must not pass silently."""
+    import mindspore as ms
+    import torch
+    from mindspore import nn
+
+    from ms_port.parity import run_parity
+
+    torch.manual_seed(0)
+    tnet = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.LayerNorm(8))
+    mnet = nn.SequentialCell([nn.Dense(8, 8), nn.LayerNorm((8,))])  # epsilon 1e-7
+    sd = tnet.state_dict()
+    names = {"0.weight": "0.weight", "0.bias": "0.bias", "1.weight": "1.gamma",
+             "1.bias": "1.beta"}
+    ms.load_param_into_net(mnet, {m: ms.Parameter(ms.Tensor(sd[t].numpy()), name=m)
+                                  for t, m in names.items()})
+    report = run_parity(tnet, mnet, input_shape=(8,), batch=4, tol=1e-3,
+                        correspondence=[])
+    assert report.ok and report.noise_floor is not None
+    assert report.error > 10 * report.noise_floor
+    assert any("noise floor" in n and "LayerNorm epsilon" in n for n in report.notes)
