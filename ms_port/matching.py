@@ -164,7 +164,7 @@ class Plan(Renderable):
     def counts(self) -> dict[str, int]:
         """Matches by how they were found."""
         c = Counter(m.how for m in self.matches)
-        return {how: c[how] for how in HOW}
+        return {how: c[how] for how in HOW if how != "restored" or c[how]}
 
     @property
     def fallbacks(self) -> list[Match]:
@@ -252,13 +252,13 @@ def _literal(name: str) -> str:
 def _missing_line(m: Missing) -> str:
     hint = f"; closest: {', '.join(map(str, m.candidates))}" if m.candidates else ""
     return (f"no source tensor for {m.name!r} ({format_shape(m.shape)}){hint} — add it to "
-            "your mapping file's tensors: or pass --allow-missing")
+            "your mapping file's tensors: or pass --allow-missing (allow_missing=True)")
 
 
 def _unused_line(u: Unused) -> str:
     hint = f"; could fill: {', '.join(map(str, u.candidates))}" if u.candidates else ""
     return (f"source tensor {u.name!r} ({format_shape(u.shape)}) is not used{hint} — map it, "
-            "add it to drop:, or pass --allow-unused")
+            "add it to drop:, or pass --allow-unused (allow_unused=True)")
 
 
 _FLOAT_BITS = {"float16": (5, 10), "bfloat16": (8, 7), "float32": (8, 23), "float64": (11, 52)}
