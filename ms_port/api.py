@@ -277,13 +277,59 @@ def verify(
         >>> parity.ok, parity.error < 1e-5, parity.first_divergence
         (True, True, None)
     """
-    from .networks import run_verify
+    from .networks import build_network, load_ms_weights, load_torch_weights, not_loaded_report
+    from .parity import correspondence_from_pairs, run_parity
 
-    return run_verify(
-        source, checkpoint, arch=arch, torch_model=torch_model, ms_model=ms_model,
-        mapping=mapping, tol=tol, seed=seed, batch=batch, input_shape=input_shape,
-        dtype=dtype, torch_device=torch_device or device, ms_device=ms_device or device,
-        noise_floor=noise_floor, key=key, unsafe_pickle=unsafe_pickle, progress=progress)
+    torch_device, ms_device = torch_device or device, ms_device or device
+
+    entry = None
+    if arch is not None:
+        from .archs import get_arch
+
+        entry = get_arch(arch)
+    elif torch_model is None or ms_model is None:
+        raise MsPortError("give arch=..., or both torch_model and ms_model")
+    shape = input_shape or (entry.input_shape if entry else None)
+    if shape is None:
+        raise MsPortError("no input shape: pass --input-shape C,H,W (input_shape=...) for "
+                          "custom networks")
+    step = progress or (lambda _msg: None)
+
+    # read and validate both files before building anything heavy
+    src = read_source(source, key=key, unsafe_pickle=unsafe_pickle)
+    ckpt = read_source(checkpoint, strip_prefixes=False)
+    swapped = src.format == "mindspore-ckpt" and ckpt.format != "mindspore-ckpt"
+    if swapped:  # given MindSpore first (e.g. after an export): both directions work
+        source, checkpoint = checkpoint, source
+        src = read_source(source, key=key, unsafe_pickle=unsafe_pickle)
+
+    step("building the PyTorch network")
+    tnet = build_network(torch_model, "--torch-model", entry, "torch")
+    load_torch_weights(tnet, source, key=key, unsafe_pickle=unsafe_pickle)
+    step("building the MindSpore network")
+    mnet = build_network(ms_model, "--ms-model", entry, "mindspore")
+    step(f"loading {checkpoint}")
+    not_loaded, unused = load_ms_weights(mnet, checkpoint)
+
+    plan = make_plan(src, from_cell(mnet), resolve_mapping(mapping, arch=arch),
+                     allow_missing=True, allow_unused=True)
+    correspondence = correspondence_from_pairs((m.target, m.source) for m in plan.matches)
+    if not_loaded:
+        return not_loaded_report(checkpoint, not_loaded, unused, tol=tol, shape=shape,
+                                 batch=batch, seed=seed, dtype=dtype,
+                                 torch_device=torch_device, ms_device=ms_device)
+    report = run_parity(tnet, mnet, input_shape=tuple(shape), batch=batch, seed=seed,
+                        tol=tol, dtype=dtype, torch_device=torch_device,
+                        ms_device=ms_device, correspondence=correspondence,
+                        noise_floor=noise_floor, progress=progress)
+    if swapped:
+        report.notes.append(f"{checkpoint} is the MindSpore side, {source} the PyTorch side")
+    if unused:
+        report.notes.append(f"{len(unused)} checkpoint entries unused by the network: "
+                            f"{', '.join(unused[:3])}")
+    return report
+
+
 
 
 def export(
@@ -327,9 +373,20 @@ def export(
         >>> report.ok, report.plan.counts["restored"]
         (True, 53)
     """
-    from .inversion import export as _export
+    from .inversion import FORMATS, ExportReport, export_plan
 
-    return _export(checkpoint, output=output, arch=arch, torch_model=torch_model,
-                   target=target, ms_model=ms_model, mapping=mapping, format=format,
-                   dtype=dtype, force=force, dry_run=dry_run, allow_missing=allow_missing,
-                   allow_unused=allow_unused, progress=progress)
+    if output is None and not dry_run:
+        raise TargetError("no output given; pass -o FILE (output=...) or --dry-run")
+    fmt = format or ("safetensors" if str(output).endswith(".safetensors") else "pth")
+    if fmt not in FORMATS:
+        raise TargetError(f"unknown export format {fmt!r}; choose pth or safetensors")
+    if output is not None and not dry_run:
+        check_output(output, force=force)
+    p = export_plan(checkpoint, arch=arch, torch_model=torch_model, target=target,
+                    ms_model=ms_model, mapping=mapping, dtype=dtype,
+                    allow_missing=allow_missing, allow_unused=allow_unused)
+    out = None if output is None else str(output)
+    if not p.ok or dry_run:
+        return ExportReport(p.ok, p, out, dry_run=dry_run)
+    written = write_plan(p, output, format=fmt, force=force, progress=progress)
+    return ExportReport(True, p, out, written=written, nonfinite=written.nonfinite)

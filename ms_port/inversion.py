@@ -27,7 +27,6 @@ from .sources import Source, read_source
 from .targets import Target, TargetTensor, from_arch, from_cell, from_infos, instantiate
 from .tensors import TensorInfo
 from .transforms import invert
-from .writers import Progress, check_output, write_plan
 
 FORMATS = ("pth", "safetensors")
 
@@ -117,56 +116,12 @@ def invert_plan(forward: Plan, checkpoint: Source, torch_side: Source) -> Plan:
                 allow_missing=forward.allow_unused, allow_unused=forward.allow_missing)
 
 
-def export(
-    checkpoint: str | Path,
-    *,
-    output: str | Path | None = None,
-    arch: str | None = None,
-    torch_model: Any = None,
-    target: str | Path | None = None,
-    ms_model: Any = None,
-    mapping: Any = None,
-    format: str | None = None,
-    dtype: str | None = None,
-    force: bool = False,
-    dry_run: bool = False,
-    allow_missing: bool = False,
-    allow_unused: bool = False,
-    progress: Progress | None = None,
-) -> ExportReport:
-    """Convert a MindSpore checkpoint back to PyTorch, through the inverted plan.
-
-    Args:
-        checkpoint: the MindSpore ``.ckpt`` (or safetensors) file.
-        output: the ``.pth`` or ``.safetensors`` file to write.
-        arch / torch_model / target: exactly one PyTorch side: an architecture's
-            reference network, a ``module:callable`` (or a module) building one, or a
-            template ``.pth``/``.safetensors`` file.
-        ms_model: optionally, the MindSpore network (Cell, factory or
-            ``module:callable``), so rules know its layer types (e.g. Conv1d's layout)
-            where the checkpoint alone cannot say; ``arch`` implies it.
-        mapping: extra mapping table(s), written PyTorch -> MindSpore as for convert.
-        format: ``pth`` or ``safetensors`` (default: from the output's suffix).
-        dtype: cast floating-point tensors; by default dtypes are kept bit for bit.
-        force / dry_run / allow_missing / allow_unused / progress: as for convert.
-
-    Returns:
-        An :class:`ExportReport`; ``ok`` is False and nothing is written when the
-        inverted plan is incomplete.
-
-    Example:
-        >>> ms_port.export("resnet50.ckpt", arch="resnet50", output="back.pth").ok
-        True
-    """
+def export_plan(checkpoint: str | Path, *, arch: str | None, torch_model: Any,
+                target: Any, ms_model: Any, mapping: Any, dtype: str | None,
+                allow_missing: bool, allow_unused: bool) -> Plan:
+    """The inverted plan for :func:`ms_port.export` (see the module docstring)."""
     from .api import resolve_mapping
 
-    if output is None and not dry_run:
-        raise TargetError("no output given; pass -o FILE (output=...) or --dry-run")
-    fmt = format or ("safetensors" if str(output).endswith(".safetensors") else "pth")
-    if fmt not in FORMATS:
-        raise TargetError(f"unknown export format {fmt!r}; choose pth or safetensors")
-    if output is not None and not dry_run:
-        check_output(output, force=force)
     ckpt = read_source(checkpoint, strip_prefixes=False)
     torch_side, _ = _torch_side(arch, torch_model, target)
     forward = make_plan(torch_side, _ms_side(ckpt, arch, ms_model),
@@ -177,8 +132,4 @@ def export(
         from .matching import _cast
 
         plan.matches = [replace(m, out_dtype=_cast(m.dtype, dtype)) for m in plan.matches]
-    out = None if output is None else str(output)
-    if not plan.ok or dry_run:
-        return ExportReport(plan.ok, plan, out, dry_run=dry_run)
-    written = write_plan(plan, output, format=fmt, force=force, progress=progress)
-    return ExportReport(True, plan, out, written=written, nonfinite=written.nonfinite)
+    return plan

@@ -1,4 +1,4 @@
-"""Build both networks for verify, load each side's file, then hand over to :mod:`.parity`.
+"""Build both networks for verify and load each side's file into its network.
 
 Loading is checked before any forward pass: a tensor the MindSpore network needs but
 the checkpoint lacks is named, and the run fails without computing anything.
@@ -7,16 +7,16 @@ the checkpoint lacks is named, and the run fails without computing anything.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
-from .errors import MsPortError, ParityError
-from .parity import ParityReport, correspondence_from_pairs, run_parity
+from .errors import ParityError
+from .parity import ParityReport
 from .sources import read_source
 
 
-def _build(spec: Any, option: str, arch: Any, side: str) -> Any:
+def build_network(spec: Any, option: str, arch: Any, side: str) -> Any:
     """A network from the architecture, a ``module:callable`` string, a factory, or as given."""
     from .targets import instantiate
 
@@ -76,80 +76,7 @@ def load_ms_weights(net: Any, checkpoint: str | Path) -> tuple[list[str], list[s
     return list(not_loaded), list(unused)
 
 
-def run_verify(
-    source: str | Path,
-    checkpoint: str | Path,
-    *,
-    arch: str | None = None,
-    torch_model: Any = None,
-    ms_model: Any = None,
-    mapping: Any = None,
-    tol: float = 1e-5,
-    seed: int = 0,
-    batch: int = 1,
-    input_shape: tuple[int, ...] | None = None,
-    dtype: str = "float32",
-    torch_device: str = "cpu",
-    ms_device: str = "cpu",
-    noise_floor: bool = True,
-    key: str | None = None,
-    unsafe_pickle: bool = False,
-    progress: Callable[[str], None] | None = None,
-) -> ParityReport:
-    """See :func:`ms_port.api.verify`."""
-    from .api import resolve_mapping
-    from .matching import make_plan
-    from .targets import from_cell
-
-    entry = None
-    if arch is not None:
-        from .archs import get_arch
-
-        entry = get_arch(arch)
-    elif torch_model is None or ms_model is None:
-        raise MsPortError("give arch=..., or both torch_model and ms_model")
-    shape = input_shape or (entry.input_shape if entry else None)
-    if shape is None:
-        raise MsPortError("no input shape: pass --input-shape C,H,W (input_shape=...) for "
-                          "custom networks")
-    step = progress or (lambda _msg: None)
-
-    # read and validate both files before building anything heavy
-    src = read_source(source, key=key, unsafe_pickle=unsafe_pickle)
-    ckpt = read_source(checkpoint, strip_prefixes=False)
-    swapped = src.format == "mindspore-ckpt" and ckpt.format != "mindspore-ckpt"
-    if swapped:  # given MindSpore first (e.g. after an export): both directions work
-        source, checkpoint = checkpoint, source
-        src = read_source(source, key=key, unsafe_pickle=unsafe_pickle)
-
-    step("building the PyTorch network")
-    tnet = _build(torch_model, "--torch-model", entry, "torch")
-    load_torch_weights(tnet, source, key=key, unsafe_pickle=unsafe_pickle)
-    step("building the MindSpore network")
-    mnet = _build(ms_model, "--ms-model", entry, "mindspore")
-    step(f"loading {checkpoint}")
-    not_loaded, unused = load_ms_weights(mnet, checkpoint)
-
-    plan = make_plan(src, from_cell(mnet), resolve_mapping(mapping, arch=arch),
-                     allow_missing=True, allow_unused=True)
-    correspondence = correspondence_from_pairs((m.target, m.source) for m in plan.matches)
-    if not_loaded:
-        return _not_loaded_report(checkpoint, not_loaded, unused, tol=tol, shape=shape,
-                                  batch=batch, seed=seed, dtype=dtype,
-                                  torch_device=torch_device, ms_device=ms_device)
-    report = run_parity(tnet, mnet, input_shape=tuple(shape), batch=batch, seed=seed,
-                        tol=tol, dtype=dtype, torch_device=torch_device,
-                        ms_device=ms_device, correspondence=correspondence,
-                        noise_floor=noise_floor, progress=progress)
-    if swapped:
-        report.notes.append(f"{checkpoint} is the MindSpore side, {source} the PyTorch side")
-    if unused:
-        report.notes.append(f"{len(unused)} checkpoint entries unused by the network: "
-                            f"{', '.join(unused[:3])}")
-    return report
-
-
-def _not_loaded_report(checkpoint: Any, not_loaded: list[str], unused: list[str], *,
+def not_loaded_report(checkpoint: Any, not_loaded: list[str], unused: list[str], *,
                        tol: float, shape: tuple[int, ...], batch: int, seed: int,
                        dtype: str, torch_device: str, ms_device: str) -> ParityReport:
     names = ", ".join(not_loaded[:5]) + (" …" if len(not_loaded) > 5 else "")
