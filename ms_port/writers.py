@@ -224,7 +224,7 @@ def _write_pth(arrays: Iterator, f: BinaryIO) -> None:
 
     state = collections.OrderedDict()
     for match, array in arrays:
-        data = np.ascontiguousarray(array).reshape(array.shape)  # keeps 0-d arrays 0-d
+        data = np.array(array, order="C")  # a writable copy (torch warns on read-only maps)
         if match.out_dtype == "bfloat16":
             state[match.target] = torch.from_numpy(data.view(np.int16)).view(torch.bfloat16)
         else:
