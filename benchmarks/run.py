@@ -1,15 +1,16 @@
 """ms-port against the migration guide's recipe, side by side, as whole processes.
 
     python benchmarks/run.py [--runs 3] [--cases resnet50,synth-1g,synth-3g,help,inspect]
-                             [--big] [--write-readme]
+                             [--big] [--write-readme] [--json FILE] [--from-json FILE]
 
-Each case runs the recipe (benchmarks/recipe.py) and ``ms-port`` on the same input,
-alternating, ``--runs`` times each. Every run is a fresh child process; its wall time is
-measured around it and its peak RSS comes from ``os.wait4`` (that child's own
-``ru_maxrss``). Medians are reported with ratios ms-port / recipe. "Above baseline" is
-peak RSS minus the peak RSS of a bare ``python -c pass``.
+Each conversion case runs the recipe (``benchmarks/recipe.py``) and the ``ms-port`` CLI
+on the same input, alternating (recipe first on even rounds, ms-port first on odd ones),
+``--runs`` times each. Every run is a fresh process started by ``benchmarks/_launch.py``,
+which reports that process's own wall time and peak RSS (see there for why a launcher).
+Medians are reported, with ratios ms-port / recipe and the goals' verdicts.
 
-Inputs are generated once into ``benchmarks/.cache`` (seeded; no downloads).
+Inputs are generated once into ``benchmarks/.cache`` (``benchmarks/inputs.py``; seeded,
+no downloads). See ``benchmarks/README.md`` for the definitions.
 """
 
 from __future__ import annotations
@@ -24,196 +25,402 @@ import statistics
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
+import inputs  # benchmarks/inputs.py: paths only at import time
+
 HERE = Path(__file__).resolve().parent
-CACHE = HERE / ".cache"
+CACHE = inputs.CACHE
+OUT = CACHE / "out"
 PY = sys.executable
-MS_PORT = [PY, "-m", "ms_port"]
-GOALS = {  # case -> (wall ratio, rss ratio or None, above-baseline / size or None)
-    "resnet50": (0.5, 0.6, None),
-    "synth-1g": (0.5, 0.35, None),
-    "synth-3g": (0.5, None, 0.25),
-}
+GIB = 2**30
+DEFAULT_CASES = "resnet50,synth-1g,synth-3g,help,inspect"
+HEAVY = ("torch", "mindspore")
+
+
+def ms_port_script() -> str:
+    """The installed ``ms-port`` console script: the CLI exactly as a user runs it."""
+    beside = Path(PY).parent / "ms-port"
+    found = str(beside) if beside.exists() else shutil.which("ms-port")
+    if not found:
+        raise SystemExit("no `ms-port` script next to this Python or on PATH; "
+                         "run `make env` (pip install -e .) first")
+    return found
+
+
+# -- measuring ----------------------------------------------------------------------
 
 
 @dataclass
 class Run:
     wall: float
-    rss_mib: float
+    rss: float  # MiB
+    user: float
+    sys: float
 
 
-def measure(cmd: list[str]) -> Run:
-    """Wall time and peak RSS of one child process."""
-    start = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    _, status, usage = os.wait4(proc.pid, 0)
-    wall = time.perf_counter() - start
-    stderr = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    if proc.returncode != 0:
-        raise SystemExit(f"benchmark command failed ({proc.returncode}): {' '.join(cmd)}\n"
-                         f"{stderr[-2000:]}")
-    return Run(wall, usage.ru_maxrss / 1024)
+def measure(cmd: list[str], label: str) -> Run:
+    """One fresh process, through the launcher: its own wall time and peak RSS."""
+    OUT.mkdir(parents=True, exist_ok=True)
+    out, err = OUT / "stdout.txt", OUT / "stderr.txt"
+    launcher = [PY, "-I", "-S", str(HERE / "_launch.py"), str(out), str(err), "--", *cmd]
+    done = subprocess.run(launcher, capture_output=True, text=True, check=True)
+    result = json.loads(done.stdout)
+    if result["rc"] != 0:
+        tail = err.read_text(errors="replace")[-3000:] if err.exists() else ""
+        raise SystemExit(f"{label} failed (exit {result['rc']}): {' '.join(cmd)}\n{tail}")
+    return Run(result["wall"], result["maxrss_mib"], result["user"], result["sys"])
 
 
-def synthetic(size_gib: int) -> Path:
-    """A float32 .pth of ``size_gib`` GiB: 64 MiB tensors named like a transformer's."""
-    path = CACHE / f"synth-{size_gib}g.pth"
-    if not path.exists():
-        import torch
-
-        gen = torch.Generator().manual_seed(size_gib)
-        n = size_gib * 16
-        state = {f"layers.{i}.weight": torch.randn(4096, 4096, generator=gen)
-                 for i in range(n)}
-        torch.save(state, path)
-    return path
+def median_run(runs: list[Run]) -> dict[str, float]:
+    return {"wall": statistics.median(r.wall for r in runs),
+            "rss": statistics.median(r.rss for r in runs),
+            "wall_min": min(r.wall for r in runs), "wall_max": max(r.wall for r in runs),
+            "rss_min": min(r.rss for r in runs), "rss_max": max(r.rss for r in runs)}
 
 
-def template_for(src: Path) -> Path:
-    """The MindSpore-side template a model-zoo user has: same names and shapes."""
-    path = src.with_suffix(".template.ckpt")
-    if not path.exists():
-        import ms_port
-        from ms_port.sources import read_source
-        from ms_port.targets import from_infos
-
-        target = from_infos(read_source(src).tensors.values(), "identity")
-        ms_port.convert(src, target=target, output=path)
-    return path
+def record_modules(script: str, args: list[str], name: str) -> list[str]:
+    """The modules ``python SCRIPT ARGS`` has imported when it ends (an untimed run)."""
+    path = OUT / f"modules-{name}.json"
+    subprocess.run([PY, str(HERE / "_modules.py"), "record", str(path), script, *args],
+                   check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return json.loads(path.read_text())["modules"]
 
 
-def resnet50() -> Path:
-    path = CACHE / "resnet50.pth"
-    if not path.exists():
-        from ms_port.testing import save_reference_checkpoint
-
-        save_reference_checkpoint("resnet50", path)
-    return path
+_IMPORT_BASELINES: dict[tuple[str, ...], dict[str, float]] = {}
 
 
-def safetensors_file() -> Path:
-    path = CACHE / "resnet50.safetensors"
-    if not path.exists():
-        import torch
-        from safetensors.torch import save_file
+def imports_baseline(modules: list[str], name: str, runs: int) -> dict[str, float]:
+    """Peak RSS and wall of a process that only imports ``modules`` (memoised)."""
+    key = tuple(modules)
+    if key not in _IMPORT_BASELINES:
+        path = OUT / f"imports-{name}.json"
+        path.write_text(json.dumps({"modules": modules}))
+        cmd = [PY, str(HERE / "_modules.py"), "import", str(path)]
+        _IMPORT_BASELINES[key] = median_run([measure(cmd, f"imports of {name}")
+                                             for _ in range(runs)])
+    return _IMPORT_BASELINES[key]
 
-        save_file(torch.load(resnet50(), weights_only=True), path)
-    return path
+
+def heavy_imports(modules: list[str]) -> list[str]:
+    return [m for m in HEAVY if m in modules]
 
 
-def prepare(names: list[str]) -> None:
-    """Generate the inputs (run in a child: a forked child's ru_maxrss counts the parent's
-    memory from before exec, so the measuring process must stay small)."""
-    CACHE.mkdir(exist_ok=True)
+# -- cases ---------------------------------------------------------------------------
+
+
+@dataclass
+class Case:
+    name: str
+    size: int  # input bytes (0: not a conversion)
+    ms_port: list[str]
+    recipe: list[str] | None = None
+    outputs: tuple[Path, Path] | None = None  # (recipe's, ms-port's) for the output check
+    warm: list[Path] = field(default_factory=list)  # read once before timing
+    # (script, args) per tool for the untimed module-recording run
+    record: dict[str, tuple[str, list[str]]] = field(default_factory=dict)
+
+
+def build_cases(names: list[str]) -> list[Case]:
+    ms = ms_port_script()
+    recipe = str(HERE / "recipe.py")
+    r_out, m_out = OUT / "recipe.ckpt", OUT / "ms-port.ckpt"
+    cases = []
     for name in names:
         if name == "resnet50":
-            resnet50()
-        elif name.startswith("synth-"):
-            template_for(synthetic(int(name[6:-1])))
-        elif name == "inspect":
-            safetensors_file()
-
-
-def cases(names: list[str], big: bool) -> dict[str, tuple[list[str] | None, list[str], int]]:
-    """case -> (recipe command or None, ms-port command, input bytes)."""
-    subprocess.run([PY, __file__, "--prepare", "--cases", ",".join(names)], check=True)
-    out: dict[str, tuple[list[str] | None, list[str], int]] = {}
-    tmp = CACHE / "out"
-    tmp.mkdir(exist_ok=True)
-    for name in names:
-        if name == "resnet50":
-            src = resnet50()
-            out[name] = ([PY, str(HERE / "recipe.py"), str(src), str(tmp / "r.ckpt"),
-                          "--resnet"],
-                         [*MS_PORT, "convert", str(src), "--arch", "resnet50", "-o",
-                          str(tmp / "m.ckpt"), "--force", "-q"], src.stat().st_size)
-        elif name.startswith("synth-"):
-            src = synthetic(int(name[6:-1]))
-            template = template_for(src)
-            out[name] = ([PY, str(HERE / "recipe.py"), str(src), str(tmp / "r.ckpt")],
-                         [*MS_PORT, "convert", str(src), "--target", str(template), "-o",
-                          str(tmp / "m.ckpt"), "--force", "-q"], src.stat().st_size)
+            src = inputs.resnet50_path()
+            r_args = [str(src), str(r_out), "--resnet"]
+            m_args = ["convert", str(src), "--arch", "resnet50", "-o", str(m_out),
+                      "--force", "-q"]
+            cases.append(Case(name, src.stat().st_size, [ms, *m_args], [PY, recipe, *r_args],
+                              (r_out, m_out), [src],
+                              {"recipe": (recipe, r_args), "ms-port": (ms, m_args)}))
+        elif name in ("synth-1g", "synth-3g"):
+            size = name.removeprefix("synth-")
+            src, tpl = inputs.synth_path(size), inputs.template_path(size)
+            tiny, tiny_tpl = inputs.synth_path("tiny"), inputs.template_path("tiny")
+            cases.append(Case(
+                name, src.stat().st_size,
+                [ms, "convert", str(src), "--target", str(tpl), "-o", str(m_out), "--force",
+                 "-q"],
+                [PY, recipe, str(src), str(r_out)], (r_out, m_out), [src, tpl],
+                {"recipe": (recipe, [str(tiny), str(OUT / "tiny-r.ckpt")]),
+                 "ms-port": (ms, ["convert", str(tiny), "--target", str(tiny_tpl), "-o",
+                                  str(OUT / "tiny-m.ckpt"), "--force", "-q"])}))
         elif name == "help":
-            out[name] = (None, [*MS_PORT, "--help"], 0)
+            cases.append(Case(name, 0, [ms, "--help"], record={"ms-port": (ms, ["--help"])}))
         elif name == "inspect":
-            out[name] = (None, [*MS_PORT, "inspect", str(safetensors_file()), "--json"], 0)
-    if big:
-        print("--big: the 14 GB bf16 sharded case is not automated yet; see README",
-              file=sys.stderr)
+            src = inputs.safetensors_path()
+            cases.append(Case(name, 0, [ms, "inspect", str(src)], warm=[src],
+                              record={"ms-port": (ms, ["inspect", str(src)])}))
+        elif name.startswith("big"):
+            shards = inputs.big_shards(name)
+            index = inputs.big_index(shards)
+            # the index itself is the template: names and shapes unchanged
+            m_args = ["convert", str(index), "--target", str(index), "-o",
+                      str(OUT / "big.ckpt"), "--force", "-q"]
+            cases.append(Case(name, inputs.big_bytes(shards), [ms, *m_args]))
+        else:
+            raise SystemExit(f"unknown case {name!r}; known: {DEFAULT_CASES},big")
+    return cases
+
+
+def missing_inputs(name: str) -> int:
+    """Bytes of input files a case still has to generate."""
+    if name == "resnet50":
+        return 0 if inputs.resnet50_path().exists() else 100 << 20
+    if name == "inspect":
+        return 0 if inputs.safetensors_path().exists() else 200 << 20
+    if name.startswith("synth-"):
+        size = name.removeprefix("synth-")
+        n = int(size.removesuffix("g")) * GIB
+        return sum(n for p in (inputs.synth_path(size), inputs.template_path(size))
+                   if not p.exists())
+    if name.startswith("big"):
+        shards = inputs.big_shards(name)
+        return 0 if inputs.big_index(shards).exists() else inputs.big_bytes(shards)
+    return 0
+
+
+def output_bytes(name: str) -> int:
+    """Bytes a case writes while it runs (deleted before the next case), with a margin."""
+    if name == "resnet50":
+        return 300 << 20
+    if name.startswith("synth-"):
+        n = int(name.removeprefix("synth-").removesuffix("g")) * GIB
+        return 2 * n + n // 10  # both tools' outputs are kept for the output check
+    if name.startswith("big"):
+        return inputs.big_bytes(inputs.big_shards(name)) * 11 // 10
+    return 0
+
+
+def select_by_disk(names: list[str]) -> list[str]:
+    """Drop the cases that the free disk cannot hold, saying so."""
+    free = shutil.disk_usage(CACHE).free
+    generated, kept = 0, []
+    for name in names:
+        need = missing_inputs(name) + output_bytes(name)
+        if generated + need > free:
+            print(f"skipping {name}: it needs {need / GIB:.1f} GiB of free disk, "
+                  f"{(free - generated) / GIB:.1f} GiB are left", file=sys.stderr)
+            continue
+        generated += missing_inputs(name)
+        kept.append(name)
+    return kept
+
+
+def remove_stale_cache() -> None:
+    """Synthetic inputs of an older layout are never used again: free their disk."""
+    for path in CACHE.glob("synth-*"):
+        if f".{inputs.LAYOUT}." not in path.name:
+            print(f"removing {path.name} (an older synthetic layout)", file=sys.stderr)
+            path.unlink()
+
+
+def clean_outputs(only: Path | None = None) -> None:
+    """Delete outputs (``only``: that one file and its temporaries) before a run."""
+    pattern = only.name if only else "*.ckpt"
+    for path in [*OUT.glob(pattern), *OUT.glob(f".{pattern}*.tmp")]:
+        path.unlink()
+
+
+def flush_to_disk(path: Path) -> None:
+    """fsync a finished output. ms-port fsyncs before it exits, the recipe does not: left
+    dirty, the recipe's gigabytes would be written back during the next run, and charged
+    to it."""
+    if path.exists():
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def warm(paths: list[Path]) -> None:
+    """Read inputs once so that neither tool pays for a cold page cache first."""
+    buf = bytearray(8 << 20)
+    for path in paths:
+        with open(path, "rb") as f:
+            while f.readinto(buf):
+                pass
+
+
+def compare_outputs(a: Path, b: Path) -> dict:
+    """Are the two tools' checkpoints the same bytes, or at least the same tensors?"""
+    done = subprocess.run([PY, __file__, "--compare", str(a), str(b)], capture_output=True,
+                          text=True)
+    if done.returncode != 0:
+        return {"verdict": "check failed", "detail": done.stderr.strip()[-500:]}
+    return json.loads(done.stdout)
+
+
+def _compare(a: str, b: str) -> None:
+    """Child: compare two .ckpt files (bytes, then tensor by tensor)."""
+    import numpy as np
+
+    from ms_port.ckpt import CkptReader
+
+    ra, rb = CkptReader(a), CkptReader(b)
+    n = len(ra.entries)
+    if _same_file_bytes(a, b):
+        print(json.dumps({"verdict": "byte-identical", "tensors": n}))
+        return
+    names_a, names_b = [e.name for e in ra.entries], [e.name for e in rb.entries]
+    if sorted(names_a) != sorted(names_b):
+        only = sorted(set(names_a) ^ set(names_b))
+        print(json.dumps({"verdict": "DIFFERENT NAMES", "tensors": n, "detail": only[:5]}))
+        return
+    bad = [e.name for e in ra.entries
+           if not np.array_equal(ra.load(e.name).view(np.uint8).reshape(-1),
+                                 rb.load(e.name).view(np.uint8).reshape(-1))]
+    verdict = "same tensors, other order" if not bad else "DIFFERENT DATA"
+    print(json.dumps({"verdict": verdict, "tensors": n, "detail": bad[:5]}))
+
+
+def _same_file_bytes(a: str, b: str) -> bool:
+    if os.path.getsize(a) != os.path.getsize(b):
+        return False
+    bufs = bytearray(8 << 20), bytearray(8 << 20)
+    with open(a, "rb") as fa, open(b, "rb") as fb:
+        while True:
+            na, nb = fa.readinto(bufs[0]), fb.readinto(bufs[1])
+            if na != nb or bufs[0][:na] != bufs[1][:nb]:
+                return False
+            if not na:
+                return True
+
+
+# -- the run -------------------------------------------------------------------------
+
+
+def run_case(case: Case, runs: int, baseline: dict[str, float]) -> dict:
+    print(f"{case.name}:", file=sys.stderr)
+    row: dict = {"case": case.name, "size_mib": case.size / 2**20,
+                 "python_mib": baseline["rss"]}
+    tools = {"ms-port": case.ms_port}
+    if case.recipe:
+        tools = {"recipe": case.recipe, **tools}
+    for tool, (script, args) in case.record.items():
+        clean_outputs()
+        modules = record_modules(script, args, f"{case.name}-{tool}")
+        row[f"{tool}_heavy_imports"] = heavy_imports(modules)
+        row[f"{tool}_imports"] = imports_baseline(modules, f"{case.name}-{tool}", runs)
+    warm(case.warm)
+    results: dict[str, list[Run]] = {tool: [] for tool in tools}
+    for i in range(runs):
+        order = list(tools) if i % 2 == 0 else list(reversed(tools))
+        for tool in order:
+            # each tool replaces only its own output; the other's stays for the check
+            clean_outputs(case.outputs[tool == "ms-port"] if case.outputs else None)
+            run = measure(tools[tool], f"{case.name} / {tool}")
+            if case.outputs:  # untimed: no run may pay for the last one's disk writeback
+                flush_to_disk(case.outputs[tool == "ms-port"])
+            results[tool].append(run)
+            print(f"  run {i + 1} {tool:8s} {run.wall:7.2f} s {run.rss:8.0f} MiB",
+                  file=sys.stderr)
+    for tool, rs in results.items():
+        row[tool] = median_run(rs)
+        row[f"{tool}_runs"] = [r.__dict__ for r in rs]
+    if case.outputs:
+        row["output_check"] = compare_outputs(*case.outputs)
+        print(f"  outputs: {row['output_check']['verdict']}", file=sys.stderr)
+    clean_outputs()
+    row["goals"] = judge(row)
+    return row
+
+
+def judge(row: dict) -> list[tuple[str, bool]]:
+    """(statement, met) for each goal of the case."""
+    case, m = row["case"], row["ms-port"]
+    r = row.get("recipe")
+    out: list[tuple[str, bool]] = []
+    if r:
+        wall, rss = m["wall"] / r["wall"], m["rss"] / r["rss"]
+        out.append((f"wall {wall:.2f}× ≤ 0.5×", wall <= 0.5))
+        if case == "resnet50":
+            out.append((f"RSS {rss:.2f}× ≤ 0.6×", rss <= 0.6))
+        if case == "synth-1g":
+            out.append((f"RSS {rss:.2f}× ≤ 0.35×", rss <= 0.35))
+        if case == "synth-3g":
+            above = (m["rss"] - row["python_mib"]) / row["size_mib"]
+            out.append((f"above python {above:.2f}× size ≤ 0.25×", above <= 0.25))
+    if case == "help":
+        out.append((f"wall {m['wall']:.2f} s ≤ 0.3 s", m["wall"] <= 0.3))
+    if case == "inspect":
+        heavy = row.get("ms-port_heavy_imports", [])
+        out.append(("imports " + (", ".join(heavy) if heavy else "neither torch nor MindSpore"),
+                    not heavy))
+    if case.startswith("big"):
+        out.append((f"converted in {m['rss']:.0f} MiB peak RSS", True))
     return out
 
 
-def _clean_outputs() -> None:
-    for f in (CACHE / "out").glob("*"):
-        f.chmod(0o600)
-        f.unlink()
+# -- reporting -----------------------------------------------------------------------
 
 
-def run(names: list[str], runs: int, big: bool) -> list[dict]:
-    CACHE.mkdir(exist_ok=True)
-    table = cases(names, big)
-    baseline = statistics.median(measure([PY, "-c", "pass"]).rss_mib for _ in range(3))
-    rows = []
-    for name, (recipe_cmd, ms_cmd, size) in table.items():
-        recipe_runs: list[Run] = []
-        ms_runs: list[Run] = []
-        for _ in range(runs):
-            if recipe_cmd:
-                _clean_outputs()
-                recipe_runs.append(measure(recipe_cmd))
-            _clean_outputs()
-            ms_runs.append(measure(ms_cmd))
-            print(f"  {name}: recipe {recipe_runs[-1].wall if recipe_cmd else 0:.2f}s, "
-                  f"ms-port {ms_runs[-1].wall:.2f}s", file=sys.stderr)
-        row = {"case": name, "size_mib": size / 2**20, "baseline_mib": baseline,
-               "ms_wall": statistics.median(r.wall for r in ms_runs),
-               "ms_rss": statistics.median(r.rss_mib for r in ms_runs)}
-        if recipe_runs:
-            row["recipe_wall"] = statistics.median(r.wall for r in recipe_runs)
-            row["recipe_rss"] = statistics.median(r.rss_mib for r in recipe_runs)
-        rows.append(row)
-    _clean_outputs()
-    return rows
+def _s(x: float) -> str:
+    return f"{x:.2f} s"
 
 
-def render(rows: list[dict]) -> str:
-    lines = ["| case | input | recipe wall | ms-port wall | ratio | recipe peak RSS | "
-             "ms-port peak RSS | ratio | ms-port above baseline | goal |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
-    for r in rows:
-        above = r["ms_rss"] - r["baseline_mib"]
-        if "recipe_wall" in r:
-            wall_ratio = r["ms_wall"] / r["recipe_wall"]
-            rss_ratio = r["ms_rss"] / r["recipe_rss"]
-            goal = GOALS.get(r["case"])
-            verdict = ""
-            if goal:
-                ok = wall_ratio <= goal[0]
-                if goal[1] is not None:
-                    ok = ok and rss_ratio <= goal[1]
-                if goal[2] is not None:
-                    ok = ok and above <= goal[2] * r["size_mib"]
-                parts = [f"wall ≤ {goal[0]}×"]
-                if goal[1] is not None:
-                    parts.append(f"RSS ≤ {goal[1]}×")
-                if goal[2] is not None:
-                    parts.append(f"above baseline ≤ {goal[2]}× size")
-                verdict = f"{'met' if ok else 'MISSED'} ({', '.join(parts)})"
-            lines.append(
-                f"| {r['case']} | {r['size_mib']:.0f} MiB | {r['recipe_wall']:.2f} s | "
-                f"{r['ms_wall']:.2f} s | {wall_ratio:.2f}× | {r['recipe_rss']:.0f} MiB | "
-                f"{r['ms_rss']:.0f} MiB | {rss_ratio:.2f}× | {above:.0f} MiB | {verdict} |")
-        else:
-            goal = "≤ 0.3 s" if r["case"] == "help" else "no torch/MindSpore import (tested)"
-            lines.append(f"| {r['case']} | | | {r['ms_wall']:.2f} s | | | {r['ms_rss']:.0f} MiB "
-                         f"| | {above:.0f} MiB | {goal} |")
+def _mib(x: float) -> str:
+    return f"{max(x, 0):.0f} MiB"  # a difference of two peaks can dip below 0 by noise
+
+
+def render(rows: list[dict], baseline: dict[str, float]) -> str:
+    head = ("| case | input | wall: recipe | ms-port | ratio | peak RSS: recipe | ms-port | "
+            "ratio | above python: recipe | ms-port | above imports: recipe | ms-port | "
+            "goals |")
+    lines = [head, "|" + "---|" * head.count(" | ") + "---|"]
+    py = baseline["rss"]
+    for row in rows:
+        m, r = row["ms-port"], row.get("recipe")
+        mi = row.get("ms-port_imports")
+        ri = row.get("recipe_imports")
+        goals = "; ".join(f"{text}: {'met' if ok else 'MISSED'}" for text, ok in row["goals"])
+        cells = [
+            row["case"], f"{row['size_mib']:.0f} MiB" if row["size_mib"] else "",
+            _s(r["wall"]) if r else "", _s(m["wall"]),
+            f"{m['wall'] / r['wall']:.2f}×" if r else "",
+            _mib(r["rss"]) if r else "", _mib(m["rss"]),
+            f"{m['rss'] / r['rss']:.2f}×" if r else "",
+            _mib(r["rss"] - py) if r else "", _mib(m["rss"] - py),
+            _mib(r["rss"] - ri["rss"]) if r and ri else "",
+            _mib(m["rss"] - mi["rss"]) if mi else "",
+            goals,
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    spread = [f"{row['case']} " + ", ".join(
+        f"{tool} {row[tool]['wall_min']:.2f}–{row[tool]['wall_max']:.2f} s"
+        for tool in ("recipe", "ms-port") if tool in row) for row in rows]
+    lines += ["", "Wall time spread (min–max): " + "; ".join(spread) + "."]
+    lines += ["", "Baselines (same launcher, medians):", "",
+              "| process | wall | peak RSS | imports torch / MindSpore |", "|---|---|---|---|",
+              f"| bare `python -c pass` | {_s(baseline['wall'])} | {_mib(py)} | no |"]
+    seen: dict[str, str] = {}  # one line per distinct baseline (they are memoised)
+    for row in rows:
+        for tool in ("recipe", "ms-port"):
+            b = row.get(f"{tool}_imports")
+            if not b:
+                continue
+            key = f"{tool} {json.dumps(b, sort_keys=True)}"
+            if key in seen:
+                lines[seen[key]] = lines[seen[key]].replace(" imports only", f", {row['case']}"
+                                                            " imports only", 1)
+                continue
+            seen[key] = len(lines)
+            heavy = row.get(f"{tool}_heavy_imports") or []
+            lines.append(f"| {tool} {row['case']} imports only | {_s(b['wall'])} | "
+                         f"{_mib(b['rss'])} | {', '.join(heavy) or 'no'} |")
+    checks = [f"{row['case']}: {row['output_check']['verdict']} "
+              f"({row['output_check'].get('tensors', '?')} tensors)"
+              for row in rows if "output_check" in row]
+    if checks:
+        lines += ["", "Recipe output vs ms-port output: " + "; ".join(checks) + "."]
     return "\n".join(lines)
 
 
-def machine() -> str:
+def machine(load_before: str, load_after: str) -> str:
     cpu = "unknown CPU"
     with open("/proc/cpuinfo") as f:
         for line in f:
@@ -224,39 +431,84 @@ def machine() -> str:
         mem = int(re.search(r"MemTotal:\s+(\d+)", f.read()).group(1)) / 2**20
     from importlib.metadata import version
 
-    return (f"{os.cpu_count()} cores ({cpu}), {mem:.0f} GiB RAM, Python "
-            f"{platform.python_version()}, torch {version('torch')}, MindSpore "
-            f"{version('mindspore')}, {time.strftime('%Y-%m-%d')}")
+    return (f"{os.cpu_count()} cores ({cpu}), {mem:.0f} GiB RAM, "
+            f"{platform.system()} {platform.release()}; Python {platform.python_version()}, "
+            f"torch {version('torch')}, MindSpore {version('mindspore')}, "
+            f"numpy {version('numpy')}, ms-port {version('ms-port')}; "
+            f"{time.strftime('%Y-%m-%d %H:%M')}; load average {load_before} before, "
+            f"{load_after} after")
 
 
-def write_readme(table: str, runs: int) -> None:
+def write_readme(text: str) -> None:
     readme = HERE / "README.md"
-    text = readme.read_text()
-    block = (f"<!-- results -->\nMachine: {machine()}; median of {runs} runs each.\n\n"
-             f"{table}\n<!-- /results -->")
-    text = re.sub(r"<!-- results -->.*<!-- /results -->", lambda _m: block, text, flags=re.S)
-    readme.write_text(text)
+    body = readme.read_text()
+    block = f"<!-- results -->\n{text}\n<!-- /results -->"
+    new, n = re.subn(r"<!-- results -->.*<!-- /results -->", lambda _m: block, body,
+                     flags=re.S)
+    if n != 1:
+        raise SystemExit(f"{readme}: no <!-- results --> ... <!-- /results --> block to fill")
+    readme.write_text(new)
+
+
+def loadavg() -> str:
+    with open("/proc/loadavg") as f:
+        return " ".join(f.read().split()[:3])
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--cases", default="resnet50,synth-1g,synth-3g,help,inspect")
-    parser.add_argument("--big", action="store_true")
-    parser.add_argument("--write-readme", action="store_true")
-    parser.add_argument("--json", action="store_true")
-    parser.add_argument("--prepare", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--runs", type=int, default=3, help="runs per tool and case")
+    parser.add_argument("--cases", default=DEFAULT_CASES,
+                        help=f"comma-separated, from {DEFAULT_CASES},big (big:N: N shards "
+                             "of 2 GiB instead of 7)")
+    parser.add_argument("--big", action="store_true",
+                        help="add the 14 GiB bfloat16 sharded case (ms-port only; needs "
+                             "~30 GiB of free disk)")
+    parser.add_argument("--write-readme", action="store_true",
+                        help="rewrite the results block of benchmarks/README.md")
+    parser.add_argument("--json", metavar="FILE", help="also write every run as JSON")
+    parser.add_argument("--from-json", metavar="FILE",
+                        help="run nothing: render (and --write-readme) a saved --json file")
+    parser.add_argument("--compare", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.prepare:
-        prepare(args.cases.split(","))
+    if args.compare:
+        _compare(*args.compare)
         return
-    if shutil.disk_usage(HERE).free < 16 * 2**30:
-        raise SystemExit("benchmarks need ~16 GiB free disk (inputs, templates, outputs)")
-    rows = run(args.cases.split(","), args.runs, args.big)
-    table = render(rows)
-    print(json.dumps(rows, indent=2) if args.json else table)
+    if args.from_json:
+        data = json.loads(Path(args.from_json).read_text())
+        text = (f"Machine: {data['machine']}. Median of {data['runs']} runs per tool and "
+                f"case.\n\n{render(data['rows'], data['baseline'])}")
+    else:
+        text, data = measure_all(args)
+        if args.json:
+            Path(args.json).write_text(json.dumps(data, indent=1))
+    print(text)
     if args.write_readme:
-        write_readme(table, args.runs)
+        write_readme(text)
+
+
+def measure_all(args: argparse.Namespace) -> tuple[str, dict]:
+    names = [n for n in args.cases.split(",") if n]
+    if args.big and not any(n.startswith("big") for n in names):
+        names.append("big")
+    CACHE.mkdir(parents=True, exist_ok=True)
+    remove_stale_cache()
+    names = select_by_disk(names)
+    if not names:
+        raise SystemExit("nothing to run")
+    print(f"preparing inputs in {CACHE} (once) ...", file=sys.stderr)
+    subprocess.run([PY, str(HERE / "inputs.py"), *names], check=True)
+    OUT.mkdir(exist_ok=True)
+    clean_outputs()
+    load_before = loadavg()
+    cases = build_cases(names)
+    baseline = median_run([measure([PY, "-c", "pass"], "bare python") for _ in range(args.runs)])
+    rows = [run_case(case, args.runs, baseline) for case in cases]
+    data = {"machine": machine(load_before, loadavg()), "runs": args.runs,
+            "baseline": baseline, "rows": rows}
+    text = (f"Machine: {data['machine']}. Median of {args.runs} runs per tool and case."
+            f"\n\n{render(rows, baseline)}")
+    return text, data
 
 
 if __name__ == "__main__":

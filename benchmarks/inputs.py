@@ -1,0 +1,204 @@
+"""The benchmark inputs: generated once into ``benchmarks/.cache``, seeded, no downloads.
+
+    python benchmarks/inputs.py CASE [CASE...]      # make what those cases need
+
+Importing this module is cheap (paths only); generating imports torch, MindSpore is
+never imported. The harness runs generation in a child process of its own.
+
+- ``resnet50.pth``: torchvision ResNet50's state dict, seeded random weights with
+  BatchNorm statistics moved off 0/1 (:func:`ms_port.testing.save_reference_checkpoint`).
+- ``resnet50.safetensors``: the same tensors as safetensors, for ``inspect``.
+- ``synth-{1,3}g.v2.pth``: float32 state dicts of exactly 1 and 3 GiB of weights (plus
+  small biases) written by ``torch.save``: per GiB, 8 tensors of 64 MiB, 16 of 16 MiB,
+  64 of 4 MiB and 8 biases of 16 KiB, named ``layers.{i}.weight`` / ``layers.{i}.bias``.
+- ``synth-*.template.ckpt``: the MindSpore checkpoint a model-zoo user would already
+  have for such a model: the same names, shapes and dtypes. Written by ms-port's
+  streaming writer, whose output is byte-identical to ``mindspore.save_checkpoint``'s
+  (the harness's output check shows it on every run).
+- ``synth-tiny.v2.pth`` (+ template): the same names at 1/32 of the size (32 MiB), used only
+  to record which modules a synthetic conversion imports.
+- ``big-7x2g/``: with ``--big``, 7 safetensors shards of 2 GiB (224 bfloat16 tensors
+  of 4096×8192, 14 GiB) and their ``model.safetensors.index.json``; numpy only. Case
+  ``big:N`` makes N such shards instead (``big:1``, 2 GiB, checks the path quickly).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+CACHE = Path(__file__).resolve().parent / ".cache"
+LAYOUT = "v2"  # bump when the synthetic layout changes; old files are then ignored
+BIG_SHARDS, BIG_PER_SHARD, BIG_SHAPE = 7, 32, (4096, 8192)
+
+
+def synth_path(size: str) -> Path:
+    """``size`` is ``1g``, ``3g`` or ``tiny``."""
+    return CACHE / f"synth-{size}.{LAYOUT}.pth"
+
+
+def template_path(size: str) -> Path:
+    return CACHE / f"synth-{size}.{LAYOUT}.template.ckpt"
+
+
+def resnet50_path() -> Path:
+    return CACHE / "resnet50.pth"
+
+
+def safetensors_path() -> Path:
+    return CACHE / "resnet50.safetensors"
+
+
+def big_shards(case: str) -> int:
+    """``big`` is 7 shards (14 GiB); ``big:N`` is N."""
+    return int(case.partition(":")[2] or BIG_SHARDS)
+
+
+def big_index(shards: int = BIG_SHARDS) -> Path:
+    return CACHE / f"big-{shards}x2g" / "model.safetensors.index.json"
+
+
+def big_bytes(shards: int = BIG_SHARDS) -> int:
+    return shards * BIG_PER_SHARD * BIG_SHAPE[0] * BIG_SHAPE[1] * 2
+
+
+def synth_shapes(size: str) -> list[tuple[str, tuple[int, ...]]]:
+    """(name, shape) of the synthetic state dict; ``tiny`` is 1/32 of a GiB."""
+    if size == "tiny":
+        blocks, scale = 1, 32  # 4096 -> 128 columns: each weight 1/32 as wide
+    else:
+        blocks, scale = int(size.removesuffix("g")), 1
+    rows = [4096] * 8 + [1024] * 16 + [256] * 64  # x 4096 float32: 64, 16, 4 MiB
+    out: list[tuple[str, tuple[int, ...]]] = []
+    i = 0
+    for _ in range(blocks):
+        for n, r in enumerate(rows):
+            out.append((f"layers.{i}.weight", (r, 4096 // scale)))
+            if n % 11 == 0:  # 8 of the 88 weights of a block carry a bias
+                out.append((f"layers.{i}.bias", (4096 // scale,)))
+            i += 1
+    return out
+
+
+def make_synth(size: str) -> Path:
+    path = synth_path(size)
+    if path.exists():
+        return path
+    import torch
+
+    gen = torch.Generator().manual_seed(1234)
+    state = {name: torch.randn(*shape, generator=gen) for name, shape in synth_shapes(size)}
+    _atomic(path, lambda tmp: torch.save(state, tmp))
+    return path
+
+
+def make_template(size: str) -> Path:
+    path = template_path(size)
+    if path.exists():
+        return path
+    import ms_port
+    from ms_port.sources import read_source
+    from ms_port.targets import from_infos
+
+    src = make_synth(size)
+    target = from_infos(read_source(src).tensors.values(), "same names and shapes")
+    _atomic(path, lambda tmp: ms_port.convert(src, target=target, output=tmp, force=True))
+    return path
+
+
+def make_resnet50() -> Path:
+    path = resnet50_path()
+    if not path.exists():
+        from ms_port.testing import save_reference_checkpoint
+
+        _atomic(path, lambda tmp: save_reference_checkpoint("resnet50", tmp))
+    return path
+
+
+def make_safetensors() -> Path:
+    path = safetensors_path()
+    if not path.exists():
+        import torch
+        from safetensors.torch import save_file
+
+        state = torch.load(make_resnet50(), weights_only=True)
+        _atomic(path, lambda tmp: save_file(state, str(tmp)))
+    return path
+
+
+def make_big(shards: int = BIG_SHARDS) -> Path:
+    """``shards`` × 2 GiB of bfloat16 safetensors, written shard by shard (numpy only)."""
+    index = big_index(shards)
+    if index.exists():
+        return index
+    import ml_dtypes
+    import numpy as np
+
+    index.parent.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(14)
+    numel = BIG_SHAPE[0] * BIG_SHAPE[1]
+    # one block of normal values; each tensor is it rolled by a different amount
+    block = rng.standard_normal(numel, dtype=np.float32).astype(ml_dtypes.bfloat16)
+    nbytes = numel * 2
+    weight_map: dict[str, str] = {}
+    t = 0
+    for s in range(shards):
+        shard = f"model-{s + 1:05d}-of-{shards:05d}.safetensors"
+        names = [f"model.layers.{t + k}.mlp.weight" for k in range(BIG_PER_SHARD)]
+        header = {"__metadata__": {"format": "pt"}}
+        for k, name in enumerate(names):
+            header[name] = {"dtype": "BF16", "shape": list(BIG_SHAPE),
+                            "data_offsets": [k * nbytes, (k + 1) * nbytes]}
+        blob = json.dumps(header, separators=(",", ":")).encode()
+        blob += b" " * (-len(blob) % 8)
+
+        def write(tmp: Path, names=names, blob=blob, t=t) -> None:
+            with open(tmp, "wb") as f:
+                f.write(len(blob).to_bytes(8, "little") + blob)
+                for k in range(len(names)):
+                    f.write(np.roll(block, 7919 * (t + k) + 1).view(np.uint8).data)
+
+        _atomic(index.parent / shard, write)
+        weight_map.update(dict.fromkeys(names, shard))
+        t += BIG_PER_SHARD
+    _atomic(index, lambda tmp: tmp.write_text(json.dumps(
+        {"metadata": {"total_size": big_bytes(shards)}, "weight_map": weight_map},
+        indent=1)))
+    return index
+
+
+def _atomic(path: Path, write) -> None:
+    """Write through a temporary name (an interrupted generation leaves nothing), and
+    fsync it, so that its writeback is not charged to the first timed run."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.partial")
+    try:
+        write(tmp)
+        fd = os.open(tmp, os.O_RDONLY)  # on disk before any timing starts
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        tmp.replace(path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+def prepare(cases: list[str]) -> None:
+    for case in cases:
+        if case == "resnet50":
+            make_resnet50()
+        elif case in ("synth-1g", "synth-3g"):
+            make_template(case.removeprefix("synth-"))
+            make_template("tiny")
+        elif case == "inspect":
+            make_safetensors()
+        elif case.startswith("big"):
+            make_big(big_shards(case))
+
+
+if __name__ == "__main__":
+    prepare(sys.argv[1:])
