@@ -305,7 +305,7 @@ def verify(
 
     step("building the PyTorch network")
     tnet = build_network(torch_model, "--torch-model", entry, "torch")
-    load_torch_weights(tnet, source, key=key, unsafe_pickle=unsafe_pickle)
+    load_torch_weights(tnet, src)  # the Source read above; no second unpickling
     step("building the MindSpore network")
     mnet = build_network(ms_model, "--ms-model", entry, "mindspore")
     step(f"loading {checkpoint}")

@@ -13,7 +13,7 @@ import numpy as np
 
 from .errors import ParityError
 from .parity import ParityReport
-from .sources import read_source
+from .sources import Source, read_source
 
 
 def build_network(spec: Any, option: str, arch: Any, side: str) -> Any:
@@ -25,12 +25,11 @@ def build_network(spec: Any, option: str, arch: Any, side: str) -> Any:
     return instantiate(spec, option)
 
 
-def load_torch_weights(model: Any, source: str | Path, **read: Any) -> None:
-    """Load a checkpoint into a torch module strictly; a mismatch names the tensors."""
+def load_torch_weights(model: Any, src: Source) -> None:
+    """Load an already-read checkpoint into a torch module; a mismatch names the tensors."""
     import torch
 
-
-    src = read_source(source, **read)
+    source = src.path
     state = {}
     for info in src:
         array = info.load()

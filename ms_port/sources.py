@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from .errors import SourceError, UnsafePickleError
-from .tensors import TensorInfo, format_shape, numpy_dtype
+from .tensors import TensorInfo, numpy_dtype
 
 #: container keys unwrapped, most specific first (timm, Lightning, DeiT, MMEngine...)
 CONTAINER_KEYS = (
@@ -460,8 +460,3 @@ def _ckpt_tensors(path: Path) -> tuple[dict[str, TensorInfo], dict[str, str], li
     skipped = [Skipped(name, kind, reason) for name, kind, reason in reader.skipped]
     metadata = {"crc": "ok"} if reader.has_crc else {}
     return tensors, metadata, skipped
-
-
-def describe(info: TensorInfo) -> str:
-    """``'fc.weight' (1000×2048 float32)``, for messages."""
-    return f"{info.name!r} ({format_shape(info.shape)} {info.dtype})"
