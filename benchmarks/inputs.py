@@ -99,8 +99,8 @@ def make_template(size: str) -> Path:
     if path.exists():
         return path
     import ms_port
-    from ms_port.sources import read_source
-    from ms_port.targets import from_infos
+    from ms_port.read.sources import read_source
+    from ms_port.read.targets import from_infos
 
     src = make_synth(size)
     target = from_infos(read_source(src).tensors.values(), "same names and shapes")

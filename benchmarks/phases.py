@@ -97,8 +97,8 @@ def case_args(case: str) -> tuple[Path, dict, list[str]]:
 def profile_ms_port(case: str, ph: Phases, cprofile: int) -> None:
     ph.mark("import ms_port.api")
     from ms_port import api
-    from ms_port.matching import make_plan
-    from ms_port.writers import write_plan
+    from ms_port.match.plan import make_plan
+    from ms_port.write.writers import write_plan
 
     src_path, target, _ = case_args(case)
     out = OUT / "phases-ms-port.ckpt"

@@ -259,7 +259,7 @@ def _compare(a: str, b: str) -> None:
     """Child: compare two .ckpt files (bytes, then tensor by tensor)."""
     import numpy as np
 
-    from ms_port.ckpt import CkptReader
+    from ms_port.read.ckpt import CkptReader
 
     ra, rb = CkptReader(a), CkptReader(b)
     n = len(ra.entries)

@@ -18,13 +18,13 @@ __version__ = "0.1.0"
 # public name -> module that defines it; resolved on first access (PEP 562)
 _EXPORTS = {
     "inspect": "api", "plan": "api", "convert": "api", "verify": "api", "export": "api",
-    "ExportReport": "inversion",
+    "ExportReport": "match.inversion",
     "list_archs": "archs", "get_arch": "archs", "register_arch": "archs", "Arch": "archs",
-    "read_source": "sources", "Source": "sources",
-    "Target": "targets", "Plan": "matching", "Match": "matching",
-    "MappingTable": "mapping", "load_mapping": "mapping",
+    "read_source": "read.sources", "Source": "read.sources",
+    "Target": "read.targets", "Plan": "match.plan", "Match": "match.plan",
+    "MappingTable": "match.mapping", "load_mapping": "match.mapping",
     "InspectReport": "reports", "ConversionReport": "reports",
-    "ParityReport": "parity",
+    "ParityReport": "check.parity",
     "MsPortError": "errors", "SourceError": "errors", "UnsafePickleError": "errors",
     "MappingError": "errors", "TargetError": "errors", "ArchError": "errors",
     "WriteError": "errors", "OutputExistsError": "errors",

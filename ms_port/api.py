@@ -11,12 +11,12 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .errors import MsPortError, TargetError
-from .mapping import MappingTable, load_mapping
-from .matching import Plan, make_plan
+from .match.mapping import MappingTable, load_mapping
+from .match.plan import Plan, make_plan
+from .read.sources import Source, read_source
+from .read.targets import Target, from_arch, from_cell, from_factory, from_template
 from .reports import ConversionReport, InspectReport
-from .sources import Source, read_source
-from .targets import Target, from_arch, from_cell, from_factory, from_template
-from .writers import Progress, check_output, write_plan
+from .write.writers import Progress, check_output, write_plan
 
 
 def inspect(
@@ -49,7 +49,7 @@ def inspect(
     pattern = _regex(filter)
     if arch is not None:
         target = from_arch(arch)
-        from .tensors import TensorInfo
+        from .read.tensors import TensorInfo
 
         infos = [TensorInfo(t.name, t.shape, t.dtype) for t in target.tensors.values()]
         return InspectReport(f"arch:{arch}", "architecture",
@@ -129,16 +129,16 @@ def plan(
     """Match a checkpoint against a MindSpore target without writing anything.
 
     Args:
-        source: the PyTorch checkpoint (path or :class:`~ms_port.sources.Source`).
+        source: the PyTorch checkpoint (path or :class:`~ms_port.read.sources.Source`).
         arch / target / ms_model: exactly one: an architecture name, a template
             checkpoint, or a MindSpore Cell (or ``"module:callable"`` building one).
         mapping: mapping table(s): a built-in name, a YAML path, a
-            :class:`~ms_port.mapping.MappingTable`, or a list of them.
+            :class:`~ms_port.match.mapping.MappingTable`, or a list of them.
         allow_missing / allow_unused / allow_shape_match / dtype: see
-            :func:`~ms_port.matching.make_plan`.
+            :func:`~ms_port.match.plan.make_plan`.
 
     Returns:
-        The :class:`~ms_port.matching.Plan`; ``plan.ok`` says whether it is complete.
+        The :class:`~ms_port.match.plan.Plan`; ``plan.ok`` says whether it is complete.
 
     Example:
         >>> p = ms_port.plan("resnet50.pth", arch="resnet50")
@@ -270,15 +270,20 @@ def verify(
         noise_floor: also run PyTorch in float64 to show float32 rounding error.
 
     Returns:
-        A :class:`~ms_port.parity.ParityReport` with ``ok`` and ``first_divergence``.
+        A :class:`~ms_port.check.parity.ParityReport` with ``ok`` and ``first_divergence``.
 
     Example:
         >>> parity = ms_port.verify("resnet50.pth", "resnet50.ckpt", arch="resnet50")
         >>> parity.ok, parity.error < 1e-5, parity.first_divergence
         (True, True, None)
     """
-    from .networks import build_network, load_ms_weights, load_torch_weights, not_loaded_report
-    from .parity import correspondence_from_pairs, run_parity
+    from .check.networks import (
+        build_network,
+        load_ms_weights,
+        load_torch_weights,
+        not_loaded_report,
+    )
+    from .check.parity import correspondence_from_pairs, run_parity
 
     torch_device, ms_device = torch_device or device, ms_device or device
 
@@ -365,7 +370,7 @@ def export(
         force / dry_run / allow_missing / allow_unused / progress: as for :func:`convert`.
 
     Returns:
-        An :class:`~ms_port.inversion.ExportReport` (``ok``, ``plan``, ``written``);
+        An :class:`~ms_port.match.inversion.ExportReport` (``ok``, ``plan``, ``written``);
         BatchNorm's ``num_batches_tracked`` is restored as 0.
 
     Example:
@@ -373,7 +378,7 @@ def export(
         >>> report.ok, report.plan.counts["restored"]
         (True, 53)
     """
-    from .inversion import FORMATS, ExportReport, export_plan
+    from .match.inversion import FORMATS, ExportReport, export_plan
 
     if output is None and not dry_run:
         raise TargetError("no output given; pass -o FILE (output=...) or --dry-run")

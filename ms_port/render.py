@@ -10,7 +10,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from .tensors import format_shape
+from .read.tensors import format_shape
 
 
 def _size(n: int) -> str:

@@ -8,10 +8,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .display import Renderable
-from .matching import Plan
-from .sources import Skipped
-from .tensors import TensorInfo
-from .writers import WriteResult
+from .match.plan import Plan
+from .read.sources import Skipped
+from .read.tensors import TensorInfo
+from .write.writers import WriteResult
 
 __all__ = ["ConversionReport", "InspectReport", "Renderable"]
 
@@ -25,7 +25,7 @@ class InspectReport(Renderable):
         format: the checkpoint format, or ``architecture``.
         tensors: the (filtered) tensors listed.
         total_tensors: how many the file holds before ``filter``.
-        unwrapped / stripped / skipped / metadata: see :class:`~ms_port.sources.Source`.
+        unwrapped / stripped / skipped / metadata: see :class:`~ms_port.read.sources.Source`.
     """
 
     path: str
@@ -73,7 +73,7 @@ class ConversionReport(Renderable):
     Attributes:
         ok: the plan was complete (or its leftovers allowed) and the output was
             written and read back bit-exactly (or ``dry_run``).
-        plan: the :class:`~ms_port.matching.Plan`: every tensor, how it was matched.
+        plan: the :class:`~ms_port.match.plan.Plan`: every tensor, how it was matched.
         output: the output path (``None`` for a dry run without output).
         written: what the writer did; ``None`` when nothing was written.
         dry_run: stopped after the plan.

@@ -1,4 +1,4 @@
-"""ms_port.ckpt against MindSpore itself: byte-identical files, bit-identical data, and a
+"""ms_port.read.ckpt against MindSpore itself: byte-identical files, bit-identical data, and a
 SourceError naming the file for anything that is not a whole checkpoint."""
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from ms_port.ckpt import (
+from ms_port.errors import SourceError, WriteError
+from ms_port.read.ckpt import (
     CANONICAL_DTYPES,
     MS_TENSOR_TYPES,
     WRITABLE_DTYPES,
@@ -26,8 +27,7 @@ from ms_port.ckpt import (
     load_entry,
     read_ckpt,
 )
-from ms_port.errors import SourceError, WriteError
-from ms_port.tensors import NUMPY_DTYPES, numpy_dtype
+from ms_port.read.tensors import NUMPY_DTYPES, numpy_dtype
 
 ms = pytest.importorskip("mindspore")
 serialization = pytest.importorskip("mindspore.train.serialization")

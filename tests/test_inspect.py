@@ -18,7 +18,7 @@ from click.testing import CliRunner
 
 import ms_port
 from ms_port.cli import main
-from ms_port.sources import read_source, torch_to_numpy
+from ms_port.read.sources import read_source, torch_to_numpy
 from ms_port.testing import seeded_torch_model
 
 

@@ -9,7 +9,7 @@ import pytest
 
 import ms_port
 from ms_port.archs.manifest import load_manifest
-from ms_port.targets import from_arch, from_cell
+from ms_port.read.targets import from_arch, from_cell
 
 QUICK = {"resnet18"}
 

@@ -17,10 +17,10 @@ from click.testing import CliRunner
 import ms_port
 from ms_port.cli import main
 from ms_port.errors import MappingError, TargetError
-from ms_port.mapping import parse_mapping
-from ms_port.rules import RULES, propose
-from ms_port.sources import read_source, torch_to_numpy
-from ms_port.targets import from_cell
+from ms_port.match.mapping import parse_mapping
+from ms_port.match.rules import RULES, propose
+from ms_port.read.sources import read_source, torch_to_numpy
+from ms_port.read.targets import from_cell
 from tests import tiny_nets
 
 REPO = Path(__file__).resolve().parents[1]
@@ -264,14 +264,14 @@ def test_dtype_cast_lists_lossy_casts(src, tmp_path):
 
 def test_claim_and_fan_out_conflicts(tmp_path):
     state = {"bn.weight": torch.ones(6), "bn.gamma": torch.ones(6)}
-    template = ms_port.targets.from_infos(
-        [ms_port.tensors.TensorInfo(n, (6,), "float32")
+    template = ms_port.read.targets.from_infos(
+        [ms_port.read.tensors.TensorInfo(n, (6,), "float32")
          for n in ("bn.gamma", "bn.beta", "bn.moving_mean", "bn.moving_variance")], "t")
     plan = ms_port.plan(_save(state, tmp_path / "c.pth"), target=template)
     claim = [c for c in plan.conflicts if c.kind == "claim"]
     assert claim and claim[0].targets == ("bn.gamma",) and not plan.ok
-    fan = ms_port.targets.from_infos(
-        [ms_port.tensors.TensorInfo(n, (6,), "float32") for n in ("x.gamma", "x.w")], "t")
+    fan = ms_port.read.targets.from_infos(
+        [ms_port.read.tensors.TensorInfo(n, (6,), "float32") for n in ("x.gamma", "x.w")], "t")
     plan = ms_port.plan(_save({"x.weight": torch.ones(6)}, tmp_path / "f.pth"), target=fan)
     assert [c.kind for c in plan.conflicts] == ["fan-out"]
     assert "add a tensors: entry" in plan.conflicts[0].message

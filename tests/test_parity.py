@@ -18,14 +18,14 @@ import pytest
 ms = pytest.importorskip("mindspore")
 torch = pytest.importorskip("torch")
 
-from ms_port.errors import DeviceError, ParityError  # noqa: E402
-from ms_port.parity import (  # noqa: E402
+from ms_port.check.parity import (  # noqa: E402
     ERROR_DEFINITION,
     Divergence,
     ParityReport,
     correspondence_from_pairs,
     run_parity,
 )
+from ms_port.errors import DeviceError, ParityError  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 SHAPE = (3, 8, 8)
@@ -475,7 +475,7 @@ def test_correspondence_drops_ambiguous_blocks_and_root_params():
 
 
 def test_import_does_not_load_frameworks():
-    code = ("import sys, ms_port.parity as p; "
+    code = ("import sys, ms_port.check.parity as p; "
             "assert 'torch' not in sys.modules and 'mindspore' not in sys.modules; "
             "print(p.ERROR_DEFINITION)")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
@@ -490,7 +490,7 @@ def test_pass_far_above_the_noise_floor_gets_a_note():
     import torch
     from mindspore import nn
 
-    from ms_port.parity import run_parity
+    from ms_port.check.parity import run_parity
 
     torch.manual_seed(0)
     tnet = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.LayerNorm(8))

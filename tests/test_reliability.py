@@ -18,8 +18,8 @@ from hypothesis import strategies as st
 
 import ms_port
 from ms_port.errors import MsPortError, WriteError
-from ms_port.sources import read_source
-from ms_port.targets import from_infos
+from ms_port.read.sources import read_source
+from ms_port.read.targets import from_infos
 
 TORCH_DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int64,
                 torch.int32, torch.int8, torch.uint8, torch.bool]
@@ -81,7 +81,7 @@ def test_interrupted_run_keeps_old_output(big_pth, tmp_path, sig):
 def test_full_disk_is_a_clean_error(big_pth, tmp_path, monkeypatch):
     out = tmp_path / "out.ckpt"
     out.write_bytes(b"previous output")
-    from ms_port import ckpt
+    from ms_port.read import ckpt
 
     real_put = ckpt.CkptWriter._put
     written = {"n": 0}
@@ -101,7 +101,7 @@ def test_full_disk_is_a_clean_error(big_pth, tmp_path, monkeypatch):
 
 def test_oserror_while_writing_names_the_output(big_pth, tmp_path, monkeypatch):
     out = tmp_path / "out.ckpt"
-    import ms_port.writers as writers
+    import ms_port.write.writers as writers
 
     def no_space(*_a, **_k):
         raise OSError(errno.ENOSPC, "No space left on device")
@@ -165,7 +165,7 @@ def test_random_state_dicts_round_trip_bit_exactly(tmp_path, case, fmt):
     written = read_source(out)
     assert set(written.tensors) == set(state)
     for name, tensor in state.items():
-        want = ms_port.sources.torch_to_numpy(tensor)
+        want = ms_port.read.sources.torch_to_numpy(tensor)
         assert _same_bits(written[name].load(), want), name
 
 

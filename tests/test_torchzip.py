@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 import torch
 
-from ms_port import torchzip
 from ms_port.errors import UnsafePickleError
-from ms_port.sources import read_source, torch_to_numpy
+from ms_port.read import torchzip
+from ms_port.read.sources import read_source, torch_to_numpy
 
 
 def _bits(a: np.ndarray) -> bytes:

@@ -10,8 +10,8 @@ import pytest
 from click.testing import CliRunner
 
 import ms_port
-from ms_port.ckpt import CkptReader, CkptWriter
 from ms_port.cli import main
+from ms_port.read.ckpt import CkptReader, CkptWriter
 from ms_port.testing import save_reference_checkpoint
 
 SMALL = "3,64,64"

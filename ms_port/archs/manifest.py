@@ -16,7 +16,7 @@ import sys
 from importlib import resources
 from typing import Any
 
-from ..targets import Target, TargetTensor
+from ..read.targets import Target, TargetTensor
 
 _DIR = "manifests"
 
@@ -42,7 +42,7 @@ def write_manifests(names: list[str] | None = None) -> list[str]:
     """Build each architecture's MindSpore network and record its manifest."""
     from pathlib import Path
 
-    from ..targets import from_cell
+    from ..read.targets import from_cell
     from .registry import get_arch, list_archs
 
     out = Path(__file__).with_name(_DIR)

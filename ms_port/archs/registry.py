@@ -61,8 +61,8 @@ class Arch:
         return factory(**{**self.defaults, **kwargs})
 
     def mapping_table(self) -> Any:
-        """The :class:`~ms_port.mapping.MappingTable` this architecture converts with."""
-        from ..mapping import MappingTable, load_mapping
+        """The :class:`~ms_port.match.mapping.MappingTable` this architecture converts with."""
+        from ..match.mapping import MappingTable, load_mapping
 
         return load_mapping(self.mapping) if self.mapping else MappingTable.empty()
 

@@ -20,10 +20,10 @@ from typing import Any, BinaryIO, Callable
 
 import numpy as np
 
-from .errors import NonFiniteError, OutputExistsError, ReadbackError, WriteError
-from .matching import Plan, materialize
-from .sources import SAFETENSORS_DTYPES, read_source
-from .tensors import FLOAT_DTYPES, itemsize
+from ..errors import NonFiniteError, OutputExistsError, ReadbackError, WriteError
+from ..match.plan import Plan, materialize
+from ..read.sources import SAFETENSORS_DTYPES, read_source
+from ..read.tensors import FLOAT_DTYPES, itemsize
 
 FORMATS = ("ckpt", "safetensors", "pth")  # pth: export, MindSpore -> PyTorch
 _ST_CODES = {v: k for k, v in SAFETENSORS_DTYPES.items()}
@@ -152,7 +152,7 @@ def write_plan(
     with ``check_finite`` they abort the write before anything is put in place.
 
     Args:
-        plan: an ok :class:`~ms_port.matching.Plan`.
+        plan: an ok :class:`~ms_port.match.plan.Plan`.
         output: destination file.
         format: ``ckpt`` (default) or ``safetensors`` (MindSpore loads it with
             ``format="safetensors"``).
@@ -205,7 +205,7 @@ def _counting_nonfinite(arrays: Iterator, found: dict[str, int]) -> Iterator:
 
 def _write_ckpt(plan: Plan, arrays: Iterator, f: BinaryIO, *, crc: bool,
                 progress: Progress | None) -> None:
-    from .ckpt import CkptWriter
+    from ..read.ckpt import CkptWriter
 
     total, done = plan.nbytes, 0
     with CkptWriter(f, crc=crc) as writer:

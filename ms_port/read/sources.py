@@ -8,7 +8,7 @@ Formats are recognised by their first bytes, not their extension:
 - safetensors, single files and sharded sets (``*.safetensors.index.json``) — without
   importing torch or MindSpore; sharded PyTorch sets (``pytorch_model.bin.index.json``)
   the same way, shard by shard;
-- MindSpore ``.ckpt`` — walked in place by :mod:`ms_port.ckpt`.
+- MindSpore ``.ckpt`` — walked in place by :mod:`ms_port.read.ckpt`.
 
 Pickles never execute code: ``weights_only`` refuses anything but tensors and plain
 containers, and the refusal becomes :class:`~ms_port.errors.UnsafePickleError`. The
@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import SourceError, UnsafePickleError
+from ..errors import SourceError, UnsafePickleError
 from .tensors import TensorInfo, numpy_dtype
 
 #: container keys unwrapped, most specific first (timm, Lightning, DeiT, MMEngine...)
@@ -69,7 +69,7 @@ class Source:
         format: ``torch-zip``, ``torch-legacy``, ``safetensors``, ``safetensors-sharded``,
             ``torch-sharded``
             or ``mindspore-ckpt``.
-        tensors: name -> :class:`~ms_port.tensors.TensorInfo`, in file order.
+        tensors: name -> :class:`~ms_port.read.tensors.TensorInfo`, in file order.
         unwrapped: container keys descended into (``["state_dict"]``).
         stripped: wrapper prefixes removed from every name (``["module."]``).
         skipped: non-tensor entries, listed rather than silently dropped.

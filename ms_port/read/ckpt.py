@@ -32,7 +32,7 @@ from typing import Any, BinaryIO, NamedTuple
 
 import numpy as np
 
-from .errors import SourceError, WriteError
+from ..errors import SourceError, WriteError
 from .tensors import NUMPY_DTYPES, dtype_name, format_shape, numpy_dtype
 
 #: canonical dtype name -> MindSpore ``tensor_type`` string

@@ -32,7 +32,7 @@ from typing import Any
 
 import yaml
 
-from .errors import MappingError
+from ..errors import MappingError
 from .transforms import Transform
 
 _SECTIONS = {"version", "description", "rename", "tensors", "drop", "transforms"}

@@ -45,9 +45,9 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
-from .display import Renderable
-from .errors import DeviceError, ParityError
-from .tensors import format_shape
+from ..display import Renderable
+from ..errors import DeviceError, ParityError
+from ..read.tensors import format_shape
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Iterator

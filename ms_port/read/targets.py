@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from .errors import MsPortError, TargetError
+from ..errors import MsPortError, TargetError
 from .tensors import NUMPY_DTYPES, TensorInfo
 
 
@@ -105,8 +105,8 @@ def from_arch(name: str, **kwargs: Any) -> Target:
     Built-in architectures at their default options come from a recorded manifest
     (:mod:`ms_port.archs.manifest`); anything else builds the network.
     """
-    from .archs import get_arch
-    from .archs.manifest import load_manifest
+    from ..archs import get_arch
+    from ..archs.manifest import load_manifest
 
     arch = get_arch(name)
     if not kwargs and (recorded := load_manifest(name)) is not None:

@@ -4,8 +4,8 @@ No reverse rule set exists. The PyTorch side's names and shapes (the architectur
 reference network, a user's module, or a template file) are matched *forward* against
 the MindSpore checkpoint with the very rules and mapping tables convert uses; then each
 match is turned around: the MindSpore tensor fills the PyTorch one and every transform
-is replaced by its inverse (:func:`ms_port.transforms.invert`). The result is an
-ordinary :class:`~ms_port.matching.Plan`, written and read back by the same writers.
+is replaced by its inverse (:func:`ms_port.match.transforms.invert`). The result is an
+ordinary :class:`~ms_port.match.plan.Plan`, written and read back by the same writers.
 
 BatchNorm's ``num_batches_tracked`` has no MindSpore counterpart: it is restored as an
 int64 zero (the step count is unknown), and the report says so.
@@ -19,13 +19,13 @@ from typing import Any
 
 import numpy as np
 
-from .errors import TargetError
-from .matching import Conflict, Match, Missing, Plan, Unused, make_plan
-from .reports import ConversionReport
+from ..errors import TargetError
+from ..read.sources import Source, read_source
+from ..read.targets import Target, TargetTensor, from_arch, from_cell, from_infos, instantiate
+from ..read.tensors import TensorInfo
+from ..reports import ConversionReport
+from .plan import Conflict, Match, Missing, Plan, Unused, make_plan
 from .rules import known_drop
-from .sources import Source, read_source
-from .targets import Target, TargetTensor, from_arch, from_cell, from_infos, instantiate
-from .tensors import TensorInfo
 from .transforms import invert
 
 FORMATS = ("pth", "safetensors")
@@ -54,13 +54,13 @@ def _torch_side(arch: str | None, torch_model: Any, target: Any) -> tuple[Source
         return Source(src.path, src.format, {n: replace(i, loader=None)
                                              for n, i in src.tensors.items()}), str(target)
     if arch is not None:
-        from .archs import get_arch
+        from ..archs import get_arch
 
         module, what = get_arch(arch).build_torch(), get_arch(arch).reference or arch
     else:
         module = instantiate(torch_model, "--torch-model")
         what = torch_model if isinstance(torch_model, str) else type(module).__name__
-    from .sources import _TORCH_DTYPE_NAMES
+    from ..read.sources import _TORCH_DTYPE_NAMES
 
     state = module.state_dict()
     infos = {n: TensorInfo(n, tuple(t.shape),
@@ -120,7 +120,7 @@ def export_plan(checkpoint: str | Path, *, arch: str | None, torch_model: Any,
                 target: Any, ms_model: Any, mapping: Any, dtype: str | None,
                 allow_missing: bool, allow_unused: bool) -> Plan:
     """The inverted plan for :func:`ms_port.export` (see the module docstring)."""
-    from .api import resolve_mapping
+    from ..api import resolve_mapping
 
     ckpt = read_source(checkpoint, strip_prefixes=False)
     torch_side, _ = _torch_side(arch, torch_model, target)
@@ -129,7 +129,7 @@ def export_plan(checkpoint: str | Path, *, arch: str | None, torch_model: Any,
                         allow_missing=allow_unused, allow_unused=allow_missing)
     plan = invert_plan(forward, ckpt, torch_side)
     if dtype is not None:
-        from .matching import _cast
+        from .plan import _cast
 
         plan.matches = [replace(m, out_dtype=_cast(m.dtype, dtype)) for m in plan.matches]
     return plan

@@ -11,14 +11,14 @@ from typing import Any
 
 import numpy as np
 
-from .errors import ParityError
+from ..errors import ParityError
+from ..read.sources import Source, read_source
 from .parity import ParityReport
-from .sources import Source, read_source
 
 
 def build_network(spec: Any, option: str, arch: Any, side: str) -> Any:
     """A network from the architecture, a ``module:callable`` string, a factory, or as given."""
-    from .targets import instantiate
+    from ..read.targets import instantiate
 
     if spec is None:
         return arch.build_torch() if side == "torch" else arch.build_mindspore()

@@ -6,7 +6,7 @@ exists in the target is taken:
 1. an explicit ``tensors:`` entry of the mapping table;
 2. the exact name;
 3. the name after the mapping table's segment/regex renames;
-4. the built-in layer rules (:mod:`ms_port.rules`) on that name.
+4. the built-in layer rules (:mod:`ms_port.match.rules`) on that name.
 
 A proposal becomes a match only if the shapes agree, directly or after a declared
 transform. Two sources claiming one target, or a proposal whose shape does not fit,
@@ -24,13 +24,13 @@ from typing import Any
 import numpy as np
 import yaml
 
-from .display import Renderable
-from .errors import MappingError
+from ..display import Renderable
+from ..errors import MappingError
+from ..read.sources import Source
+from ..read.targets import Target, TargetTensor
+from ..read.tensors import FLOAT_DTYPES, TensorInfo, format_shape, itemsize, numpy_dtype
 from .mapping import MappingTable
 from .rules import known_drop, propose
-from .sources import Source
-from .targets import Target, TargetTensor
-from .tensors import FLOAT_DTYPES, TensorInfo, format_shape, itemsize, numpy_dtype
 from .transforms import Transform, apply_all, shape_after
 
 HOW = ("exact", "rule", "mapping", "fallback", "restored")  # restored: export only

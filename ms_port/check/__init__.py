@@ -1,0 +1,1 @@
+"""Checking a conversion: the parity engine and the networks it runs."""

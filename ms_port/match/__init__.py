@@ -1,0 +1,1 @@
+"""Matching: rules, mapping tables, transforms, the Plan and its inversion for export."""

@@ -1,0 +1,1 @@
+"""Reading checkpoints (PyTorch zip/legacy, safetensors, MindSpore .ckpt) and targets."""

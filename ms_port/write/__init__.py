@@ -1,0 +1,1 @@
+"""Writing outputs: .ckpt / safetensors / .pth writers, atomic publish, read-back."""
