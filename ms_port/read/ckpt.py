@@ -33,7 +33,7 @@ from typing import Any, BinaryIO, NamedTuple
 import numpy as np
 
 from ..errors import SourceError, WriteError
-from .tensors import NUMPY_DTYPES, dtype_name, format_shape, numpy_dtype
+from .tensors import MAX_RANK, NUMPY_DTYPES, dtype_name, format_shape, numpy_dtype
 
 #: canonical dtype name -> MindSpore ``tensor_type`` string
 MS_TENSOR_TYPES: dict[str, str] = {
@@ -204,6 +204,8 @@ def _parse_tensor(buf: Any, pos: int, end: int) -> tuple[str, list[int], int, in
         raise _Malformed(end, "a tensor lacks its tensor_type or tensor_content")
     if any(d >= 1 << 63 for d in dims):
         raise _Malformed(end, f"a tensor has a negative dimension in {dims}")
+    if len(dims) > MAX_RANK:
+        raise _Malformed(end, f"a tensor has {len(dims)} dimensions (at most {MAX_RANK})")
     return (ttype, dims, *content)
 
 
@@ -300,12 +302,13 @@ def _scan(buf: Any, path: str, verify_crc: bool) -> CkptIndex:
             f"{path} is not a MindSpore checkpoint, or is truncated or damaged at byte "
             f"{exc.pos}: {exc.what}{hint}; re-create it or check the download",
             path=path, offset=exc.pos) from None
-    names = [e.name for e in entries] + [s.name for s in skipped]
-    if len(set(names)) != len(names):
-        twice = sorted({n for n in names if names.count(n) > 1})
-        raise SourceError(f"{path}: tensor {twice[0]!r} appears twice, apart (load_checkpoint "
-                          "would keep the last); re-save the checkpoint",
-                          path=path, tensor=twice[0])
+    seen: set[str] = set()
+    for name in [e.name for e in entries] + [s.name for s in skipped]:  # linear, not count()
+        if name in seen:
+            raise SourceError(f"{path}: tensor {name!r} appears twice, apart (load_checkpoint "
+                              "would keep the last); re-save the checkpoint",
+                              path=path, tensor=name)
+        seen.add(name)
     crc_ok = None
     if has_crc and verify_crc:
         stored = int.from_bytes(buf[size - 10:size], "big")

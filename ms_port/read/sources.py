@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import SourceError, UnsafePickleError
-from .tensors import TensorInfo, numpy_dtype
+from .tensors import MAX_RANK, TensorInfo, numpy_dtype
 
 #: container keys unwrapped, most specific first (timm, Lightning, DeiT, MMEngine...)
 CONTAINER_KEYS = (
@@ -83,6 +83,8 @@ class Source:
     stripped: list[str] = field(default_factory=list)
     skipped: list[Skipped] = field(default_factory=list)
     metadata: dict[str, str] = field(default_factory=dict)
+    #: bytes on disk of every shard of a sharded set (0 for a single file)
+    shard_bytes: int = 0
 
     def __len__(self) -> int:
         return len(self.tensors)
@@ -170,10 +172,22 @@ def read_source(
         (64, 3, 7, 7)
     """
     path = Path(path)
+    source = _read(path, key=key, strip_prefixes=strip_prefixes, unsafe_pickle=unsafe_pickle)
+    _check_sizes(source, path)
+    return source
+
+
+def _read(path: Path, *, key: str | None, strip_prefixes: bool, unsafe_pickle: bool) -> Source:
     fmt = detect_format(path)
     if fmt.startswith("torch"):
         obj = _torch_load(path, fmt, unsafe_pickle=unsafe_pickle)
-        return _from_tree(path, fmt, obj, key=key, strip=strip_prefixes, leaf=_tensor_leaf)
+        try:
+            return _from_tree(path, fmt, obj, key=key, strip=strip_prefixes,
+                              leaf=_tensor_leaf)
+        except SourceError as exc:
+            if exc.path is None:  # raised below the file level: name the file
+                raise SourceError(f"{path}: {exc}", path=path, **exc.data) from None
+            raise
     if fmt == "safetensors":
         tensors, metadata = _safetensors_tensors(path)
     elif fmt == "sharded":
@@ -187,6 +201,33 @@ def read_source(
     return _strip(source) if strip_prefixes else source
 
 
+#: no real tensor has a dimension this large (2^40 elements); a file claiming one lies
+MAX_DIM = 1 << 40
+#: all tensors together may hold this many times the file's bytes: several names can
+#: share one storage (tied weights, views), which torch itself expands
+MAX_EXPANSION = 16
+
+
+def _check_sizes(source: Source, path: Path) -> None:
+    """Refuse shapes no network has, and totals no file of this size can hold."""
+    total = 0
+    for info in source.tensors.values():
+        shape = info.shape
+        if len(shape) > MAX_RANK or any(type(d) is not int or not 0 <= d < MAX_DIM
+                                        for d in shape):
+            raise SourceError(
+                f"{path}: tensor {info.name!r} claims shape {list(shape)[:MAX_RANK + 1]} — "
+                f"more than {MAX_RANK} dimensions or a dimension outside 0..2^40; the file "
+                "is corrupt or crafted", path=path, tensor=info.name)
+        total += info.nbytes
+    files = source.shard_bytes if source.shard_bytes else path.stat().st_size
+    if total > MAX_EXPANSION * files + (1 << 20):
+        raise SourceError(
+            f"{path}: its tensors would hold {total} bytes, more than {MAX_EXPANSION}× the "
+            f"{files} bytes on disk; refused (many names sharing one storage?) — re-save "
+            "the checkpoint with distinct tensors", path=path)
+
+
 # -- PyTorch -------------------------------------------------------------------------
 
 
@@ -195,18 +236,7 @@ def _torch_load(path: Path, fmt: str, *, unsafe_pickle: bool) -> Any:
     import pickle
 
     if fmt == "torch-zip":
-        try:
-            with zipfile.ZipFile(path) as zf:
-                bad = zf.testzip() if path.stat().st_size < (64 << 20) else None
-        # zipfile raises more than BadZipFile on damaged directories (found by fuzzing)
-        except (zipfile.BadZipFile, ValueError, OSError, EOFError, NotImplementedError,
-                RuntimeError) as exc:
-            raise SourceError(
-                f"{path}: damaged zip archive ({type(exc).__name__}: {exc}); the file is "
-                "truncated or corrupt, re-download or re-save it", path=path) from None
-        if bad is not None:
-            raise SourceError(f"{path}: member {bad!r} is corrupt (CRC mismatch); "
-                              "re-download or re-save it", path=path)
+        _check_zip(path)
         if not unsafe_pickle:
             from . import torchzip
 
@@ -214,11 +244,16 @@ def _torch_load(path: Path, fmt: str, *, unsafe_pickle: bool) -> Any:
                 return torchzip.load(path)
             except torchzip.Unsupported:
                 pass  # something only torch.load(weights_only=True) may judge
-            except Exception as exc:  # damaged bytes, whatever the parser tripped on
+            except (torchzip.Refused, zipfile.BadZipFile, OSError, ValueError, EOFError,
+                    KeyError, RuntimeError, MemoryError) as exc:
                 raise SourceError(
                     f"{path}: cannot read this PyTorch checkpoint ({type(exc).__name__}: "
                     f"{exc}); it is truncated or corrupt — re-download or re-save it",
                     path=path) from None
+    if not unsafe_pickle:
+        from .torchguard import prescan
+
+        prescan(path, fmt)
     import torch
 
     if unsafe_pickle:
@@ -226,10 +261,10 @@ def _torch_load(path: Path, fmt: str, *, unsafe_pickle: bool) -> Any:
             f"unpickling {path} without weights_only: any code inside the file runs now. "
             "Only do this for files you created or fully trust.", stacklevel=3)
     try:
-        return torch.load(
-            path, map_location="cpu", weights_only=not unsafe_pickle,
-            mmap=(fmt == "torch-zip"),
-        )
+        # mmap=False: a member torch would map must be stored as-is, and _check_zip has
+        # refused compressed ones; reading copies keeps values right whatever the layout
+        return torch.load(path, map_location="cpu", weights_only=not unsafe_pickle,
+                          mmap=False)
     except pickle.UnpicklingError as exc:
         if unsafe_pickle:
             raise SourceError(f"{path}: cannot unpickle ({exc}); the file is corrupt",
@@ -246,6 +281,32 @@ def _torch_load(path: Path, fmt: str, *, unsafe_pickle: bool) -> Any:
         raise SourceError(
             f"{path}: cannot read this PyTorch checkpoint ({msg}); it is truncated, "
             "corrupt or not a checkpoint — re-download or re-save it", path=path) from None
+
+
+def _check_zip(path: Path) -> None:
+    """Refuse damaged archives and compressed members before anything decompresses."""
+    from .torchzip import compressed_members
+
+    try:
+        with zipfile.ZipFile(path) as zf:
+            infos = zf.infolist()
+            packed = compressed_members(infos)
+            if packed:
+                raise SourceError(
+                    f"{path}: member {packed[0]!r} is compressed; torch.save never compresses "
+                    "and a compressed member can hide a decompression bomb — re-save the "
+                    "checkpoint with torch.save", path=path)
+            # stored members only: the CRC pass reads each byte once, nothing expands
+            bad = zf.testzip() if path.stat().st_size < (64 << 20) else None
+    # zipfile raises more than BadZipFile on damaged directories (found by fuzzing)
+    except (zipfile.BadZipFile, ValueError, OSError, EOFError, NotImplementedError,
+            RuntimeError, UnicodeDecodeError) as exc:
+        raise SourceError(
+            f"{path}: damaged zip archive ({type(exc).__name__}: {exc}); the file is "
+            "truncated or corrupt, re-download or re-save it", path=path) from None
+    if bad is not None:
+        raise SourceError(f"{path}: member {bad!r} is corrupt (CRC mismatch); "
+                          "re-download or re-save it", path=path)
 
 
 def _first_line_mentioning(text: str, needles: Iterable[str]) -> str:
@@ -285,6 +346,13 @@ def _tensor_leaf(name: str, value: Any) -> TensorInfo | Skipped:
     if value.is_sparse or value.is_quantized or value.layout != torch.strided:
         return Skipped(name, f"tensor ({value.layout})",
                        "sparse or quantized tensors are not supported; make it dense")
+    if value.is_meta:
+        return Skipped(name, "tensor (meta)", "a meta tensor has a shape but no data")
+    if value.numel() and value.numel() * value.element_size() > \
+            value.untyped_storage().nbytes():
+        raise SourceError(f"tensor {name!r} of shape {list(value.shape)} repeats its "
+                          f"{value.untyped_storage().nbytes()}-byte storage (stride-0 "
+                          "expansion); refused — re-save it with .contiguous()")
     dtype = _TORCH_DTYPE_NAMES.get(str(value.dtype).removeprefix("torch."))
     if dtype is None:
         return Skipped(name, f"tensor ({value.dtype})", "dtype has no MindSpore equivalent")
@@ -340,30 +408,46 @@ def _from_tree(path: Path, fmt: str, obj: Any, *, key: str | None, strip: bool,
     return _strip(source) if strip else source
 
 
-def _flatten(obj: Mapping, leaf, prefix: str = ""):
+#: nested state dicts deeper than this are refused (real ones nest 1-3 levels)
+MAX_NESTING = 64
+
+
+def _flatten(obj: Mapping, leaf, prefix: str = "", depth: int = 0):
     """Yield (name, TensorInfo | Skipped); nested dicts of tensors become dotted names."""
+    if depth > MAX_NESTING:
+        raise SourceError(f"tensors nested more than {MAX_NESTING} dicts deep (at "
+                          f"{prefix[:80]!r}...); not a state dict ms-port can read")
     for k, v in obj.items():
         name = f"{prefix}{k}"
         if isinstance(v, Mapping) and _is_tensor_dict(v, leaf):
-            yield from _flatten(v, leaf, name + ".")
+            yield from _flatten(v, leaf, name + ".", depth + 1)
         else:
             yield name, leaf(name, v)
 
 
 def _strip(source: Source) -> Source:
-    names = list(source.tensors)
-    changed = True
-    while changed and names:
-        changed = False
-        for prefix in WRAPPER_PREFIXES:
-            if all(n.startswith(prefix) and len(n) > len(prefix) for n in names):
-                source.tensors = {
-                    n[len(prefix):]: _renamed(info, n[len(prefix):])
-                    for n, info in source.tensors.items()
-                }
-                source.stripped.append(prefix)
-                names = list(source.tensors)
-                changed = True
+    """Remove wrapper prefixes that every name carries, in one linear pass.
+
+    The prefixes every name shares are a prefix of the names' longest common prefix,
+    which is the common prefix of the smallest and the largest name.
+    """
+    names = source.tensors
+    if not names:
+        return source
+    first, last = min(names), max(names)
+    common = first[:next((i for i, (a, b) in enumerate(zip(first, last)) if a != b),
+                         min(len(first), len(last)))]
+    shortest = min(map(len, names))
+    cut = 0
+    while True:
+        prefix = next((p for p in WRAPPER_PREFIXES if common.startswith(p, cut)
+                       and cut + len(p) < shortest), None)
+        if prefix is None:
+            break
+        source.stripped.append(prefix)
+        cut += len(prefix)
+    if cut:
+        source.tensors = {n[cut:]: _renamed(info, n[cut:]) for n, info in names.items()}
     return source
 
 
@@ -416,15 +500,27 @@ def _map_region(path: Path, offset: int, nbytes: int, shape: tuple[int, ...],
     return np.memmap(path, dtype=dt, mode="r", offset=offset, shape=shape)
 
 
+#: the largest index file read (a 100k-tensor index is ~10 MiB)
+MAX_INDEX_BYTES = 64 << 20
+
+
 def _sharded(index: Path, **read: Any) -> Source:
     """A sharded set: safetensors or PyTorch shards listed by an index's ``weight_map``."""
+    if index.stat().st_size > MAX_INDEX_BYTES:
+        raise SourceError(f"{index}: {index.stat().st_size} bytes is too large for a shard "
+                          f"index (at most {MAX_INDEX_BYTES}); refused", path=index)
     try:
         weight_map = json.loads(index.read_text())["weight_map"]
         if not isinstance(weight_map, dict):
             raise TypeError("weight_map is not a mapping")
+    except RecursionError:
+        raise SourceError(f"{index}: JSON nested too deeply; not a shard index",
+                          path=index) from None
     except (ValueError, KeyError, TypeError) as exc:
         raise SourceError(f"{index}: not a sharded-checkpoint index (it needs a 'weight_map' "
                           f"of tensor name -> shard file; {exc})", path=index) from None
+    for name, shard in weight_map.items():
+        _check_shard_path(index, name, shard)
     tensors: dict[str, TensorInfo] = {}
     shards: dict[str, Source] = {}
     for name, shard in weight_map.items():
@@ -440,7 +536,25 @@ def _sharded(index: Path, **read: Any) -> Source:
                for shard, src in shards.items() for n in src.tensors if n not in tensors]
     skipped += [s for src in shards.values() for s in src.skipped]
     metadata = {k: v for src in shards.values() for k, v in src.metadata.items()}
-    return Source(str(index), f"{kind}-sharded", tensors, skipped=skipped, metadata=metadata)
+    on_disk = sum(Path(src.path).stat().st_size for src in shards.values())
+    return Source(str(index), f"{kind}-sharded", tensors, skipped=skipped, metadata=metadata,
+                  shard_bytes=on_disk)
+
+
+def _check_shard_path(index: Path, name: str, shard: Any) -> None:
+    """A shard must be a plain file name inside the index's folder, other than the index."""
+    if not isinstance(shard, str) or not shard:
+        raise SourceError(f"{index}: tensor {name!r} names shard {shard!r}, which is not a "
+                          "file name; the index is corrupt", path=index, tensor=name)
+    # a plain name, not a path: '../x', '/etc/x' or 'a/../../x' never leave the folder.
+    # (A shard that is itself a symlink is allowed: Hugging Face caches link to blobs.)
+    if "/" in shard or "\\" in shard or shard in (".", "..") or "\0" in shard:
+        raise SourceError(f"{index}: shard {shard!r} (for {name!r}) is not a file name in "
+                          "the index's folder; refused — shards must sit beside their index",
+                          path=index, tensor=name)
+    if shard == index.name:
+        raise SourceError(f"{index}: lists itself as the shard of {name!r}; the index is "
+                          "corrupt", path=index, tensor=name)
 
 
 # -- MindSpore ------------------------------------------------------------------------

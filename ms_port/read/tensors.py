@@ -35,6 +35,9 @@ NUMPY_DTYPES: dict[str, np.dtype] = {
 _NAME_OF = {dt: name for name, dt in NUMPY_DTYPES.items()}
 
 FLOAT_DTYPES = frozenset({"float64", "float32", "float16", "bfloat16"})
+#: more dimensions than any real network uses (torch allows 64, numpy 32): files that
+#: claim more are refused by every reader
+MAX_RANK = 16
 
 
 def dtype_name(dtype: np.dtype | str) -> str:

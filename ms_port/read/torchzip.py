@@ -3,32 +3,46 @@
 ``torch.save`` writes a zip: ``<root>/data.pkl`` (a pickle of the state dict whose
 tensors point at storages) and ``<root>/data/<key>`` (each storage's raw bytes, stored
 uncompressed). Importing torch costs seconds and hundreds of MiB, more than the whole
-conversion of a ResNet, so this module unpickles ``data.pkl`` with an allow-list of the
-handful of globals a plain state dict uses (the tensor and parameter rebuild functions,
-the typed storage classes, ``OrderedDict``), mapped to local stand-ins: nothing outside
-the list is ever imported or called. Tensor data is read on demand with ``pread``, so
-listing a file reads only its pickle, and converting holds one tensor at a time.
+conversion of a ResNet, so this module reads ``data.pkl`` with its own small pickle
+machine (:class:`_Machine`) instead of :mod:`pickle`.
 
-Anything outside the allow-list raises :class:`Unsupported`; the caller then falls back
-to ``torch.load(weights_only=True)``, whose own allow-list decides. The fallback is never
-wider than ``weights_only``.
+The contract: this reader is **no wider than** ``torch.load(weights_only=True)``.
+
+- It interprets only opcodes that torch's weights-only unpickler interprets, with the
+  same stack semantics, and resolves only ``collections.OrderedDict``, the tensor and
+  parameter rebuild functions and the typed storage classes — to local stand-ins.
+- ``BUILD`` may only touch a plain ``OrderedDict`` (torch stores a state dict's
+  ``_metadata`` that way) and is otherwise handed to torch; it never sets state on the
+  reader's own objects. ``SETITEM(S)``/``APPEND(S)`` only touch dicts and lists.
+- Every storage names an uncompressed member ``<root>/data/<key>`` of this archive; its
+  extent is what the pickle declares (``numel × itemsize``) and must lie inside the
+  member. Every tensor's geometry (sizes, strides, offset: non-negative ints, at most
+  :data:`MAX_RANK` dimensions, overflow-free) must fit inside its storage, and a tensor
+  may not hold more bytes than its storage (no stride-0 expansion): all checked before a
+  byte is read.
+
+Anything it does not handle exactly as torch would raises :class:`Unsupported`; the
+caller then lets ``torch.load(weights_only=True)`` decide, with its own guards
+(:mod:`ms_port.read.sources`). Damaged bytes raise :class:`Refused` (or the zip
+module's own errors) — torch refuses those files too. Tensor data is read on demand
+with one positioned read, so listing a file reads only its pickle.
 """
 
 from __future__ import annotations
 
 import collections
+import io
 import math
 import os
-import pickle
 import struct
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
-from .tensors import numpy_dtype
+from .tensors import FLOAT_DTYPES, MAX_RANK, numpy_dtype
 
 #: torch storage class name -> canonical dtype
 STORAGE_DTYPES = {
@@ -38,18 +52,25 @@ STORAGE_DTYPES = {
     "BoolStorage": "bool", "ComplexFloatStorage": "complex64",
     "ComplexDoubleStorage": "complex128",
 }
+#: the largest data.pkl read into memory (a 100k-tensor state dict pickles to ~10 MiB)
+MAX_PICKLE_BYTES = 256 << 20
 
 
 class Unsupported(Exception):
-    """The file uses something this reader does not handle; use torch.load instead."""
+    """The file uses something this reader does not handle; let torch.load judge it."""
+
+
+class Refused(ValueError):
+    """The file is damaged or inconsistent: torch refuses it as well."""
 
 
 @dataclass(frozen=True)
 class _Storage:
     path: str
+    key: str
     dtype: str
     offset: int  # of the storage's bytes in the file
-    nbytes: int
+    nbytes: int  # numel × itemsize, as declared by the pickle
 
 
 @dataclass(frozen=True)
@@ -70,73 +91,278 @@ class LazyTensor:
         dt = numpy_dtype(self.dtype)
         if math.prod(self.shape) == 0:
             return np.zeros(self.shape, dt)
-        span = 1 + sum((n - 1) * s for n, s in zip(self.shape, self.stride))
-        start = self.storage.offset + self.storage_offset * dt.itemsize
+        span = _span(self.shape, self.stride)
         nbytes = span * dt.itemsize
-        if self.storage_offset * dt.itemsize + nbytes > self.storage.nbytes:
-            raise ValueError(f"tensor extends past its storage ({nbytes} bytes at "
-                             f"{self.storage_offset})")
         flat = np.empty(span, dt)
         with open(self.storage.path, "rb") as f:
-            f.seek(start)
-            got = f.readinto(memoryview(flat.view(np.uint8)))
+            got = os.preadv(f.fileno(), [memoryview(flat.view(np.uint8))],
+                            self.storage.offset + self.storage_offset * dt.itemsize)
         if got != nbytes:
-            raise ValueError(f"file ends inside a tensor (read {got} of {nbytes} bytes)")
+            raise Refused(f"file ends inside a tensor (read {got} of {nbytes} bytes)")
         strides = tuple(s * dt.itemsize for s in self.stride)
+        # geometry was checked against the storage in _rebuild_tensor: the view is inside
         view = np.lib.stride_tricks.as_strided(flat, self.shape, strides, writeable=False)
         return view if view.flags.c_contiguous else np.ascontiguousarray(view)
 
 
-def _rebuild_tensor(storage: _Storage, storage_offset: int, size: Any, stride: Any,
-                    *_ignored: Any) -> LazyTensor:
-    if not isinstance(storage, _Storage):
+def _span(shape: tuple[int, ...], stride: tuple[int, ...]) -> int:
+    """Elements from the first to the last one a non-empty view touches, inclusive."""
+    return 1 + sum((n - 1) * s for n, s in zip(shape, stride))
+
+
+def _is_int(v: Any) -> bool:
+    return type(v) is int  # bool is an int subclass: torch treats it differently
+
+
+def _int_tuple(v: Any, what: str) -> tuple[int, ...]:
+    if type(v) is not tuple or not all(_is_int(x) for x in v):
+        raise Unsupported(f"tensor {what} is not a tuple of ints")
+    if len(v) > MAX_RANK:
+        raise Refused(f"tensor has {len(v)} dimensions (at most {MAX_RANK} are supported)")
+    return v
+
+
+def _rebuild_tensor(storage: Any, storage_offset: Any, size: Any, stride: Any,
+                    requires_grad: Any = False, backward_hooks: Any = None,
+                    metadata: Any = None, *extra: Any) -> LazyTensor:
+    if extra or not isinstance(storage, _Storage):
         raise Unsupported("tensor without a plain storage")
-    return LazyTensor(storage, int(storage_offset), tuple(map(int, size)),
-                      tuple(map(int, stride)))
+    if type(requires_grad) is not bool or (requires_grad and storage.dtype not in FLOAT_DTYPES):
+        raise Unsupported("unusual requires_grad")
+    if type(backward_hooks) is not collections.OrderedDict or backward_hooks:
+        raise Unsupported("tensor with backward hooks")
+    if metadata not in (None, {}):
+        raise Unsupported("tensor with metadata")
+    if not _is_int(storage_offset):
+        raise Unsupported("storage offset is not an int")
+    shape, strides = _int_tuple(size, "size"), _int_tuple(stride, "stride")
+    if len(shape) != len(strides):
+        raise Refused(f"tensor size {list(shape)} and stride {list(strides)} differ in rank")
+    if storage_offset < 0 or any(n < 0 for n in shape) or any(s < 0 for s in strides):
+        raise Refused(f"negative tensor geometry (offset {storage_offset}, size "
+                      f"{list(shape)}, stride {list(strides)})")
+    item = numpy_dtype(storage.dtype).itemsize
+    numel = math.prod(shape)
+    if numel:
+        end = (storage_offset + _span(shape, strides)) * item  # Python ints: no overflow
+        if end > storage.nbytes:
+            raise Refused(f"tensor of size {list(shape)}, stride {list(strides)} at offset "
+                          f"{storage_offset} needs {end} bytes of a {storage.nbytes}-byte "
+                          f"storage {storage.key!r}")
+        if numel * item > storage.nbytes:
+            raise Refused(f"tensor of size {list(shape)} repeats its {storage.nbytes}-byte "
+                          f"storage {storage.key!r} (stride-0 expansion); re-save it with "
+                          ".contiguous()")
+    elif storage_offset * item > storage.nbytes:
+        raise Refused(f"storage offset {storage_offset} is past the end of storage "
+                      f"{storage.key!r}")
+    return LazyTensor(storage, storage_offset, shape, strides)
 
 
-def _rebuild_parameter(data: Any, *_ignored: Any) -> Any:
+def _rebuild_parameter(data: Any, requires_grad: Any = None, backward_hooks: Any = None,
+                       *extra: Any) -> LazyTensor:
+    if not isinstance(data, LazyTensor) or type(requires_grad) is not bool:
+        raise Unsupported("parameter without a plain tensor")
+    if requires_grad and data.dtype not in FLOAT_DTYPES:
+        raise Unsupported("integer parameter requiring grad")
+    if type(backward_hooks) is not collections.OrderedDict or backward_hooks:
+        raise Unsupported("parameter with backward hooks")
+    if extra and (len(extra) != 1 or extra[0] not in (None, {})):
+        raise Unsupported("parameter with state")
     return data
 
 
+def _ordered_dict(*args: Any) -> collections.OrderedDict:
+    if args:
+        raise Unsupported("OrderedDict built from arguments")
+    return collections.OrderedDict()
+
+
+@dataclass(frozen=True)
 class _StorageType:
-    def __init__(self, name: str):
-        self.dtype = STORAGE_DTYPES[name]
+    dtype: str
 
 
-_ALLOWED = {
-    ("collections", "OrderedDict"): collections.OrderedDict,
+_CALLABLES: dict[tuple[str, str], Callable[..., Any]] = {
+    ("collections", "OrderedDict"): _ordered_dict,
     ("torch._utils", "_rebuild_tensor_v2"): _rebuild_tensor,
     ("torch._utils", "_rebuild_parameter"): _rebuild_parameter,
     ("torch._utils", "_rebuild_parameter_with_state"): _rebuild_parameter,
 }
+_MARK = object()
 
 
-class _Unpickler(pickle.Unpickler):
-    """Resolves only allow-listed globals, to local stand-ins; refuses everything else."""
+class _Machine:
+    """The subset of pickle that torch's weights-only unpickler interprets, on data only.
 
-    def __init__(self, file: Any, path: str, storages: dict[str, tuple[int, int]]):
-        super().__init__(file)
-        self._path, self._storages = path, storages
+    Mirrors ``torch/_weights_only_unpickler.py`` opcode by opcode; where torch would call
+    into something this module does not model, raises :class:`Unsupported`.
+    """
 
-    def find_class(self, module: str, name: str) -> Any:
-        if (module, name) in _ALLOWED:
-            return _ALLOWED[(module, name)]
-        if module == "torch" and name in STORAGE_DTYPES:
-            return _StorageType(name)
-        raise Unsupported(f"{module}.{name}")
+    def __init__(self, data: bytes, persistent_load: Callable[[Any], Any]):
+        self._f = io.BytesIO(data)
+        self._persistent_load = persistent_load
+        self._stack: list[Any] = []
+        self._marks: list[list[Any]] = []
+        self._memo: dict[int, Any] = {}
 
-    def persistent_load(self, pid: Any) -> _Storage:
-        if not (isinstance(pid, tuple) and len(pid) == 5 and pid[0] == "storage"
-                and isinstance(pid[1], _StorageType)):
-            raise Unsupported(f"persistent id {pid!r:.60}")
-        _, stype, key, _location, numel = pid
-        if str(key) not in self._storages:
-            raise ValueError(f"storage {key!r} is missing from the archive")
-        offset, nbytes = self._storages[str(key)]
-        if int(numel) * numpy_dtype(stype.dtype).itemsize > nbytes:
-            raise ValueError(f"storage {key!r} is shorter than it claims")
-        return _Storage(self._path, stype.dtype, offset, nbytes)
+    def _read(self, n: int) -> bytes:
+        b = self._f.read(n)
+        if len(b) != n:
+            raise Refused("pickle ends early")
+        return b
+
+    def _pop(self) -> Any:
+        if not self._stack:
+            raise Refused("pickle stack underflow")
+        return self._stack.pop()
+
+    def _top(self) -> Any:
+        if not self._stack:
+            raise Refused("pickle stack underflow")
+        return self._stack[-1]
+
+    def _pop_mark(self) -> list[Any]:
+        if not self._marks:
+            raise Refused("pickle has no MARK to pop")
+        items, self._stack = self._stack, self._marks.pop()
+        return items
+
+    def _push(self, value: Any) -> None:
+        self._stack.append(value)
+
+    def load(self) -> Any:
+        read, push = self._read, self._push
+        while True:
+            op = read(1)[0]
+            handler = _OPS.get(op)
+            if handler is None:
+                raise Unsupported(f"pickle opcode {op:#04x}")
+            if op == 0x2E:  # STOP
+                return self._pop()
+            handler(self, read, push)
+
+
+def _global(m: _Machine, read: Any, push: Any) -> None:
+    module = m._f.readline()
+    name = m._f.readline()
+    if not module.endswith(b"\n") or not name.endswith(b"\n"):
+        raise Refused("pickle ends inside a GLOBAL")
+    key = (module[:-1].decode("utf-8", "replace"), name[:-1].decode("utf-8", "replace"))
+    if key in _CALLABLES:
+        push(_CALLABLES[key])
+    elif key[0] == "torch" and key[1] in STORAGE_DTYPES:
+        push(_StorageType(STORAGE_DTYPES[key[1]]))
+    else:
+        raise Unsupported(f"{key[0]}.{key[1]}")
+
+
+def _reduce(m: _Machine, read: Any, push: Any) -> None:
+    args = m._pop()
+    func = m._top()
+    if func not in _CALLABLES.values() or type(args) is not tuple:
+        raise Unsupported("REDUCE on something other than a known rebuild function")
+    m._stack[-1] = func(*args)
+
+
+def _build(m: _Machine, read: Any, push: Any) -> None:
+    state = m._pop()
+    inst = m._top()
+    # torch sets a plain OrderedDict's attributes (a state dict's _metadata); they carry
+    # nothing we read, so they are checked and dropped. Anything else is torch's call.
+    if type(inst) is not collections.OrderedDict or type(state) is not dict:
+        raise Unsupported("BUILD on something other than an OrderedDict")
+
+
+def _setitems(m: _Machine, items: list[Any]) -> None:
+    target = m._top()
+    if type(target) not in (dict, collections.OrderedDict):
+        raise Refused(f"SETITEM on a {type(target).__name__}")
+    if len(items) % 2:
+        raise Refused("odd number of items for SETITEMS")
+    for k, v in zip(items[::2], items[1::2]):
+        try:
+            target[k] = v
+        except TypeError:
+            raise Refused("unhashable dict key in pickle") from None
+
+
+def _appends(m: _Machine, items: list[Any]) -> None:
+    target = m._top()
+    if type(target) is not list:
+        raise Refused(f"APPEND on a {type(target).__name__}")
+    target.extend(items)
+
+
+def _persid(m: _Machine, read: Any, push: Any) -> None:
+    push(m._persistent_load(m._pop()))
+
+
+def _get(m: _Machine, idx: int, push: Any) -> None:
+    if idx not in m._memo:
+        raise Refused(f"pickle memo {idx} read before it was written")
+    push(m._memo[idx])
+
+
+def _put(m: _Machine, idx: int) -> None:
+    m._memo[idx] = m._top()
+
+
+def _tuple(m: _Machine, n: int) -> None:
+    if len(m._stack) < n:
+        raise Refused("pickle stack underflow")
+    items = tuple(m._stack[len(m._stack) - n:])
+    del m._stack[len(m._stack) - n:]
+    m._push(items)
+
+
+def _mark(m: _Machine, read: Any, push: Any) -> None:
+    m._marks.append(m._stack)
+    m._stack = []
+
+
+def _string(m: _Machine, data: bytes, encoding: str) -> None:
+    try:
+        m._push(data.decode(encoding, "surrogatepass" if encoding == "utf-8" else "strict"))
+    except UnicodeDecodeError:
+        raise Refused("undecodable string in pickle") from None
+
+
+_OPS: dict[int, Callable[[_Machine, Any, Any], None]] = {
+    0x80: lambda m, read, push: read(1),  # PROTO: torch accepts any protocol number
+    0x2E: lambda m, read, push: None,  # STOP, handled in load()
+    0x63: _global,  # GLOBAL
+    0x52: _reduce,  # REDUCE
+    0x62: _build,  # BUILD
+    0x51: _persid,  # BINPERSID
+    0x61: lambda m, read, push: _appends(m, [m._pop()]),  # APPEND
+    0x65: lambda m, read, push: _appends(m, m._pop_mark()),  # APPENDS
+    0x73: lambda m, read, push: _setitems(m, list(reversed([m._pop(), m._pop()]))),
+    0x75: lambda m, read, push: _setitems(m, m._pop_mark()),  # SETITEMS
+    0x28: _mark,  # MARK
+    0x74: lambda m, read, push: m._push(tuple(m._pop_mark())),  # TUPLE
+    0x85: lambda m, read, push: _tuple(m, 1),
+    0x86: lambda m, read, push: _tuple(m, 2),
+    0x87: lambda m, read, push: _tuple(m, 3),
+    0x4E: lambda m, read, push: push(None),
+    0x89: lambda m, read, push: push(False),
+    0x88: lambda m, read, push: push(True),
+    0x29: lambda m, read, push: push(()),
+    0x5D: lambda m, read, push: push([]),
+    0x7D: lambda m, read, push: push({}),
+    0x8F: lambda m, read, push: push(set()),
+    0x4A: lambda m, read, push: push(struct.unpack("<i", read(4))[0]),  # BININT
+    0x4B: lambda m, read, push: push(read(1)[0]),  # BININT1
+    0x4D: lambda m, read, push: push(struct.unpack("<H", read(2))[0]),  # BININT2
+    0x47: lambda m, read, push: push(struct.unpack(">d", read(8))[0]),  # BINFLOAT
+    0x58: lambda m, read, push: _string(m, read(struct.unpack("<I", read(4))[0]), "utf-8"),
+    0x55: lambda m, read, push: _string(m, read(read(1)[0]), "ascii"),  # SHORT_BINSTRING
+    0x68: lambda m, read, push: _get(m, read(1)[0], push),  # BINGET
+    0x6A: lambda m, read, push: _get(m, struct.unpack("<I", read(4))[0], push),
+    0x71: lambda m, read, push: _put(m, read(1)[0]),  # BINPUT
+    0x72: lambda m, read, push: _put(m, struct.unpack("<I", read(4))[0]),  # LONG_BINPUT
+    0x8A: lambda m, read, push: push(int.from_bytes(read(read(1)[0]), "little", signed=True)),
+}
 
 
 def _data_offset(f: Any, info: zipfile.ZipInfo) -> int:
@@ -144,40 +370,71 @@ def _data_offset(f: Any, info: zipfile.ZipInfo) -> int:
     f.seek(info.header_offset)
     header = f.read(30)
     if len(header) != 30 or header[:4] != b"PK\x03\x04":
-        raise ValueError(f"bad local header for {info.filename}")
+        raise Refused(f"bad local header for {info.filename!r}")
     name_len, extra_len = struct.unpack("<HH", header[26:30])
     return info.header_offset + 30 + name_len + extra_len
 
 
+def compressed_members(infos: list[zipfile.ZipInfo]) -> list[str]:
+    """Members that are not stored as-is (torch.save writes none)."""
+    return [i.filename for i in infos if i.compress_type != zipfile.ZIP_STORED]
+
+
 def load(path: str | Path) -> Any:
-    """Unpickle a torch zip checkpoint into plain containers of :class:`LazyTensor`.
+    """Read a torch zip checkpoint into plain containers of :class:`LazyTensor`.
 
     Raises:
-        Unsupported: the file needs torch itself (an unknown global, compression,
-            big-endian data); fall back to ``torch.load(weights_only=True)``.
-        zipfile.BadZipFile, ValueError, EOFError, pickle.UnpicklingError: the file is
-            damaged.
+        Unsupported: the file needs torch itself (a global outside the list above, an
+            untyped storage, big-endian data...); let ``torch.load(weights_only=True)``
+            decide.
+        Refused, zipfile.BadZipFile: the file is damaged or inconsistent.
     """
     path = str(path)
     with zipfile.ZipFile(path) as zf, open(path, "rb") as f:
         infos = zf.infolist()
-        pkl = next((i for i in infos if i.filename.endswith("/data.pkl")
-                    or i.filename == "data.pkl"), None)
-        if pkl is None:
-            raise Unsupported("no data.pkl (not a torch.save archive)")
-        root = pkl.filename[: -len("data.pkl")]
-        order = next((i for i in infos if i.filename == f"{root}byteorder"), None)
-        if order is not None and zf.read(order).strip() != b"little":
-            raise Unsupported("big-endian archive")
-        storages = {}
-        for info in infos:
-            if info.filename.startswith(f"{root}data/"):
-                if info.compress_type != zipfile.ZIP_STORED:
-                    raise Unsupported("compressed storage")
-                storages[info.filename[len(root) + 5:]] = (_data_offset(f, info),
-                                                          info.file_size)
+        if not infos:
+            raise Refused("empty zip archive")
+        # torch takes the archive's root folder from its first member
+        root = infos[0].filename.split("/", 1)[0] + "/"
+        members = {i.filename: i for i in infos}
+        pkl = members.get(f"{root}data.pkl")
+        if pkl is None or "/" not in infos[0].filename:
+            raise Unsupported("no <root>/data.pkl (not a torch.save archive)")
+        if f"{root}version" not in members and f"{root}.data/version" not in members:
+            raise Unsupported("no version record")
+        bad = compressed_members(infos)
+        if bad:
+            raise Refused(f"member {bad[0]!r} is compressed; torch.save writes none")
+        order = members.get(f"{root}byteorder")
+        if order is not None and zf.read(order) != b"little":
+            raise Unsupported("byte order other than little-endian")
+        if pkl.file_size > MAX_PICKLE_BYTES:
+            raise Refused(f"data.pkl is {pkl.file_size} bytes (at most {MAX_PICKLE_BYTES})")
         end = os.fstat(f.fileno()).st_size
-        if any(off + n > end for off, n in storages.values()):
-            raise ValueError("a storage extends past the end of the file")
-        with zf.open(pkl) as pf:
-            return _Unpickler(pf, path, storages).load()
+        loaded: dict[str, _Storage] = {}
+
+        def storage(pid: Any) -> _Storage:
+            if type(pid) is not tuple or len(pid) != 5 or pid[0] != "storage":
+                raise Unsupported("persistent id other than a storage")
+            _, stype, key, location, numel = pid
+            if (not isinstance(stype, _StorageType) or type(key) is not str
+                    or type(location) is not str or not _is_int(numel) or numel < 0):
+                raise Unsupported("unusual storage reference")
+            if key in loaded:  # torch reuses the first storage loaded under a key
+                return loaded[key]
+            info = members.get(f"{root}data/{key}")
+            if info is None:
+                raise Refused(f"storage {key!r} is missing from the archive")
+            nbytes = numel * numpy_dtype(stype.dtype).itemsize
+            if nbytes > info.file_size:
+                raise Refused(f"storage {key!r} declares {nbytes} bytes; its record holds "
+                              f"{info.file_size}")
+            offset = _data_offset(f, info)
+            if offset + info.file_size > end:
+                raise Refused(f"storage {key!r} extends past the end of the file")
+            loaded[key] = _Storage(path, key, stype.dtype, offset, nbytes)
+            return loaded[key]
+
+        # the machine is iterative: deep nesting costs no recursion here (the tree walk
+        # in sources bounds the depth)
+        return _Machine(zf.read(pkl), storage).load()
