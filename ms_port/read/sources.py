@@ -330,6 +330,8 @@ def torch_to_numpy(t: Any) -> np.ndarray:
     import torch
 
     t = t.detach()
+    if any(s < 0 for s in t.stride()):  # allowed by torch on size-1 dims, not by numpy
+        t = t.clone(memory_format=torch.contiguous_format)
     if t.dtype == torch.bfloat16:
         return t.view(torch.int16).numpy().view(numpy_dtype("bfloat16"))
     return t.numpy()
@@ -348,6 +350,9 @@ def _tensor_leaf(name: str, value: Any) -> TensorInfo | Skipped:
                        "sparse or quantized tensors are not supported; make it dense")
     if value.is_meta:
         return Skipped(name, "tensor (meta)", "a meta tensor has a shape but no data")
+    if any(d < 0 or d >= MAX_DIM for d in value.shape):  # torch allows [0, -8]
+        raise SourceError(f"tensor {name!r} claims shape {list(value.shape)}, a dimension "
+                          "outside 0..2^40; the file is corrupt or crafted", tensor=name)
     if value.numel() and value.numel() * value.element_size() > \
             value.untyped_storage().nbytes():
         raise SourceError(f"tensor {name!r} of shape {list(value.shape)} repeats its "

@@ -33,7 +33,6 @@ DENIED_NAMES = {
     ("builtins", "bytearray"), ("__builtin__", "bytearray"),
     ("torch", "UntypedStorage"), ("torch", "TypedStorage"),
     ("torch.storage", "UntypedStorage"), ("torch.storage", "TypedStorage"),
-    ("torch._utils", "_rebuild_meta_tensor_no_storage"),
     ("torch._utils", "_rebuild_wrapper_subclass"),
     ("torch._utils", "_rebuild_device_tensor_from_numpy"),
     ("torch._utils", "_rebuild_nested_tensor"),
@@ -128,7 +127,7 @@ def _prescan_zip(path: Path) -> None:
         scanner = _scan(zf.read(pkl), path)
     for key, _dtype, nbytes in scanner.storages:
         info = members.get(f"{root}data/{key}")
-        if info is not None and nbytes > info.file_size:
+        if info is not None and nbytes != info.file_size:
             raise SourceError(f"{path}: storage {key!r} declares {nbytes} bytes but its "
                               f"record holds {info.file_size}; the file is corrupt",
                               path=path, tensor=key)

@@ -15,11 +15,11 @@ The contract: this reader is **no wider than** ``torch.load(weights_only=True)``
   ``_metadata`` that way) and is otherwise handed to torch; it never sets state on the
   reader's own objects. ``SETITEM(S)``/``APPEND(S)`` only touch dicts and lists.
 - Every storage names an uncompressed member ``<root>/data/<key>`` of this archive; its
-  extent is what the pickle declares (``numel × itemsize``) and must lie inside the
-  member. Every tensor's geometry (sizes, strides, offset: non-negative ints, at most
-  :data:`MAX_RANK` dimensions, overflow-free) must fit inside its storage, and a tensor
-  may not hold more bytes than its storage (no stride-0 expansion): all checked before a
-  byte is read.
+  extent is what the pickle declares (``numel × itemsize``) and must equal the member's
+  size, as torch requires. Every tensor's geometry (sizes, strides, offset: non-negative
+  ints, at most :data:`MAX_RANK` dimensions, overflow-free) must fit inside its storage,
+  and a tensor may not hold more bytes than its storage (no stride-0 expansion): all
+  checked before a byte is read.
 
 Anything it does not handle exactly as torch would raises :class:`Unsupported`; the
 caller then lets ``torch.load(weights_only=True)`` decide, with its own guards
@@ -99,7 +99,7 @@ class LazyTensor:
                             self.storage.offset + self.storage_offset * dt.itemsize)
         if got != nbytes:
             raise Refused(f"file ends inside a tensor (read {got} of {nbytes} bytes)")
-        strides = tuple(s * dt.itemsize for s in self.stride)
+        strides = tuple(s * dt.itemsize if n > 1 else 0 for n, s in zip(self.shape, self.stride))
         # geometry was checked against the storage in _rebuild_tensor: the view is inside
         view = np.lib.stride_tricks.as_strided(flat, self.shape, strides, writeable=False)
         return view if view.flags.c_contiguous else np.ascontiguousarray(view)
@@ -107,7 +107,7 @@ class LazyTensor:
 
 def _span(shape: tuple[int, ...], stride: tuple[int, ...]) -> int:
     """Elements from the first to the last one a non-empty view touches, inclusive."""
-    return 1 + sum((n - 1) * s for n, s in zip(shape, stride))
+    return 1 + sum((n - 1) * s for n, s in zip(shape, stride) if n > 1)
 
 
 def _is_int(v: Any) -> bool:
@@ -138,11 +138,17 @@ def _rebuild_tensor(storage: Any, storage_offset: Any, size: Any, stride: Any,
     shape, strides = _int_tuple(size, "size"), _int_tuple(stride, "stride")
     if len(shape) != len(strides):
         raise Refused(f"tensor size {list(shape)} and stride {list(strides)} differ in rank")
-    if storage_offset < 0 or any(n < 0 for n in shape) or any(s < 0 for s in strides):
-        raise Refused(f"negative tensor geometry (offset {storage_offset}, size "
-                      f"{list(shape)}, stride {list(strides)})")
+    if any(v >= 1 << 63 for v in (storage_offset, *shape, *strides)):
+        raise Refused("tensor geometry does not fit in 64 bits")
+    if any(n < 0 for n in shape):  # torch lets [0, -8] through; no tensor has that
+        raise Refused(f"tensor size {list(shape)} has a dimension outside 0..2^40")
     item = numpy_dtype(storage.dtype).itemsize
     numel = math.prod(shape)
+    # an empty tensor reads nothing, so torch accepts any strides for it (not offsets); a
+    # negative stride only matters along a dimension of 2+ elements
+    if storage_offset < 0 or (numel and any(s < 0 and n > 1 for n, s in zip(shape, strides))):
+        raise Refused(f"negative tensor geometry (offset {storage_offset}, size "
+                      f"{list(shape)}, stride {list(strides)})")
     if numel:
         end = (storage_offset + _span(shape, strides)) * item  # Python ints: no overflow
         if end > storage.nbytes:
@@ -153,9 +159,6 @@ def _rebuild_tensor(storage: Any, storage_offset: Any, size: Any, stride: Any,
             raise Refused(f"tensor of size {list(shape)} repeats its {storage.nbytes}-byte "
                           f"storage {storage.key!r} (stride-0 expansion); re-save it with "
                           ".contiguous()")
-    elif storage_offset * item > storage.nbytes:
-        raise Refused(f"storage offset {storage_offset} is past the end of storage "
-                      f"{storage.key!r}")
     return LazyTensor(storage, storage_offset, shape, strides)
 
 
@@ -262,7 +265,10 @@ def _reduce(m: _Machine, read: Any, push: Any) -> None:
     func = m._top()
     if func not in _CALLABLES.values() or type(args) is not tuple:
         raise Unsupported("REDUCE on something other than a known rebuild function")
-    m._stack[-1] = func(*args)
+    try:
+        m._stack[-1] = func(*args)
+    except TypeError:  # wrong number of arguments: torch's call fails the same way
+        raise Refused("a rebuild function called with the wrong arguments") from None
 
 
 def _build(m: _Machine, read: Any, push: Any) -> None:
@@ -426,7 +432,7 @@ def load(path: str | Path) -> Any:
             if info is None:
                 raise Refused(f"storage {key!r} is missing from the archive")
             nbytes = numel * numpy_dtype(stype.dtype).itemsize
-            if nbytes > info.file_size:
+            if nbytes != info.file_size:  # torch requires the exact size too
                 raise Refused(f"storage {key!r} declares {nbytes} bytes; its record holds "
                               f"{info.file_size}")
             offset = _data_offset(f, info)
