@@ -6,17 +6,17 @@ Every function returns a report dataclass and raises only
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Any, Callable
 
 from .errors import MsPortError, TargetError
 from .match.mapping import MappingTable, load_mapping
+from .match.patterns import Pattern, PatternError, compile_pattern
 from .match.plan import Plan, make_plan
 from .read.sources import Source, read_source
 from .read.targets import Target, from_arch, from_cell, from_factory, from_template
 from .reports import ConversionReport, InspectReport
-from .write.writers import Progress, check_output, write_plan
+from .write.writers import Progress, check_not_input, check_output, write_plan, write_text
 
 
 def inspect(
@@ -62,12 +62,12 @@ def inspect(
                          skipped=source.skipped, metadata=source.metadata, filter=filter)
 
 
-def _regex(pattern: str | None) -> re.Pattern | None:
+def _regex(pattern: str | None) -> Pattern | None:
     if pattern is None:
         return None
     try:
-        return re.compile(pattern)
-    except re.error as exc:
+        return compile_pattern(pattern)
+    except PatternError as exc:
         raise MsPortError(f"bad --filter regex {pattern!r} ({exc})") from None
 
 
@@ -204,16 +204,21 @@ def convert(
     """
     if output is None and not dry_run:
         raise MsPortError("no output given; pass -o FILE (output=...) or --dry-run")
+    inputs = [source if isinstance(source, (str, Path)) else getattr(source, "path", None),
+              target if isinstance(target, (str, Path)) else None]
     if output is not None and not dry_run:
         check_output(output, force=force)
+        check_not_input(output, *inputs)
+    if save_map is not None:
+        check_output(save_map, force=force)
+        check_not_input(save_map, *inputs)
     p = plan(source, arch=arch, target=target, ms_model=ms_model, mapping=mapping,
              allow_missing=allow_missing, allow_unused=allow_unused,
              allow_shape_match=allow_shape_match, dtype=dtype, key=key,
              unsafe_pickle=unsafe_pickle)
     saved = None
-    if save_map is not None:
-        saved = str(save_map)
-        _atomic_text(Path(save_map), p.to_yaml())
+    if save_map is not None:  # the same rules as every output: no clobbering, atomic
+        saved = str(write_text(save_map, p.to_yaml(), force=force))
     out = None if output is None else str(output)
     if not p.ok or dry_run:
         return ConversionReport(p.ok, p, out, dry_run=dry_run, saved_map=saved)
@@ -221,12 +226,6 @@ def convert(
                          check_finite=check_finite, progress=progress)
     return ConversionReport(True, p, out, written=written, saved_map=saved,
                             nonfinite=written.nonfinite)
-
-
-def _atomic_text(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
 
 
 def verify(
@@ -387,6 +386,7 @@ def export(
         raise TargetError(f"unknown export format {fmt!r}; choose pth or safetensors")
     if output is not None and not dry_run:
         check_output(output, force=force)
+        check_not_input(output, checkpoint)
     p = export_plan(checkpoint, arch=arch, torch_model=torch_model, target=target,
                     ms_model=ms_model, mapping=mapping, dtype=dtype,
                     allow_missing=allow_missing, allow_unused=allow_unused)

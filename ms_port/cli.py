@@ -151,11 +151,11 @@ def _progress_bar(enabled: bool):
               show_default=True, help="Output format.")
 @click.option("--dtype", type=click.Choice(["float32", "float16", "bfloat16"]),
               help="Cast floating-point tensors (default: keep every dtype bit for bit).")
-@click.option("--force", is_flag=True, help="Replace an existing output (after verifying "
-              "the new one).")
+@click.option("--force", is_flag=True, help="Replace an existing output or --save-map file "
+              "(after verifying the new one).")
 @click.option("--dry-run", is_flag=True, help="Stop after the plan; write nothing.")
 @click.option("--save-map", metavar="YAML", help="Save the plan as a mapping to edit and "
-              "pass back with --map.")
+              "pass back with --map (never replaces a file without --force).")
 @click.option("--allow-missing", is_flag=True, help="Write even if target tensors are unfilled.")
 @click.option("--allow-unused", is_flag=True, help="Write even if source tensors are unused.")
 @click.option("--allow-shape-match", is_flag=True,

@@ -8,12 +8,12 @@ Format (every section optional; names run PyTorch -> MindSpore)::
       segments:                 # whole dotted-name segments
         downsample: down_sample_layer
         fc: end_point
-      regex:                    # Python regex, full match on the name; \\1 for groups
+      regex:                    # RE2 regex, full match on the name; \\1 for groups
         - {from: 'blocks\\.(\\d+)\\.attn', to: 'layers.\\1.attention'}
     tensors:                    # exact pairs, MindSpore name: PyTorch name
       head.weight: classifier.weight
       stem.weight: {source: conv.weight, transforms: [{unsqueeze: 2}]}
-    drop:                       # PyTorch tensors left out on purpose (regex, full match)
+    drop:                       # PyTorch tensors left out on purpose (RE2, full match)
       - 'aux_head\\..*'
     transforms:                 # transforms by MindSpore-name regex
       - {match: '.*\\.conv1d\\.weight', ops: [{unsqueeze: 2}]}
@@ -24,7 +24,6 @@ edit one line and pass it back with ``--map``.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -33,6 +32,7 @@ from typing import Any
 import yaml
 
 from ..errors import MappingError
+from .patterns import Pattern, PatternError, compile_pattern
 from .transforms import Transform
 
 _SECTIONS = {"version", "description", "rename", "tensors", "drop", "transforms"}
@@ -50,16 +50,16 @@ class TensorEntry:
 
 @dataclass(frozen=True)
 class RegexRename:
-    pattern: re.Pattern
+    pattern: Pattern
     replacement: str
 
     def __str__(self) -> str:
-        return f"{self.pattern.pattern} -> {self.replacement}"
+        return f"{self.pattern} -> {self.replacement}"
 
 
 @dataclass(frozen=True)
 class TransformEntry:
-    match: re.Pattern
+    match: Pattern
     ops: tuple[Transform, ...]
 
 
@@ -76,7 +76,7 @@ class MappingTable:
     segments: dict[str, str] = field(default_factory=dict)
     regex: tuple[RegexRename, ...] = ()
     tensors: dict[str, TensorEntry] = field(default_factory=dict)
-    drop: tuple[re.Pattern, ...] = ()
+    drop: tuple[Pattern, ...] = ()
     transforms: tuple[TransformEntry, ...] = ()
 
     @classmethod
@@ -97,8 +97,10 @@ class MappingTable:
                 fired.append(f"segment {part}->{self.segments[part]}")
         name = ".".join(parts)
         for rule in self.regex:
-            new, n = rule.pattern.subn(rule.replacement, name)
-            if n and rule.pattern.fullmatch(name):
+            # one replacement of the whole name: sub() would also replace the empty match
+            # at the end ('(.*)' -> 'net.\1' gave 'net.xnet.')
+            new = rule.pattern.replace_full(name, rule.replacement)
+            if new is not None:
                 fired.append(f"regex {rule}")
                 name = new
         return name, fired
@@ -145,7 +147,13 @@ def load_mapping(spec: str | Path) -> MappingTable:
         if not path.is_file():
             raise MappingError(f"{path}: no such mapping file; check the path", path=path)
         try:
+            if path.stat().st_size > MAX_MAPPING_BYTES:
+                raise MappingError(f"{path}: {path.stat().st_size} bytes is too large for a "
+                                   f"mapping file (at most {MAX_MAPPING_BYTES})", path=path)
             text = path.read_text()
+        except UnicodeDecodeError:
+            raise MappingError(f"{path}: not UTF-8 text; a mapping file is YAML",
+                               path=path) from None
         except OSError as exc:
             raise MappingError(f"{path}: cannot read mapping file ({exc.strerror})",
                                path=path) from None
@@ -158,9 +166,28 @@ def load_mapping(spec: str | Path) -> MappingTable:
     return parse_mapping(resource.read_text(), origin=f"mappings/{spec}.yaml")
 
 
+#: the largest mapping file read (a saved plan of 100,000 tensors is ~10 MiB)
+MAX_MAPPING_BYTES = 32 << 20
+
+
+def _without_aliases(text: str, origin: str) -> None:
+    """Refuse anchors and aliases before anything is built: a few hundred bytes of
+    nested aliases expand to gigabytes ("billion laughs"), and a table never needs them."""
+    for event in yaml.parse(text, Loader=yaml.SafeLoader):
+        if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None):
+            mark = event.start_mark
+            raise MappingError(
+                f"{origin}: line {mark.line + 1}: YAML anchors and aliases (&name, *name) are "
+                "not allowed in mapping files; write the entries out", path=origin)
+
+
 def parse_mapping(text: str, *, origin: str = "<string>") -> MappingTable:
     """Parse and validate mapping YAML text (see the module docstring)."""
+    if len(text) > MAX_MAPPING_BYTES:
+        raise MappingError(f"{origin}: {len(text)} characters is too large for a mapping "
+                           f"file (at most {MAX_MAPPING_BYTES}); refused", path=origin)
     try:
+        _without_aliases(text, origin)
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         where = getattr(exc, "problem_mark", None)
@@ -188,8 +215,9 @@ def parse_mapping(text: str, *, origin: str = "<string>") -> MappingTable:
     tensors_data = data.get("tensors") or {}
     _expect(isinstance(tensors_data, dict), origin, "tensors", "a mapping target: source")
     tensors = {t: _tensor_entry(t, v, origin) for t, v in tensors_data.items()}
-    sources = [e.source for e in tensors.values()]
-    dup = next((s for s in sources if sources.count(s) > 1), None)
+    seen: set[str] = set()
+    dup = next((e.source for e in tensors.values()
+                if e.source in seen or seen.add(e.source)), None)  # linear, not count()
     _expect(dup is None, origin, f"tensors (source {dup!r})",
             "each source used by one target only")
 
@@ -211,14 +239,14 @@ def _expect(ok: bool, origin: str, entry: str, wanted: str) -> None:
                            "(format: see the README, 'Mapping files')", path=origin)
 
 
-def _compile(pattern: Any, origin: str, entry: str) -> re.Pattern:
+def _compile(pattern: Any, origin: str, entry: str) -> Pattern:
     _expect(isinstance(pattern, str), origin, entry, "a regex string")
     try:
-        return re.compile(pattern)
-    except re.error as exc:
+        return compile_pattern(pattern)
+    except PatternError as exc:
         raise MappingError(f"{origin}: {entry}: bad regex {pattern!r} ({exc}); fix the "
-                           "pattern (Python re syntax; quote it in single quotes)",
-                           path=origin) from None
+                           "pattern (RE2 syntax, linear-time: no backreferences or "
+                           "lookarounds; quote it in single quotes)", path=origin) from None
 
 
 def _ops(data: Any, origin: str, entry: str) -> tuple[Transform, ...]:
@@ -236,8 +264,8 @@ def _regex_rename(data: Any, origin: str, i: int) -> RegexRename:
     pattern = _compile(data["from"], origin, entry)
     _expect(isinstance(data["to"], str), origin, entry, "a replacement string")
     try:
-        pattern.sub(data["to"], "")  # compiles the template: bad group references raise
-    except re.error as exc:
+        pattern.check_template(data["to"])
+    except PatternError as exc:
         raise MappingError(f"{origin}: {entry}: bad replacement {data['to']!r} ({exc}); "
                            "refer only to groups the pattern has", path=origin) from None
     return RegexRename(pattern, data["to"])

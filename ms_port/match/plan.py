@@ -16,6 +16,7 @@ written here: the Plan says what would be.
 
 from __future__ import annotations
 
+import collections
 import difflib
 from collections import Counter
 from dataclasses import dataclass, field
@@ -29,6 +30,7 @@ from ..errors import MappingError
 from ..read.sources import Source
 from ..read.targets import Target, TargetTensor
 from ..read.tensors import FLOAT_DTYPES, TensorInfo, format_shape, itemsize, numpy_dtype
+from .closest import NameIndex
 from .mapping import MappingTable
 from .rules import known_drop, propose
 from .transforms import Transform, apply_all, shape_after
@@ -280,22 +282,8 @@ def materialize(match: Match, info: TensorInfo) -> np.ndarray:
     return array
 
 
-def _rank(name: str, shape: tuple[int, ...],
-          pool: list[tuple[str, tuple[int, ...]]], n: int = 3) -> tuple[Candidate, ...]:
-    """The ``n`` nearest names in ``pool``: same shape first, then name similarity."""
-    if not pool:
-        return ()
-    matcher = difflib.SequenceMatcher(b=name, autojunk=False)
-    scored = []
-    for other, other_shape in pool:
-        matcher.set_seq1(other)
-        if matcher.real_quick_ratio() < 0.3:
-            continue
-        score = matcher.ratio() + (0.5 if other_shape == shape else 0.0)
-        if score > 0.6:
-            scored.append((score, other, other_shape))
-    scored.sort(key=lambda s: -s[0])
-    return tuple(Candidate(o, s) for _, o, s in scored[:n])
+def _closest(index: NameIndex, name: str, shape: tuple[int, ...]) -> tuple[Candidate, ...]:
+    return tuple(Candidate(n, s) for n, s in index.closest(name, shape))
 
 
 def make_plan(
@@ -373,14 +361,22 @@ def make_plan(
         (s, how, detail, tfs) = props[0]
         used.add(s)
         info = source.tensors[s]
-        tfs = tfs or mapping.transforms_for(t)
-        fitted = _fit(info.shape, tt, tfs)
+        # transforms a mapping file declares are applied, or the pair refused: never
+        # skipped because the shapes happen to agree (a square weight to transpose)
+        declared = (tfs if how == "mapping" else ()) or mapping.transforms_for(t)
+        fitted = _declared_fit(info.shape, tt, declared) if declared else \
+            _fit(info.shape, tt, tfs)
         if fitted is None:
+            made = _shape_or_none(declared, info.shape) if declared else None
+            why = (f"the declared transforms {', '.join(map(str, declared))} make it "
+                   f"{format_shape(made)}" if made is not None else
+                   f"the declared transforms {', '.join(map(str, declared))} do not apply"
+                   ) if declared else "declare a transform in your mapping file"
             conflicts.append(Conflict(
                 "shape", (t,), (s,),
                 f"{s!r} ({format_shape(info.shape)}) cannot fill {t!r} "
-                f"({format_shape(tt.shape)}), matched by {how} ({detail}); declare a "
-                "transform in your mapping file or map another tensor"))
+                f"({format_shape(tt.shape)}), matched by {how} ({detail}); {why} — fix "
+                "the transforms or map another tensor"))
             continue
         matches[t] = Match(t, s, how, detail, info.shape, tt.shape, info.dtype,
                            _cast(info.dtype, dtype), fitted)
@@ -388,28 +384,41 @@ def make_plan(
     conflicted_targets = {t for c in conflicts for t in c.targets}
     pending_t = [tt for name, tt in target.tensors.items()
                  if name not in matches and name not in conflicted_targets]
-    pending_s = [i for i in source if i.name not in used and i.name not in
-                 {d.name for d in dropped}]
-    if allow_shape_match:
-        for tt in list(pending_t):
-            info = next((i for i in pending_s if i.shape == tt.shape), None)
-            if info is not None:
-                matches[tt.name] = Match(tt.name, info.name, "fallback",
-                                         "same shape, in order", info.shape, tt.shape,
-                                         info.dtype, _cast(info.dtype, dtype))
-                pending_t.remove(tt)
-                pending_s.remove(info)
-    for info in list(pending_s):
+    dropped_names = {d.name for d in dropped}
+    pending_s = [i for i in source if i.name not in used and i.name not in dropped_names]
+    if allow_shape_match:  # per-shape queues: linear, not a scan per target
+        by_shape: dict[tuple[int, ...], collections.deque] = collections.defaultdict(
+            collections.deque)
+        for i in pending_s:
+            by_shape[i.shape].append(i)
+        taken: set[str] = set()
+        still: list[TargetTensor] = []
+        for tt in pending_t:
+            queue = by_shape.get(tt.shape)
+            if not queue:
+                still.append(tt)
+                continue
+            info = queue.popleft()
+            taken.add(info.name)
+            matches[tt.name] = Match(tt.name, info.name, "fallback", "same shape, in order",
+                                     info.shape, tt.shape, info.dtype,
+                                     _cast(info.dtype, dtype))
+        pending_t = still
+        pending_s = [i for i in pending_s if i.name not in taken]
+    kept = []
+    for info in pending_s:
         reason = known_drop(info.name)
-        if reason is not None:
+        if reason is None:
+            kept.append(info)
+        else:
             dropped.append(Dropped(info.name, f"known drop: {reason}"))
-            pending_s.remove(info)
+    pending_s = kept
 
-    s_pool = [(i.name, i.shape) for i in pending_s]
-    t_pool = [(t.name, t.shape) for t in pending_t]
-    missing = [Missing(t.name, t.shape, t.dtype, _rank(t.name, t.shape, s_pool))
+    s_index = NameIndex((i.name, i.shape) for i in pending_s)
+    t_index = NameIndex((t.name, t.shape) for t in pending_t)
+    missing = [Missing(t.name, t.shape, t.dtype, _closest(s_index, t.name, t.shape))
                for t in pending_t]
-    unused = [Unused(i.name, i.shape, i.dtype, _rank(i.name, i.shape, t_pool))
+    unused = [Unused(i.name, i.shape, i.dtype, _closest(t_index, i.name, i.shape))
               for i in pending_s]
     ordered = [matches[name] for name in target.tensors if name in matches]
     return Plan(source, target, mapping, ordered, missing, unused, dropped, conflicts,
@@ -449,6 +458,20 @@ def _fit(shape: tuple[int, ...], tt: TargetTensor,
         except ValueError:
             return None
     return None
+
+
+def _declared_fit(shape: tuple[int, ...], tt: TargetTensor,
+                  transforms: tuple[Transform, ...]) -> tuple[Transform, ...] | None:
+    """Declared transforms, if they turn ``shape`` into the target's; else ``None``."""
+    return transforms if _shape_or_none(transforms, shape) == tt.shape else None
+
+
+def _shape_or_none(transforms: tuple[Transform, ...],
+                   shape: tuple[int, ...]) -> tuple[int, ...] | None:
+    try:
+        return shape_after(transforms, shape)
+    except ValueError:
+        return None
 
 
 def _cast(dtype: str, wanted: str | None) -> str:

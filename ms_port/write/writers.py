@@ -4,14 +4,17 @@ The output is streamed, one tensor at a time, into a temporary file beside the
 destination; it is fsynced, read back and compared bit for bit with the source, and
 only then renamed into place. An existing output is replaced only with ``force``.
 Whatever goes wrong, the temporary file is removed and the old output is untouched; a
-run killed outright leaves a ``.ms-port-PID.tmp`` file that the next run removes.
+run killed outright leaves a ``.ms-port-PID-*.tmp`` file that the next run removes.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import errno
 import json
 import os
+import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -60,7 +63,14 @@ class WriteResult:
 
 def check_output(output: str | Path, *, force: bool) -> Path:
     """Fail early, before any work, if ``output`` cannot be written."""
-    output = Path(output)
+    try:
+        return _check_output(Path(output), force=force)
+    except OSError as exc:  # a name too long, a path through a file...
+        raise WriteError(f"{output}: not a usable output path ({exc.strerror or exc}); "
+                         "choose another name", path=output) from None
+
+
+def _check_output(output: Path, *, force: bool) -> Path:
     if output.is_dir():
         raise WriteError(f"{output} is a directory; give a file name for the output",
                          path=output)
@@ -77,15 +87,24 @@ def check_output(output: str | Path, *, force: bool) -> Path:
     return output
 
 
-def _temp_path(output: Path) -> Path:
-    return output.with_name(f".{output.name}.ms-port-{os.getpid()}.tmp")
+#: temporary outputs: ``.ms-port-PID-RANDOM.tmp`` beside the output (short: never past
+#: NAME_MAX, whatever the output's name; the PID lets a later run remove a killed run's)
+_TEMP_PREFIX = ".ms-port-"
+
+
+def _new_temp(output: Path) -> Path:
+    """A fresh temporary file beside ``output``, created exclusively (O_EXCL)."""
+    fd, name = tempfile.mkstemp(dir=output.parent, prefix=f"{_TEMP_PREFIX}{os.getpid()}-",
+                                suffix=".tmp")
+    os.close(fd)
+    return Path(name)
 
 
 def remove_stale_temps(output: Path) -> list[Path]:
-    """Remove temporary files of ours for ``output`` whose process no longer runs."""
+    """Remove temporary files of ours beside ``output`` whose process no longer runs."""
     removed = []
-    for tmp in output.parent.glob(f".{output.name}.ms-port-*.tmp"):
-        pid = tmp.name.rsplit("-", 1)[-1].removesuffix(".tmp")
+    for tmp in output.parent.glob(f"{_TEMP_PREFIX}*.tmp"):
+        pid = tmp.name[len(_TEMP_PREFIX):].split("-", 1)[0]
         if pid.isdigit() and not _alive(int(pid)):
             with contextlib.suppress(OSError):
                 tmp.unlink()
@@ -105,22 +124,94 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def check_not_input(output: str | Path, *inputs: str | Path | None) -> None:
+    """Refuse an output that is one of the inputs (by file identity, links included)."""
+    output = Path(output)
+    for given in inputs:
+        if given is None or not output.exists():
+            continue
+        with contextlib.suppress(OSError):
+            if Path(given).exists() and os.path.samefile(output, given):
+                raise WriteError(f"{output} is an input of this run ({given}); refusing to "
+                                 "write over it — choose another output", path=output)
+
+
+_RENAME_NOREPLACE = 1
+
+
+def _publish_no_replace(tmp: Path, output: Path) -> None:
+    """Move ``tmp`` to ``output`` atomically, failing if ``output`` exists at that moment.
+
+    A hard link fails with EEXIST when the name is taken, atomically; where the
+    filesystem has no hard links, Linux's renameat2(RENAME_NOREPLACE) does the same.
+    """
+    try:
+        os.link(tmp, output)
+    except FileExistsError:
+        raise _exists(output) from None
+    except OSError as exc:
+        if exc.errno not in (errno.EPERM, errno.EOPNOTSUPP, errno.EXDEV, errno.EMLINK,
+                             errno.ENOSYS):
+            raise
+        _renameat2_noreplace(tmp, output)
+        return
+    tmp.unlink()
+
+
+def _renameat2_noreplace(tmp: Path, output: Path) -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    fn = getattr(libc, "renameat2", None)
+    if fn is None:
+        raise WriteError(f"{output}: this filesystem supports neither hard links nor "
+                         "renameat2, so ms-port cannot publish without a race; pass --force "
+                         "to replace atomically", path=output)
+    at_fdcwd = -100
+    if fn(at_fdcwd, os.fsencode(tmp), at_fdcwd, os.fsencode(output), _RENAME_NOREPLACE):
+        err = ctypes.get_errno()
+        if err == errno.EEXIST:
+            raise _exists(output)
+        raise OSError(err, os.strerror(err), str(output))
+
+
+def _exists(output: Path) -> OutputExistsError:
+    return OutputExistsError(f"{output} exists (it appeared while this run was writing); "
+                             "nothing was replaced — pass --force (force=True) to replace it",
+                             path=output)
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 @contextlib.contextmanager
 def atomic_output(output: str | Path, *, force: bool = False) -> Iterator[tuple[Path, Path]]:
-    """Yield ``(final, temporary)`` paths; on a clean exit the temporary file replaces final.
+    """Yield ``(final, temporary)`` paths; on a clean exit the temporary file becomes final.
 
-    The temporary file lives beside the output (same filesystem, so the rename is
-    atomic). On any exception it is removed and the old output, if any, is untouched.
-    Stale temporary files of dead ms-port processes are removed first.
+    The temporary file is created exclusively beside the output (same filesystem, so
+    publishing is atomic). Without ``force`` it is published with an atomic no-replace
+    (a file that appeared at ``output`` meanwhile, or a concurrent run's, is never
+    replaced); with ``force`` it atomically replaces the old output. On any exception
+    the temporary file is removed and the old output, if any, is untouched. Stale
+    temporary files of dead ms-port processes are removed first.
 
     Raises:
         OutputExistsError, WriteError.
     """
     output = check_output(output, force=force)
-    tmp = _temp_path(output)
+    try:
+        tmp = _new_temp(output)
+    except OSError as exc:
+        raise WriteError(f"{output}: cannot create a file beside it ({exc.strerror or exc}); "
+                         "check permissions and free space", path=output) from None
     try:
         yield output, tmp
-        os.replace(tmp, output)
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp made it 0600: the usual mode instead
+        if force:
+            os.replace(tmp, output)
+        else:
+            _publish_no_replace(tmp, output)
     except OSError as exc:
         raise WriteError(f"{output}: cannot write ({exc.strerror or exc}); check free disk "
                          "space and permissions — the previous output, if any, is untouched",
@@ -128,6 +219,15 @@ def atomic_output(output: str | Path, *, force: bool = False) -> Iterator[tuple[
     finally:
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()
+
+
+def write_text(output: str | Path, text: str, *, force: bool = False) -> Path:
+    """Write a text file (a saved mapping) with the same rules as every output."""
+    with atomic_output(output, force=force) as (final, tmp), \
+            open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+        fsynced(f)
+    return final
 
 
 def fsynced(f: BinaryIO) -> None:
@@ -173,7 +273,7 @@ def write_plan(
         replaced = final.exists()
         nonfinite: dict[str, int] = {}
         arrays = _counting_nonfinite(plan.arrays(), nonfinite)
-        with open(tmp, "xb") as f:
+        with open(tmp, "wb") as f:  # created exclusively by atomic_output
             if format == "ckpt":
                 _write_ckpt(plan, arrays, f, crc=crc, progress=progress)
             elif format == "pth":
