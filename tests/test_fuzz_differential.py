@@ -37,6 +37,7 @@ NARROWER = {
     "dimensions": "more than 16 dimensions",
     "outside 0..2^40": "a dimension of 2^40 or more",
     "on disk": "tensors totalling more than 16x the file",
+    "not a checkpoint ms-port can read": "files that do not start like a checkpoint",
 }
 _OPS = b"(tRbsueaQhqjrKMJXUN\x88\x89)]}\x85\x86\x87\x8a\x8f.c"
 

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import SourceError, UnsafePickleError
-from .tensors import MAX_RANK, TensorInfo, numpy_dtype
+from .tensors import MAX_DIM, MAX_RANK, TensorInfo, numpy_dtype
 
 #: container keys unwrapped, most specific first (timm, Lightning, DeiT, MMEngine...)
 CONTAINER_KEYS = (
@@ -201,8 +201,6 @@ def _read(path: Path, *, key: str | None, strip_prefixes: bool, unsafe_pickle: b
     return _strip(source) if strip_prefixes else source
 
 
-#: no real tensor has a dimension this large (2^40 elements); a file claiming one lies
-MAX_DIM = 1 << 40
 #: all tensors together may hold this many times the file's bytes: several names can
 #: share one storage (tied weights, views), which torch itself expands
 MAX_EXPANSION = 16
@@ -350,6 +348,9 @@ def _tensor_leaf(name: str, value: Any) -> TensorInfo | Skipped:
                        "sparse or quantized tensors are not supported; make it dense")
     if value.is_meta:
         return Skipped(name, "tensor (meta)", "a meta tensor has a shape but no data")
+    if len(value.shape) > MAX_RANK:
+        raise SourceError(f"tensor {name!r} has {len(value.shape)} dimensions (at most "
+                          f"{MAX_RANK}); the file is corrupt or crafted", tensor=name)
     if any(d < 0 or d >= MAX_DIM for d in value.shape):  # torch allows [0, -8]
         raise SourceError(f"tensor {name!r} claims shape {list(value.shape)}, a dimension "
                           "outside 0..2^40; the file is corrupt or crafted", tensor=name)

@@ -38,6 +38,8 @@ FLOAT_DTYPES = frozenset({"float64", "float32", "float16", "bfloat16"})
 #: more dimensions than any real network uses (torch allows 64, numpy 32): files that
 #: claim more are refused by every reader
 MAX_RANK = 16
+#: no real tensor has a dimension this large (2^40 elements): a file claiming one lies
+MAX_DIM = 1 << 40
 
 
 def dtype_name(dtype: np.dtype | str) -> str:

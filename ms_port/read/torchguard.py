@@ -125,7 +125,11 @@ def _prescan_zip(path: Path) -> None:
             raise SourceError(f"{path}: data.pkl is {pkl.file_size} bytes, more than any "
                               "state dict needs; refused", path=path)
         scanner = _scan(zf.read(pkl), path)
+    seen: set[str] = set()
     for key, _dtype, nbytes in scanner.storages:
+        if key in seen:  # torch reuses the storage first loaded under a key
+            continue
+        seen.add(key)
         info = members.get(f"{root}data/{key}")
         if info is not None and nbytes != info.file_size:
             raise SourceError(f"{path}: storage {key!r} declares {nbytes} bytes but its "

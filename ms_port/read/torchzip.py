@@ -42,7 +42,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .tensors import FLOAT_DTYPES, MAX_RANK, numpy_dtype
+from .tensors import FLOAT_DTYPES, MAX_DIM, MAX_RANK, numpy_dtype
 
 #: torch storage class name -> canonical dtype
 STORAGE_DTYPES = {
@@ -140,7 +140,7 @@ def _rebuild_tensor(storage: Any, storage_offset: Any, size: Any, stride: Any,
         raise Refused(f"tensor size {list(shape)} and stride {list(strides)} differ in rank")
     if any(v >= 1 << 63 for v in (storage_offset, *shape, *strides)):
         raise Refused("tensor geometry does not fit in 64 bits")
-    if any(n < 0 for n in shape):  # torch lets [0, -8] through; no tensor has that
+    if any(not 0 <= n < MAX_DIM for n in shape):  # torch lets [0, -8] through
         raise Refused(f"tensor size {list(shape)} has a dimension outside 0..2^40")
     item = numpy_dtype(storage.dtype).itemsize
     numel = math.prod(shape)
