@@ -15,6 +15,7 @@ from typing import Any
 import click
 
 from . import __version__
+from .display import visible
 from .errors import MsPortError
 
 ARCH_HELP = "a built-in architecture (see `ms-port archs`)"
@@ -35,8 +36,12 @@ class _Cli(click.Group):
         except MsPortError as exc:
             if ctx.obj and ctx.obj.get("debug"):
                 raise
-            _console(stderr=True).print(f"[bold red]error:[/] {exc.message}", markup=True,
-                                        soft_wrap=True)
+            from rich.text import Text
+
+            # the message quotes names from files: shown as text, never as markup or
+            # terminal control sequences
+            line = Text("error: ", style="bold red") + Text(visible(exc.message, newlines=True))
+            _console(stderr=True).print(line, soft_wrap=True)
             if not (ctx.obj and ctx.obj.get("debug")):
                 click.echo("(run with --debug for the traceback)", err=True)
             ctx.exit(exc.exit_code)
@@ -251,10 +256,12 @@ def verify(source: str, checkpoint: str, arch: str | None, torch_model: str | No
                                      param_hint="--input-shape") from None
     steps = None
     if not (quiet or as_json) and sys.stderr.isatty():
+        from rich.text import Text
+
         console = _console(stderr=True)
 
         def steps(msg: str) -> None:
-            console.print(f"[dim]… {msg}[/]")
+            console.print(Text(f"… {visible(msg)}", style="dim"))
 
     report = api.verify(source, checkpoint, arch=arch, torch_model=torch_model,
                         ms_model=ms_model, mapping=list(maps), tol=tol, seed=seed,

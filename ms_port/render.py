@@ -5,12 +5,22 @@ from __future__ import annotations
 from typing import Any
 
 from rich.console import Group
-from rich.markup import escape
+from rich.markup import escape as _markup_escape
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from .display import visible
 from .read.tensors import format_shape
+
+
+def escape(text: object) -> str:
+    """Text from a file, made inert for rich: no markup, no control characters."""
+    return _markup_escape(visible(text))
+
+
+def _text(text: object, **style: str) -> Text:
+    return Text(visible(text), **style)
 
 
 def _size(n: int) -> str:
@@ -37,13 +47,13 @@ def _inspect(r: Any, *, limit: int | None, show: str) -> Any:
     table.add_column("elements", justify="right")
     shown = r.tensors if limit is None else r.tensors[:limit]
     for t in shown:
-        table.add_row(Text(t.name), format_shape(t.shape), t.dtype, f"{t.numel:,}")
+        table.add_row(_text(t.name), format_shape(t.shape), t.dtype, f"{t.numel:,}")
     parts: list[Any] = [table]
     if len(shown) < len(r.tensors):
         parts.append(Text(f"… {len(r.tensors) - len(shown)} more (use --all or --limit N)",
                           style="dim"))
     dtypes = ", ".join(f"{k} ×{v}" for k, v in r.dtypes.items()) or "none"
-    filtered = (f" (matching {r.filter!r}, of {r.total_tensors})" if r.filter else "")
+    filtered = (f" (matching {escape(repr(r.filter))}, of {r.total_tensors})" if r.filter else "")
     lines = [f"tensors: {len(r.tensors)}{filtered}   parameters: {r.parameters:,}   "
              f"bytes: {r.nbytes:,} ({_size(r.nbytes)})   dtypes: {dtypes}"]
     if r.unwrapped:
@@ -52,13 +62,13 @@ def _inspect(r: Any, *, limit: int | None, show: str) -> Any:
         lines.append(f"stripped prefix: {', '.join(r.stripped)}")
     if r.metadata:
         lines.append("metadata: " + ", ".join(f"{k}={v}" for k, v in r.metadata.items()))
-    parts.append(Text("\n".join(lines)))
+    parts.append(Text(visible("\n".join(lines), newlines=True)))
     if r.skipped:
         skipped = Table(title="skipped (not tensors)", title_justify="left")
         for col in ("entry", "kind", "why"):
             skipped.add_column(col)
         for s in r.skipped:
-            skipped.add_row(Text(s.name), Text(s.kind), Text(s.reason))
+            skipped.add_row(_text(s.name), _text(s.kind), _text(s.reason))
         parts.append(skipped)
     return Group(*parts)
 
@@ -72,7 +82,7 @@ def _plan_table(plan: Any, *, limit: int | None) -> Table:
         how = f"[yellow]{m.how}[/]" if m.how == "fallback" else m.how
         dtype = m.dtype if m.dtype == m.out_dtype else f"{m.dtype}→{m.out_dtype}"
         extra = f" [{', '.join(map(str, m.transforms))}]" if m.transforms else ""
-        table.add_row(Text(m.target), Text(m.source),
+        table.add_row(_text(m.target), _text(m.source),
                       f"{how} ({escape(m.detail)}){escape(extra)}", format_shape(m.shape), dtype)
     return table
 

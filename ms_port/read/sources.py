@@ -2,8 +2,11 @@
 
 Formats are recognised by their first bytes, not their extension:
 
-- PyTorch zip (``torch.save`` since 1.6: ``.pth``, ``.pt``, ``.bin``) — loaded with
-  ``weights_only=True`` and ``mmap=True``, so data stays on disk until asked for;
+- PyTorch zip (``torch.save`` since 1.6: ``.pth``, ``.pt``, ``.bin``) — read by
+  :mod:`ms_port.read.torchzip`, an unpickler no wider than ``weights_only=True`` that
+  reads each tensor with pread when asked for; what it cannot read goes to
+  ``torch.load(weights_only=True, mmap=False)`` behind the checks of
+  :mod:`ms_port.read.torchguard`;
 - PyTorch legacy pickle — ``weights_only=True`` (legacy files cannot be memory-mapped);
 - safetensors, single files and sharded sets (``*.safetensors.index.json``) — without
   importing torch or MindSpore; sharded PyTorch sets (``pytorch_model.bin.index.json``)
@@ -29,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from ..display import visible
 from ..errors import SourceError, UnsafePickleError
 from .tensors import MAX_DIM, MAX_RANK, TensorInfo, numpy_dtype
 
@@ -256,7 +260,7 @@ def _torch_load(path: Path, fmt: str, *, unsafe_pickle: bool) -> Any:
 
     if unsafe_pickle:
         warnings.warn(
-            f"unpickling {path} without weights_only: any code inside the file runs now. "
+            f"unpickling {visible(path)} without weights_only: any code inside the file runs now. "
             "Only do this for files you created or fully trust.", stacklevel=3)
     try:
         # mmap=False: a member torch would map must be stored as-is, and _check_zip has
