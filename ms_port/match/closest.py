@@ -13,8 +13,10 @@ import re
 from collections import defaultdict
 from collections.abc import Iterable
 
-#: candidates scored per query, at most (per source: same shape, shared tokens)
+#: candidates gathered per query, at most (per source: same shape, shared tokens); the
+#: best :data:`SCORED` of them by shared tokens are scored with SequenceMatcher
 CAP = 200
+SCORED = 48
 _TOKENS = re.compile(r"[A-Za-z]+|\d+")
 
 
@@ -48,9 +50,11 @@ class NameIndex:
             if len(picked) >= 2 * CAP:
                 break
             picked.update(dict.fromkeys(self._by_token.get(token, ())[:CAP]))
+        mine = _tokens(name)
+        ranked = sorted(picked, key=lambda o: -len(mine & _tokens(o)))[:SCORED]
         matcher = difflib.SequenceMatcher(b=name[:1024], autojunk=False)
         scored = []
-        for other in picked:
+        for other in ranked:
             matcher.set_seq1(other[:1024])
             if matcher.real_quick_ratio() < 0.3 or matcher.quick_ratio() < 0.3:
                 continue

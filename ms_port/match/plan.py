@@ -282,6 +282,11 @@ def materialize(match: Match, info: TensorInfo) -> np.ndarray:
     return array
 
 
+#: leftovers per side that get "did you mean" suggestions: reports show far fewer, and
+#: 100,000 unmatched names must not cost minutes of scoring
+SUGGESTED = 2000
+
+
 def _closest(index: NameIndex, name: str, shape: tuple[int, ...]) -> tuple[Candidate, ...]:
     return tuple(Candidate(n, s) for n, s in index.closest(name, shape))
 
@@ -416,10 +421,12 @@ def make_plan(
 
     s_index = NameIndex((i.name, i.shape) for i in pending_s)
     t_index = NameIndex((t.name, t.shape) for t in pending_t)
-    missing = [Missing(t.name, t.shape, t.dtype, _closest(s_index, t.name, t.shape))
-               for t in pending_t]
-    unused = [Unused(i.name, i.shape, i.dtype, _closest(t_index, i.name, i.shape))
-              for i in pending_s]
+    missing = [Missing(t.name, t.shape, t.dtype,
+                       _closest(s_index, t.name, t.shape) if k < SUGGESTED else ())
+               for k, t in enumerate(pending_t)]
+    unused = [Unused(i.name, i.shape, i.dtype,
+                     _closest(t_index, i.name, i.shape) if k < SUGGESTED else ())
+              for k, i in enumerate(pending_s)]
     ordered = [matches[name] for name in target.tensors if name in matches]
     return Plan(source, target, mapping, ordered, missing, unused, dropped, conflicts,
                 allow_missing=allow_missing, allow_unused=allow_unused)

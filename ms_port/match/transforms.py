@@ -22,6 +22,8 @@ class _Op:
 
 
 def _insert(shape: tuple[int, ...], axis: int) -> tuple[int, ...]:
+    if not -len(shape) - 1 <= axis <= len(shape):  # numpy's expand_dims range
+        raise ValueError(f"cannot unsqueeze axis {axis} of shape {shape}")
     axis = axis if axis >= 0 else len(shape) + 1 + axis
     return (*shape[:axis], 1, *shape[axis:])
 

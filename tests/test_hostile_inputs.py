@@ -1,0 +1,227 @@
+"""Hostile mapping files, attacker-sized name sets, and outputs nobody can clobber."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from safetensors.numpy import save_file
+
+import ms_port
+from ms_port.errors import MappingError, OutputExistsError, WriteError
+from ms_port.match.mapping import parse_mapping
+from ms_port.match.plan import make_plan
+from ms_port.read.sources import read_source
+from ms_port.read.targets import from_infos
+from ms_port.read.tensors import TensorInfo
+from ms_port.write import writers
+
+# -- mapping files ----------------------------------------------------------------------
+
+def _laughs(levels: int = 9) -> str:
+    lines = ['a0: &a0 ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]']
+    lines += [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]" for i in range(1, levels)]
+    return "\n".join(lines) + "\n"
+
+
+def test_billion_laughs_is_refused_before_expanding():
+    text = _laughs()
+    assert len(text) < 1000
+    start = time.perf_counter()
+    with pytest.raises(MappingError, match="anchors and aliases"):
+        parse_mapping(text, origin="laughs.yaml")
+    assert time.perf_counter() - start < 2
+
+
+def test_mapping_file_size_is_capped(tmp_path):
+    big = tmp_path / "big.yaml"
+    with open(big, "w") as f:
+        f.truncate(40 << 20)
+    with pytest.raises(MappingError, match="too large"):
+        ms_port.load_mapping(big)
+
+
+@pytest.mark.parametrize("entry", ["rename: {regex: [{from: '(a+)+$', to: x}]}",
+                                   "drop: ['(x+x+)+y']"])
+def test_catastrophic_regexes_run_in_linear_time(entry):
+    table = parse_mapping(entry, origin="m.yaml")
+    start = time.perf_counter()
+    name = "a" * 50_000 + "!" if "a+" in entry else "x" * 50_000
+    table.rename(name)
+    table.dropped_by(name)
+    assert time.perf_counter() - start < 2  # Python's re: minutes
+
+
+@pytest.mark.parametrize("pattern,why", [(r"(a)\1", "backreferences"),
+                                         (r"(?=a)b", "lookarounds")])
+def test_patterns_re2_cannot_run_are_named(pattern, why, capfd):
+    with pytest.raises(MappingError, match=f"drop\\[0\\].*{why}"):
+        parse_mapping(f"drop: ['{pattern}']", origin="m.yaml")
+    assert "re2.cc" not in capfd.readouterr().err  # no engine log on stderr
+
+
+def test_full_match_rename_replaces_once():
+    table = parse_mapping(r"rename: {regex: [{from: '(.*)', to: 'net.\1'}]}", origin="m")
+    assert table.rename("layer.weight")[0] == "net.layer.weight"
+
+
+def test_bad_group_reference_is_named():
+    with pytest.raises(MappingError, match=r"rename.regex\[0\].*group"):
+        parse_mapping(r"rename: {regex: [{from: 'a(b)', to: '\2'}]}", origin="m")
+
+
+@pytest.mark.parametrize("ops", ["[{unsqueeze: 99}]", "[{unsqueeze: 100000000000000000000}]",
+                                 "[{transpose: [0, 0]}]", "[{reshape: [-1, -1]}]"])
+def test_out_of_range_transforms_become_conflicts_not_tracebacks(tmp_path, ops):
+    src = tmp_path / "s.safetensors"
+    save_file({"w": np.ones((4, 4), np.float32)}, str(src))
+    try:
+        table = parse_mapping(f"transforms: [{{match: 'w', ops: {ops}}}]", origin="m.yaml")
+    except MappingError:
+        return  # refused at parse time: fine
+    plan = make_plan(read_source(src), from_infos([TensorInfo("w", (4, 4), "float32")], "t"),
+                     table)
+    assert not plan.ok and "w" in "\n".join(plan.problems())
+
+
+def test_out_of_range_unsqueeze_is_one_line_from_the_cli(tmp_path):
+    """unsqueeze(99) once predicted 4x4x1 for a 4x4 tensor, then crashed while writing."""
+    from click.testing import CliRunner
+
+    from ms_port.cli import main
+
+    save_file({"w": np.ones((4, 4), np.float32)}, str(tmp_path / "s.safetensors"))
+    save_file({"w": np.ones((4, 4, 1), np.float32)}, str(tmp_path / "t.safetensors"))
+    (tmp_path / "m.yaml").write_text("transforms: [{match: 'w', ops: [{unsqueeze: 99}]}]\n")
+    result = CliRunner().invoke(main, ["convert", str(tmp_path / "s.safetensors"), "--target",
+                                       str(tmp_path / "t.safetensors"), "--map",
+                                       str(tmp_path / "m.yaml"), "-o", str(tmp_path / "o.ckpt")])
+    assert result.exit_code in (1, 2) and result.exception is None or \
+        isinstance(result.exception, SystemExit), result.output
+    assert "do not apply" in result.output and not (tmp_path / "o.ckpt").exists()
+
+
+def test_declared_transpose_of_a_square_weight_is_applied(tmp_path):
+    w = np.arange(16, dtype=np.float32).reshape(4, 4)
+    save_file({"w": w}, str(tmp_path / "s.safetensors"))
+    table = parse_mapping("tensors: {w: {source: w, transforms: [{transpose: [1, 0]}]}}",
+                          origin="m.yaml")
+    target = from_infos([TensorInfo("w", (4, 4), "float32")], "t")
+    plan = make_plan(read_source(tmp_path / "s.safetensors"), target, table)
+    assert plan.ok and plan.matches[0].transforms
+    ((_, array),) = list(plan.arrays())
+    np.testing.assert_array_equal(array, w.T)
+
+
+# -- attacker-sized name sets -----------------------------------------------------------
+
+def test_closest_suggestions_stay_fast_with_100k_names(tmp_path):
+    n = 100_000
+    source = {f"blocks.{i}.mlp.fc{i % 7}.weight": np.zeros(1, np.float32) for i in range(n)}
+    save_file(source, str(tmp_path / "s.safetensors"))
+    target = from_infos([TensorInfo(f"layers.{i}.ffn.w{i % 5}", (1,), "float32")
+                         for i in range(n)], "t")
+    start = time.perf_counter()
+    plan = make_plan(read_source(tmp_path / "s.safetensors"), target)
+    took = time.perf_counter() - start
+    assert len(plan.missing) == n and len(plan.unused) == n
+    assert took < 120, f"{took:.0f} s"  # all-pairs difflib: hours
+
+
+# -- outputs ----------------------------------------------------------------------------
+
+@pytest.fixture()
+def pair(tmp_path):
+    src = tmp_path / "s.safetensors"
+    save_file({"w": np.ones(3, np.float32)}, str(src))
+    return src
+
+
+def test_save_map_never_overwrites_without_force(pair, tmp_path):
+    existing = tmp_path / "plan.yaml"
+    existing.write_text("keep me")
+    with pytest.raises(OutputExistsError):
+        ms_port.convert(pair, target=pair, dry_run=True, save_map=existing)
+    assert existing.read_text() == "keep me"
+    ms_port.convert(pair, target=pair, dry_run=True, save_map=existing, force=True)
+    assert "tensors" in existing.read_text()
+
+
+def test_save_map_to_a_directory_or_an_input_is_refused(pair, tmp_path):
+    (tmp_path / "d").mkdir()
+    with pytest.raises(WriteError, match="directory"):
+        ms_port.convert(pair, target=pair, dry_run=True, save_map=tmp_path / "d")
+    with pytest.raises(WriteError, match="input"):
+        ms_port.convert(pair, target=pair, dry_run=True, save_map=pair, force=True)
+
+
+def test_output_over_an_input_is_refused_even_with_force(pair, tmp_path):
+    before = pair.read_bytes()
+    with pytest.raises(WriteError, match="input"):
+        ms_port.convert(pair, target=pair, output=pair, force=True, format="safetensors")
+    assert pair.read_bytes() == before
+
+
+def test_long_output_names_are_fine(pair, tmp_path):
+    out = tmp_path / ("x" * 245 + ".ckpt")
+    ms_port.convert(pair, target=pair, output=out)
+    assert out.exists() and not list(tmp_path.glob(".ms-port-*"))
+    with pytest.raises(WriteError, match="not a usable output path"):
+        ms_port.convert(pair, target=pair, output=tmp_path / ("y" * 300 + ".ckpt"))
+
+
+def test_a_file_appearing_during_the_run_is_never_replaced(pair, tmp_path, monkeypatch):
+    out = tmp_path / "o.ckpt"
+    real = writers.readback
+
+    def and_meanwhile(*args, **kwargs):
+        out.write_text("someone else's")  # appears after the start-up check
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(writers, "readback", and_meanwhile)
+    with pytest.raises(OutputExistsError, match="appeared"):
+        ms_port.convert(pair, target=pair, output=out)
+    assert out.read_text() == "someone else's"
+    assert not list(tmp_path.glob(".ms-port-*"))
+
+
+def test_two_concurrent_conversions_to_one_new_path(tmp_path):
+    import torch
+
+    torch.save({f"w{i}": torch.ones(256, 256) for i in range(16)}, tmp_path / "s.pth")
+    out = tmp_path / "o.ckpt"
+    cmd = [sys.executable, "-m", "ms_port", "convert", str(tmp_path / "s.pth"), "--target",
+           str(tmp_path / "s.pth"), "-o", str(out), "-q"]
+    procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for _ in range(2)]
+    codes = sorted(p.wait(timeout=300) for p in procs)
+    errs = "".join(p.stderr.read() for p in procs)
+    assert codes in ([0, 2], [0, 0]), errs
+    if codes == [0, 2]:  # the loser says so; the winner's file is whole
+        assert "exists" in errs
+    assert read_source(out).tensors.keys() == {f"w{i}" for i in range(16)}
+    assert not list(tmp_path.glob(".ms-port-*"))
+
+
+def test_temp_files_are_created_exclusively(tmp_path):
+    out = tmp_path / "o.bin"
+    with writers.atomic_output(out) as (_, tmp):
+        assert tmp.exists() and tmp.parent == tmp_path and len(tmp.name) < 64
+        assert oct(tmp.stat().st_mode & 0o777) == "0o600"  # mkstemp: O_EXCL, private
+        tmp.write_bytes(b"x")
+    assert out.read_bytes() == b"x"
+    assert out.stat().st_mode & 0o777 == 0o666 & ~_umask()
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+_ = Path
