@@ -6,7 +6,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 DEMO   := demo
 
-.PHONY: env demo test test-fast lint bench clean
+.PHONY: env demo test test-fast lint bench fuzz clean
 
 env: $(STAMP)
 
@@ -30,6 +30,10 @@ test-fast: env
 
 lint: env
 	$(VENV)/bin/ruff check ms_port tests examples benchmarks
+
+# the long differential-fuzzing run (our PyTorch reader vs torch.load(weights_only=True))
+fuzz: env
+	FUZZ_CASES=2000 $(PY) -m pytest -q tests/test_fuzz_differential.py
 
 bench: env
 	$(PY) benchmarks/run.py

@@ -2,7 +2,18 @@
 
 from __future__ import annotations
 
+import sys
+
 import pytest
+
+
+def pytest_terminal_summary(terminalreporter):
+    """How many differential-fuzzing cases ran and how each ended (the proof's size)."""
+    fuzz = sys.modules.get("test_fuzz_differential")
+    total = getattr(fuzz, "TOTAL", None)
+    if total:
+        counts = ", ".join(f"{k} {v}" for k, v in sorted(total.items()) if k != "cases")
+        terminalreporter.write_line(f"differential fuzzing: {total['cases']} cases: {counts}")
 
 
 @pytest.fixture(autouse=True)
