@@ -101,7 +101,7 @@ def test_out_of_range_unsqueeze_is_one_line_from_the_cli(tmp_path):
     result = CliRunner().invoke(main, ["convert", str(tmp_path / "s.safetensors"), "--target",
                                        str(tmp_path / "t.safetensors"), "--map",
                                        str(tmp_path / "m.yaml"), "-o", str(tmp_path / "o.ckpt")])
-    assert result.exit_code in (1, 2) and result.exception is None or \
+    assert (result.exit_code in (1, 2) and result.exception is None) or \
         isinstance(result.exception, SystemExit), result.output
     assert "do not apply" in result.output and not (tmp_path / "o.ckpt").exists()
 
