@@ -3,7 +3,8 @@
     python examples/make_default_checkpoint.py [OUT.pth] [--arch NAME] [--seed N]
 
 No download: the weights come from torchvision's own initialisation, seeded, with
-BatchNorm statistics moved away from 0/1 so that a wrong mapping shows in verify.
+BatchNorm statistics estimated on a few seeded batches, as training does — so rounding
+is what a trained network's is, and a wrong mapping shows in verify.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ def main() -> None:
     parser.add_argument("--arch", default="resnet50")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
-    path = save_reference_checkpoint(args.arch, args.output, seed=args.seed)
+    path = save_reference_checkpoint(args.arch, args.output, seed=args.seed, bn_from_data=True)
     print(f"wrote {path} ({args.arch}, seed {args.seed})")
 
 

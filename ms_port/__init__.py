@@ -18,6 +18,7 @@ __version__ = "0.1.0"
 # public name -> module that defines it; resolved on first access (PEP 562)
 _EXPORTS = {
     "inspect": "api", "plan": "api", "convert": "api", "verify": "api", "export": "api",
+    "diff": "api",
     "ExportReport": "match.inversion",
     "list_archs": "archs", "get_arch": "archs", "register_arch": "archs", "Arch": "archs",
     "read_source": "read.sources", "Source": "read.sources",

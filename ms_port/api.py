@@ -90,7 +90,10 @@ def resolve_target(
         return from_template(target)
     if isinstance(ms_model, str):
         return from_factory(ms_model)
-    return from_cell(ms_model)
+    from .read.targets import instantiate
+
+    # a Cell, or a factory / class that builds one: the same contract as verify's
+    return from_cell(instantiate(ms_model, "--ms-model"))
 
 
 def resolve_mapping(mapping: Any, *, arch: str | None = None) -> MappingTable:
@@ -239,7 +242,10 @@ def verify(
     tol: float = 1e-5,
     seed: int = 0,
     batch: int = 1,
-    input_shape: tuple[int, ...] | None = None,
+    input_shape: Any = None,
+    inputs: Any = None,
+    input_dtype: Any = None,
+    input_range: Any = None,
     dtype: str = "float32",
     device: str = "cpu",
     torch_device: str | None = None,
@@ -248,34 +254,45 @@ def verify(
     key: str | None = None,
     unsafe_pickle: bool = False,
     progress: Callable[[str], None] | None = None,
+    report: str | Path | None = None,
+    force: bool = False,
 ) -> Any:
-    """Run the PyTorch and MindSpore networks on the same input and compare outputs.
+    """Is the conversion right? Compare every tensor, then every layer and output.
 
-    The compared error is the relative L2 error ``||ms - torch|| / ||torch||`` per
-    output: a difference measured against the output's own scale. A NaN or Inf on
-    either side always fails.
+    Before any forward pass, every parameter and buffer the MindSpore network holds is
+    compared with its PyTorch source through the conversion plan (a differing tensor
+    fails the run and is identified by what it holds). Then both networks run on the same
+    inputs; every output and paired layer must stay within ``max(tol, K × its float32
+    noise)`` (relative L2 error; NaN/Inf always fails), and the outputs must depend on
+    the input, else the verdict is INCONCLUSIVE (see :mod:`ms_port.check.verdict`).
 
     Args:
         source: the PyTorch checkpoint the reference network loads.
-        checkpoint: the MindSpore checkpoint the MindSpore network loads.
+        checkpoint: the MindSpore checkpoint the MindSpore network loads (either order).
         arch: a registered architecture (both networks), or else
         torch_model / ms_model: ``"module:callable"`` (or built objects) for each side.
-        mapping: mapping table(s) used to pair layers for divergence localisation.
-        tol: the largest accepted error.
-        seed / batch / input_shape: the random input (shape defaults to the arch's).
+        mapping: the mapping table(s) used for the conversion.
+        tol: the smallest bound.
+        inputs: a file of real inputs (``.npy``; ``.npz``/``.safetensors``/``.pt`` with one
+            array per positional input), or arrays; else generated:
+        input_shape / input_dtype / input_range / batch / seed: one shape (or a list, one
+            per input; default: the arch's), dtypes and ``(low, high)`` ranges, seeded.
         dtype: ``float32`` or ``float64`` (both sides).
         device: ``cpu``, ``gpu`` or ``ascend`` for both sides; ``torch_device`` and
             ``ms_device`` override per side.
-        noise_floor: also run PyTorch in float64 to show float32 rounding error.
+        noise_floor: also run PyTorch in float64 for the per-tensor noise.
+        report: also write a self-contained HTML report there (``force`` to replace one).
 
     Returns:
-        A :class:`~ms_port.check.parity.ParityReport` with ``ok`` and ``first_divergence``.
+        A :class:`~ms_port.check.report.ParityReport`: ``verdict`` (PASS, FAIL,
+        INCONCLUSIVE), ``first_divergence``, ``layers``, ``tensors``.
 
     Example:
         >>> parity = ms_port.verify("resnet50.pth", "resnet50.ckpt", arch="resnet50")
-        >>> parity.ok, parity.error < 1e-5, parity.first_divergence
-        (True, True, None)
+        >>> parity.verdict, parity.first_divergence
+        ('PASS', None)
     """
+    from .check.inputs import generate_inputs, load_inputs
     from .check.networks import (
         build_network,
         load_ms_weights,
@@ -283,8 +300,12 @@ def verify(
         not_loaded_report,
     )
     from .check.parity import correspondence_from_pairs, run_parity
+    from .check.tensors import compare_through_plan
 
     torch_device, ms_device = torch_device or device, ms_device or device
+    if report is not None:
+        check_output(report, force=force)
+        check_not_input(report, source, checkpoint)
 
     entry = None
     if arch is not None:
@@ -293,10 +314,20 @@ def verify(
         entry = get_arch(arch)
     elif torch_model is None or ms_model is None:
         raise MsPortError("give arch=..., or both torch_model and ms_model")
-    shape = input_shape or (entry.input_shape if entry else None)
-    if shape is None:
-        raise MsPortError("no input shape: pass --input-shape C,H,W (input_shape=...) for "
-                          "custom networks")
+    if isinstance(inputs, (str, Path)):
+        feed = load_inputs(inputs)
+    elif inputs is not None:
+        feed = inputs
+    else:
+        shapes = input_shape or (entry.input_shape if entry else None)
+        if shapes is None:
+            raise MsPortError("no input: pass --input FILE or --input-shape C,H,W "
+                              "(inputs=... or input_shape=...) for custom networks")
+        if shapes and not isinstance(shapes[0], (tuple, list)):
+            shapes = [tuple(shapes)]
+        feed = generate_inputs([tuple(s) for s in shapes], batch=batch, seed=seed,
+                               dtypes=input_dtype or ("float32",),
+                               ranges=input_range or (None,))
     step = progress or (lambda _msg: None)
 
     # read and validate both files before building anything heavy
@@ -319,21 +350,26 @@ def verify(
                      allow_missing=True, allow_unused=True)
     correspondence = correspondence_from_pairs((m.target, m.source) for m in plan.matches)
     if not_loaded:
-        return not_loaded_report(checkpoint, not_loaded, unused, tol=tol, shape=shape,
-                                 batch=batch, seed=seed, dtype=dtype,
-                                 torch_device=torch_device, ms_device=ms_device)
-    report = run_parity(tnet, mnet, input_shape=tuple(shape), batch=batch, seed=seed,
-                        tol=tol, dtype=dtype, torch_device=torch_device,
-                        ms_device=ms_device, correspondence=correspondence,
-                        noise_floor=noise_floor, progress=progress)
+        return not_loaded_report(checkpoint, not_loaded, unused, tol=tol, feed=feed,
+                                 seed=seed, dtype=dtype, torch_device=torch_device,
+                                 ms_device=ms_device)
+    step("comparing every tensor through the plan")
+    values = {name: (lambda p=param: p.asnumpy()) for name, param in mnet.parameters_and_names()}
+    tensors = compare_through_plan(plan, values, a=str(source), b=str(checkpoint))
+    result = run_parity(tnet, mnet, inputs=feed, seed=seed, tol=tol, dtype=dtype,
+                        torch_device=torch_device, ms_device=ms_device,
+                        correspondence=correspondence, noise_floor=noise_floor,
+                        tensor_diff=tensors, progress=progress)
     if swapped:
-        report.notes.append(f"{checkpoint} is the MindSpore side, {source} the PyTorch side")
+        result.notes.append(f"{checkpoint} is the MindSpore side, {source} the PyTorch side")
     if unused:
-        report.notes.append(f"{len(unused)} checkpoint entries unused by the network: "
+        result.notes.append(f"{len(unused)} checkpoint entries unused by the network: "
                             f"{', '.join(unused[:3])}")
-    return report
+    if report is not None:
+        from .check.html import render_html
 
-
+        write_text(report, render_html(result.to_dict()), force=force)
+    return result
 
 
 def export(
@@ -395,3 +431,70 @@ def export(
         return ExportReport(p.ok, p, out, dry_run=dry_run)
     written = write_plan(p, output, format=fmt, force=force, progress=progress)
     return ExportReport(True, p, out, written=written, nonfinite=written.nonfinite)
+
+
+def diff(
+    a: str | Path,
+    b: str | Path,
+    *,
+    arch: str | None = None,
+    ms_model: Any = None,
+    mapping: Any = None,
+    key: str | None = None,
+    unsafe_pickle: bool = False,
+) -> Any:
+    """Compare two checkpoints tensor by tensor, and say what each differing one holds.
+
+    A PyTorch file and a MindSpore ``.ckpt`` (either order) are compared through the
+    conversion plan, transforms included: the MindSpore side is ``arch``, ``ms_model``
+    or, by default, the ``.ckpt``'s own names and shapes. Two files of one framework are
+    paired by name. A tensor that differs is identified by content hash (else by cosine
+    > 0.999) among the other side's tensors: ``bn.moving_mean holds bn.running_var``.
+
+    Args:
+        a / b: the two checkpoints (``.pth``/``.pt``/``.bin``, ``.safetensors``, ``.ckpt``).
+        arch: a registered architecture naming the MindSpore side (a pair only).
+        ms_model: a MindSpore Cell (or ``"module:callable"``) naming the MindSpore side.
+        mapping: mapping table(s), as for :func:`plan`.
+        key / unsafe_pickle: how to read a PyTorch file, as for :func:`inspect`.
+
+    Returns:
+        A :class:`~ms_port.check.tensors.TensorDiff`; ``ok`` when every tensor is
+        identical, and each delta's ``holds`` names what a differing tensor holds.
+
+    Example:
+        >>> d = ms_port.diff("resnet50.pth", "resnet50.ckpt", arch="resnet50")
+        >>> d.ok, [(x.target, x.holds) for x in d.problems]
+        (False, [('layer3.2.bn2.moving_mean', 'layer3.2.bn2.running_var')])
+    """
+    from .check.tensors import compare_by_name, compare_through_plan
+    from .read.sources import detect_format
+    from .read.targets import from_infos
+
+    def read(path: str | Path | Source) -> Source:
+        if isinstance(path, Source):
+            return path
+        if detect_format(path) == "mindspore-ckpt":  # names are kept exactly as saved
+            return read_source(path, strip_prefixes=False)
+        return read_source(path, key=key, unsafe_pickle=unsafe_pickle)
+
+    src_a, src_b = read(a), read(b)
+    ms_a, ms_b = (s.format == "mindspore-ckpt" for s in (src_a, src_b))
+    if ms_a == ms_b:
+        given = [n for n, v in (("arch", arch), ("ms_model", ms_model), ("mapping", mapping))
+                 if v not in (None, [], ())]
+        if given:
+            raise MsPortError(f"{src_a.path} and {src_b.path} are both "
+                              f"{'MindSpore' if ms_a else 'PyTorch'} checkpoints, compared "
+                              f"by name; {', '.join(given)} applies only to a PyTorch and "
+                              "MindSpore pair — drop it")
+        return compare_by_name(src_a, src_b)
+    torch_src, ms_src = (src_b, src_a) if ms_a else (src_a, src_b)
+    if arch is not None or ms_model is not None:
+        tgt = resolve_target(arch=arch, ms_model=ms_model)
+    else:  # the checkpoint's own names and shapes, as a template
+        tgt = from_infos(ms_src.tensors.values(), ms_src.path)
+    p = make_plan(torch_src, tgt, resolve_mapping(mapping, arch=arch),
+                  allow_missing=True, allow_unused=True)
+    values = {info.name: info.load for info in ms_src}
+    return compare_through_plan(p, values, a=torch_src.path, b=ms_src.path)

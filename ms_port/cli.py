@@ -112,14 +112,15 @@ def inspect(file: str | None, arch: str | None, as_json: bool, pattern: str | No
 
 
 def _finish(report: Any, *, as_json: bool, show: str = "summary") -> None:
-    """Print a report (JSON or rich) and exit 0 if it is ok, else 1."""
+    """Print a report (JSON or rich) and exit with its own code (verify: 3 for
+    INCONCLUSIVE), else 0 if it is ok and 1 if not."""
     if as_json:
         _emit_json(report.to_dict())
     else:
         from .render import render
 
         _console().print(render(report, limit=None if show == "all" else 20, show=show))
-    sys.exit(0 if report.ok else 1)
+    sys.exit(getattr(report, "exit_code", 0 if report.ok else 1))
 
 
 def _progress_bar(enabled: bool):
@@ -212,14 +213,23 @@ def convert(source: str, arch: str | None, template: str | None, ms_model: str |
 @click.option("--ms-model", metavar="MODULE:CALLABLE",
               help="MindSpore network factory (with --torch-model).")
 @click.option("--map", "maps", multiple=True, metavar="YAML",
-              help="Mapping table(s) pairing the layers, for locating a divergence.")
+              help="Mapping table(s) used for the conversion: they pair tensors and layers.")
 @click.option("--tol", type=float, default=1e-5, show_default=True,
-              help="Largest accepted error = ||ms - torch||₂ / ||torch||₂ per output "
-                   "(relative to the output's scale; NaN/Inf always fails).")
+              help="The smallest bound: every output and layer must keep ||ms - torch||₂ / "
+                   "||torch||₂ <= max(tol, 4 × its float32 noise); NaN/Inf always fails.")
+@click.option("--input", "input_file", metavar="FILE",
+              help="Real inputs: .npy, or .npz/.safetensors/.pt with one array per "
+                   "positional input (batch axis first; integer arrays for token ids).")
+@click.option("--input-shape", "input_shapes", multiple=True, metavar="C,H,W",
+              help="One sample's shape per input, repeatable (default: the architecture's).")
+@click.option("--input-dtype", "input_dtypes", multiple=True, metavar="DTYPE",
+              help="Dtype of generated inputs, once or per input (default float32; int64 "
+                   "for token ids).")
+@click.option("--input-range", "input_ranges", multiple=True, metavar="LOW,HIGH",
+              help="Draw generated inputs uniformly in [LOW, HIGH), once or per input "
+                   "(needed for integers, e.g. 0,VOCAB).")
 @click.option("--seed", type=int, default=0, show_default=True, help="Input seed.")
 @click.option("--batch", type=click.IntRange(min=1), default=1, show_default=True)
-@click.option("--input-shape", metavar="C,H,W",
-              help="One sample's shape (default: the architecture's).")
 @click.option("--dtype", type=click.Choice(["float32", "float64"]), default="float32",
               show_default=True, help="Run both sides in this dtype.")
 @click.option("--device", type=click.Choice(["cpu", "gpu", "ascend"]), default="cpu",
@@ -228,32 +238,43 @@ def convert(source: str, arch: str | None, template: str | None, ms_model: str |
               help="Override the PyTorch side's device.")
 @click.option("--ms-device", type=click.Choice(["cpu", "gpu", "ascend"]),
               help="Override the MindSpore side's device.")
-@click.option("--no-noise-floor", is_flag=True, help="Skip the float64 reference run.")
+@click.option("--no-noise-floor", is_flag=True,
+              help="Skip the float64 reference run (the bound is then --tol alone).")
+@click.option("--report", "report_path", metavar="FILE.html",
+              help="Also write a self-contained HTML report: error vs noise along the "
+                   "network, the verdict, the tensor table.")
+@click.option("--force", is_flag=True, help="Replace an existing --report file.")
+@click.option("--show", type=click.Choice(["summary", "all"]), default="summary",
+              show_default=True, help="'all' lists every compared layer.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress messages.")
 @_source_options
 def verify(source: str, checkpoint: str, arch: str | None, torch_model: str | None,
-           ms_model: str | None, maps: tuple[str, ...], tol: float, seed: int, batch: int,
-           input_shape: str | None, dtype: str, device: str, torch_device: str | None,
-           ms_device: str | None, no_noise_floor: bool, as_json: bool, quiet: bool,
+           ms_model: str | None, maps: tuple[str, ...], tol: float, input_file: str | None,
+           input_shapes: tuple[str, ...], input_dtypes: tuple[str, ...],
+           input_ranges: tuple[str, ...], seed: int, batch: int, dtype: str, device: str,
+           torch_device: str | None, ms_device: str | None, no_noise_floor: bool,
+           report_path: str | None, force: bool, show: str, as_json: bool, quiet: bool,
            key: str | None, unsafe_pickle: bool) -> None:
-    """Run PyTorch (with SOURCE) and MindSpore (with CHECKPOINT) on the same seeded input.
+    """Is the conversion right? Run PyTorch (with SOURCE) and MindSpore (with CHECKPOINT)
+    on the same inputs and compare every tensor, layer and output.
 
-    Passes when, for every output, ||ms - torch||₂ / ||torch||₂ <= --tol and no value is
-    NaN/Inf. On failure, names the first layer whose output diverges. Exit 0 pass,
-    1 mismatch, 2 bad input.
+    PASS: every output and paired layer within max(--tol, 4 × its float32 noise), and the
+    outputs depend on the input. FAIL: something above its bound, NaN/Inf, or a tensor that
+    differs from its source — the first layer in execution order is named, with the tensors
+    behind it. INCONCLUSIVE: the outputs barely depend on the input, so agreement proves
+    nothing. Exit 0 PASS, 1 FAIL, 2 bad input, 3 INCONCLUSIVE.
     """
     from . import api
+    from .check.inputs import parse_range, parse_shape
 
     if arch is None and (torch_model is None or ms_model is None):
         raise click.UsageError("give --arch NAME, or both --torch-model and --ms-model")
-    shape = None
-    if input_shape:
-        try:
-            shape = tuple(int(d) for d in input_shape.split(","))
-        except ValueError:
-            raise click.BadParameter(f"{input_shape!r}: expected integers like 3,224,224",
-                                     param_hint="--input-shape") from None
+    if input_file and (input_shapes or input_dtypes or input_ranges):
+        raise click.UsageError("--input feeds a file's arrays; --input-shape/--input-dtype/"
+                               "--input-range describe generated ones: give one or the other")
+    shapes = [parse_shape(s) for s in input_shapes]
+    ranges = [parse_range(r) for r in input_ranges]
     steps = None
     if not (quiet or as_json) and sys.stderr.isatty():
         from rich.text import Text
@@ -265,11 +286,13 @@ def verify(source: str, checkpoint: str, arch: str | None, torch_model: str | No
 
     report = api.verify(source, checkpoint, arch=arch, torch_model=torch_model,
                         ms_model=ms_model, mapping=list(maps), tol=tol, seed=seed,
-                        batch=batch, input_shape=shape, dtype=dtype, device=device,
-                        torch_device=torch_device, ms_device=ms_device,
-                        noise_floor=not no_noise_floor, key=key,
-                        unsafe_pickle=unsafe_pickle, progress=steps)
-    _finish(report, as_json=as_json)
+                        batch=batch, input_shape=shapes or None, inputs=input_file,
+                        input_dtype=list(input_dtypes) or None, input_range=ranges or None,
+                        dtype=dtype, device=device, torch_device=torch_device,
+                        ms_device=ms_device, noise_floor=not no_noise_floor, key=key,
+                        unsafe_pickle=unsafe_pickle, progress=steps, report=report_path,
+                        force=force)
+    _finish(report, as_json=as_json, show=show)
 
 
 @main.command()
@@ -359,6 +382,35 @@ def archs(as_json: bool) -> None:
         table.add_row(a.name, "-" if count is None else f"{count:,}", a.reference,
                       "×".join(map(str, a.input_shape)), a.notes)
     _console().print(table)
+
+
+@main.command()
+@click.argument("a", type=click.Path(dir_okay=True))
+@click.argument("b", type=click.Path(dir_okay=True))
+@click.option("--arch", metavar="NAME", help=f"MindSpore side: {ARCH_HELP}.")
+@click.option("--ms-model", metavar="MODULE:CALLABLE",
+              help="MindSpore side: a function returning a mindspore.nn.Cell.")
+@click.option("--map", "maps", multiple=True, metavar="YAML",
+              help="Extra mapping table (repeatable), as for convert.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@click.option("--all", "show_all", is_flag=True, help="List identical tensors too.")
+@_source_options
+def diff(a: str, b: str, arch: str | None, ms_model: str | None, maps: tuple[str, ...],
+         as_json: bool, show_all: bool, key: str | None, unsafe_pickle: bool) -> None:
+    """Compare the tensors of A and B, and name what each differing one holds.
+
+    A .pth (or .safetensors) and a .ckpt, in either order, are compared through the
+    conversion plan (the MindSpore side: --arch, --ms-model, or the .ckpt's own names);
+    two files of one framework are paired by name. Exit 0 identical, 1 differences,
+    2 bad input.
+    """
+    from . import api
+
+    if arch is not None and ms_model is not None:
+        raise click.UsageError("give --arch or --ms-model, not both")
+    report = api.diff(a, b, arch=arch, ms_model=ms_model, mapping=list(maps), key=key,
+                      unsafe_pickle=unsafe_pickle)
+    _finish(report, as_json=as_json, show="all" if show_all else "summary")
 
 
 if __name__ == "__main__":  # pragma: no cover

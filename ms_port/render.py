@@ -144,36 +144,67 @@ def _num(x: float | None, spec: str = ".2e") -> str:
     return "n/a" if x is None or x != x or x in (float("inf"), float("-inf")) else f"{x:{spec}}"
 
 
+_VERDICT_STYLE = {"PASS": "green", "FAIL": "red", "INCONCLUSIVE": "yellow"}
+
+
 def _parity(r: Any, *, limit: int | None, show: str) -> Any:
-    style = "green" if r.ok else "red"
+    from .check.html import terminal_curve
+
+    verdict = getattr(r, "verdict", "PASS" if r.ok else "FAIL")
+    style = _VERDICT_STYLE.get(verdict, "red")
     lines = [escape(r.message), ""]
+    for reason in r.reasons[1:]:
+        lines.append(f"[{style}]• {escape(reason)}[/]")
     for o in r.outputs:
-        top1 = (f"   top-1 agreement {o.top1_agreement:.0%}"
-                if o.top1_agreement is not None else "")
+        top1 = (f"   top-1 {o.top1_agreement:.0%}" if o.top1_agreement is not None else "")
+        noise = f"   noise {_num(o.noise)}" if o.noise is not None else ""
+        sens = (f"   input sensitivity {_num(o.sensitivity)}"
+                if o.sensitivity is not None else "")
         nan = ""
         if o.ms_nan_count or o.ms_inf_count or o.torch_nan_count or o.torch_inf_count:
             nan = (f"   [red]NaN/Inf: MindSpore {o.ms_nan_count}/{o.ms_inf_count}, "
                    f"PyTorch {o.torch_nan_count}/{o.torch_inf_count}[/]")
-        lines.append(f"output {o.index}: {format_shape(tuple(o.torch_shape))}   error "
-                     f"{_num(o.error)} (tol {r.tol:g})   max |Δ| {_num(o.max_abs)}   cosine "
-                     f"{_num(o.cosine, '.8f')}{top1}{nan}")
-        if o.problem:
-            lines.append(f"  [red]{escape(o.problem)}[/]")
+        lines.append(f"output {escape(o.name)}: {format_shape(tuple(o.torch_shape))}   error "
+                     f"{_num(o.error)} (bound {_num(o.bound)}){noise}{sens}   max |Δ| "
+                     f"{_num(o.max_abs)}{top1}{nan}")
     if r.noise_floor is not None:
-        lines.append(f"float32 noise floor (PyTorch float32 vs float64): {_num(r.noise_floor)}")
+        lines.append(f"float32 noise floor (PyTorch float32 vs float64): {_num(r.noise_floor)}"
+                     f"; bound = max(tol {r.tol:g}, {r.k:g} × noise)" if r.k else "")
+    if r.layers:
+        by = {how: sum(c.paired_by == how for c in r.layers) for how in ("name", "order")}
+        bad = sum(c.status in ("fail", "nonfinite") for c in r.layers)
+        lines.append(f"layers: {len(r.layers)} compared ({by['name']} paired by name, "
+                     f"{by['order']} by order and shape), {bad} above their bound")
+        curve = terminal_curve([c.to_dict() for c in r.layers], width=76, height=5)
+        if curve:
+            lines += ["[dim]error / bound along the network (log scale):[/]"]
+            lines += [escape(c) for c in curve]
     if r.first_divergence is not None:
         lines.append(f"[red]first divergence: {escape(r.first_divergence.describe())}[/]")
+        for t in r.first_divergence.tensors[:6]:
+            lines.append(f"[red]  {escape(t)}[/]")
+    if r.tensors is not None:
+        counts = ", ".join(f"{k} {v}" for k, v in r.tensors.counts.items() if v)
+        lines.append(f"tensors (compared through the plan before running): {escape(counts)}")
     for w in r.nonfinite_weights:
         lines.append(f"[red]non-finite weights: {escape(w)}[/]")
+    if show == "all":
+        for c in r.layers:
+            mark = {"fail": "[red]✗[/]", "nonfinite": "[red]✗[/]",
+                    "insensitive": "[yellow]~[/]"}.get(c.status, "[green]✓[/]")
+            lines.append(f"{mark} {c.index:>4} {escape(c.name)} [{escape(c.torch_kind)}] "
+                         f"error {_num(c.error)} bound {_num(c.bound)} ({c.paired_by})")
     for note in r.notes[: limit or 10]:
         lines.append(f"[dim]note: {escape(note)}[/]")
-    lines.append(f"input: batch {r.batch} × {format_shape(tuple(r.input_shape))}, seed "
-                 f"{r.seed}, {r.dtype}; devices: PyTorch {r.torch_device}, MindSpore "
+    fed = "; ".join(escape(f"{i['name']} {i['dtype']} {i['shape']} {i['origin']}")
+                    for i in r.inputs) or (f"batch {r.batch} × "
+                                           f"{format_shape(tuple(r.input_shape))}")
+    lines.append(f"inputs: {fed}; {r.dtype}; devices: PyTorch {r.torch_device}, MindSpore "
                  f"{r.ms_device}")
     if r.timings:
         lines.append("timings: " + ", ".join(f"{k} {v:.2f}s" for k, v in r.timings.items()))
-    return Panel("\n".join(lines), title=f"[bold {style}]{'PASS' if r.ok else 'FAIL'}[/]",
-                 title_align="left", border_style=style)
+    return Panel("\n".join(line for line in lines if line is not None),
+                 title=f"[bold {style}]{verdict}[/]", title_align="left", border_style=style)
 
 
 def _plan(p: Any, *, limit: int | None, show: str) -> Any:
@@ -183,7 +214,32 @@ def _plan(p: Any, *, limit: int | None, show: str) -> Any:
     return _conversion(ConversionReport(p.ok, p, None, dry_run=True), limit=limit, show="all")
 
 
+def _diff(r: Any, *, limit: int | None, show: str) -> Any:
+    # problems first, each one line naming what the tensor holds instead
+    problems = r.problems
+    shown = problems if limit is None else problems[:limit]
+    rows = [f"[red]✗[/] {escape(d.describe(r.mode))}" for d in shown]
+    if len(shown) < len(problems):
+        rows.append(f"[dim]… {len(problems) - len(shown)} more (--all, or --json)[/]")
+    if show == "all":
+        rows += [f"[green]✓[/] {escape(d.describe(r.mode))}" for d in r.deltas
+                 if d.status == "identical"]
+    sides = ("A (PyTorch)", "B (MindSpore)") if r.mode == "plan" else ("A", "B")
+    counts = ", ".join(f"{k} {v}" for k, v in r.counts.items() if v) or "no tensors"
+    lines = [f"{sides[0]}: {escape(r.a)}", f"{sides[1]}: {escape(r.b)}",
+             f"compared {'through the plan' if r.mode == 'plan' else 'by name'}: "
+             f"{len(r.deltas)} tensors — {counts}"]
+    lines += [f"[dim]note: {escape(n)}[/]" for n in r.notes[: limit or len(r.notes)]]
+    style = "green" if r.ok else "red"
+    parts: list[Any] = [Text.from_markup("\n".join(rows))] if rows else []
+    parts.append(Panel("\n".join(lines), title=f"[bold {style}]"
+                       f"{'IDENTICAL' if r.ok else 'DIFFERENT'}[/]",
+                       title_align="left", border_style=style))
+    return Group(*parts)
+
+
 _RENDERERS = {
+    "TensorDiff": _diff,
     "Plan": _plan,
     "InspectReport": _inspect,
     "ConversionReport": _conversion,

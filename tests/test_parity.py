@@ -188,18 +188,26 @@ def test_exact_copy_passes_with_error_at_rounding_level():
     assert report.error < 1e-6  # float32 rounding, far below tol
     assert report.noise_floor is not None and 0 < report.noise_floor < 1e-5
     assert report.first_divergence is None
-    assert report.message.startswith("outputs agree")
+    assert report.message.startswith("PASS: 1 output and ")
+    assert report.verdict == "PASS" and report.exit_code == 0
     (out,) = report.outputs
     assert out.ms_shape == out.torch_shape == (2, CLASSES)
     assert out.top1_agreement == 1.0 and out.cosine == pytest.approx(1.0)
     assert out.ms_nan_count == out.torch_nan_count == 0
-    assert {"torch_forward", "mindspore_forward", "torch_float64_forward"} <= set(report.timings)
-    assert steps[:3] == ["checking weights for NaN/Inf", "torch forward", "mindspore forward"]
+    assert {"torch_forward", "mindspore_forward", "torch_float64_forward",
+            "torch_second-input_forward"} <= set(report.timings)
+    assert steps == ["checking weights for NaN/Inf", "torch forward",
+                     "torch float64 forward (noise)", "torch second-input forward (sensitivity)",
+                     "mindspore forward"]
+    # every layer compared, weightless ones too (ReLU calls, pooling), each with its noise
+    assert report.layers_checked == len(report.layers) >= 10
+    assert all(c.noise is not None and c.bound >= report.tol for c in report.layers)
+    assert {c.torch_kind for c in report.layers} >= {"Conv2d", "BatchNorm2d", "ReLU"}
     data = report.to_dict()
     json.dumps(data, allow_nan=False)
     assert {"ok", "max_abs", "error", "tol", "first_divergence"} <= set(data)
     assert data["first_divergence"] is None and data["ok"] is True
-    assert repr(report).startswith("ParityReport(ok=True, error=")
+    assert repr(report).startswith("ParityReport(PASS, ok=True, error=")
 
 
 def test_same_seed_same_input_and_batch_recorded():
@@ -315,13 +323,13 @@ def test_different_output_shapes_fail_clearly():
     net, twin, corr = make_twins(classes=CLASSES + 1)
     report = parity(net, twin, corr)
     assert not report.ok
-    assert "output 0 shapes differ: MindSpore 2×6 vs PyTorch 2×5" in report.message
-    assert report.outputs[0].problem.startswith("output 0 shapes differ")
+    assert "output 0: shapes differ: MindSpore 2×6 vs PyTorch 2×5" in report.message
+    assert report.outputs[0].problem.startswith("output 0: shapes differ")
     assert report.outputs[0].top1_agreement is None
     # every layer before the classifier agrees; the classifier cannot be compared
     assert report.first_divergence is None
-    assert ("not compared: end_point (PyTorch: fc): output shapes MindSpore 2×6 vs "
-            "PyTorch 2×5") in report.message
+    assert any("end_point (PyTorch: fc): shapes differ: MindSpore 2×6 vs PyTorch 2×5" in n
+               for n in report.notes), report.notes
 
 
 def test_graph_mode_network_is_compared_and_located():
@@ -350,14 +358,28 @@ def test_default_correspondence_pairs_same_named_layers():
     assert "first divergence at bn1 (error" in report.message
 
 
-def test_without_correspondence_the_message_says_how_to_locate():
+def test_without_names_leaf_layers_pair_by_order_and_shape():
+    """No plan pairs: same-named layers pair by name, the rest (the classifier, named
+    end_point vs fc) by execution order and output shape — the rolled rows are found."""
     def roll(name, array):
         return np.roll(array, 1, axis=0) if name == "end_point.weight" else array
 
     net, twin, _ = make_twins(roll)
     report = parity(net, twin, [])
-    assert not report.ok and report.first_divergence is None
-    assert report.layers_checked == 0 and "divergence_search" not in report.timings
+    assert report.verdict == "FAIL" and report.layers_checked > 0
+    div = report.first_divergence
+    assert (div.ms_name, div.torch_name) == ("end_point", "fc")
+    assert next(c for c in report.layers if c.ms == "end_point").paired_by == "order"
+
+
+def test_without_any_layer_pairing_the_message_says_how_to_locate():
+    def roll(name, array):
+        return np.roll(array, 1, axis=0) if name == "end_point.weight" else array
+
+    net, twin, _ = make_twins(roll)
+    report = parity(net, twin, [], layers=False)
+    assert report.verdict == "FAIL" and report.first_divergence is None
+    assert report.layers_checked == 0 and "no layers were paired" in report.message
 
 
 # --- float64 ------------------------------------------------------------------------------

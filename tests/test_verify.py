@@ -131,20 +131,37 @@ def test_source_that_does_not_fit_the_reference_is_bad_input(resnet18, tmp_path)
 @pytest.mark.slow
 @pytest.mark.parametrize("arch", ms_port.list_archs())
 def test_every_builtin_architecture_passes(arch, tmp_path):
-    pth = save_reference_checkpoint(arch, tmp_path / f"{arch}.pth", seed=1)
+    """BatchNorm statistics estimated on data, as in a trained network: rounding is then
+    ~40x what perturbed statistics show, and a correct conversion must still PASS."""
+    pth = save_reference_checkpoint(arch, tmp_path / f"{arch}.pth", seed=1, bn_from_data=True,
+                                    bn_input_shape=(3, 64, 64))
     report = ms_port.convert(pth, arch=arch, output=tmp_path / f"{arch}.ckpt")
     assert report.ok and report.plan.counts["fallback"] == 0
     parity = ms_port.verify(pth, tmp_path / f"{arch}.ckpt", arch=arch, batch=2,
-                            input_shape=(3, 64, 64), noise_floor=False)
-    assert parity.ok, parity.message
-    assert parity.error < 1e-5
+                            input_shape=(3, 64, 64), tol=1e-5)
+    assert parity.verdict == "PASS", parity.message
+    assert parity.tensors.ok and parity.layers_checked > 50
 
 
 @pytest.mark.slow
 def test_resnet50_full_size(tmp_path):
-    pth = save_reference_checkpoint("resnet50", tmp_path / "r50.pth")
+    """The case that failed before: realistic statistics, 224x224, --tol 1e-5. The output
+    error (~2e-5) is above 1e-5 and within 4x its float32 noise (~1.6e-5)."""
+    pth = save_reference_checkpoint("resnet50", tmp_path / "r50.pth", bn_from_data=True)
     assert ms_port.convert(pth, arch="resnet50", output=tmp_path / "r50.ckpt").ok
-    parity = ms_port.verify(pth, tmp_path / "r50.ckpt", arch="resnet50")
-    assert parity.ok, parity.message
+    parity = ms_port.verify(pth, tmp_path / "r50.ckpt", arch="resnet50", tol=1e-5)
+    assert parity.verdict == "PASS", parity.message
     assert parity.input_shape == (3, 224, 224)
-    assert parity.noise_floor is not None and parity.error < 10 * max(parity.noise_floor, 1e-7)
+    assert parity.noise_floor is not None and parity.error < 4 * parity.noise_floor
+    # a swapped BatchNorm pair in the same realistic network fails, named
+    from ms_port.read.ckpt import CkptReader
+
+    with CkptReader(tmp_path / "r50.ckpt") as reader:
+        arrays = {e.name: np.array(reader.load(e.name)) for e in reader.entries}
+    arrays["layer2.3.bn3.gamma"], arrays["layer2.3.bn3.beta"] = (
+        arrays["layer2.3.bn3.beta"], arrays["layer2.3.bn3.gamma"])
+    with open(tmp_path / "bad.ckpt", "wb") as f, CkptWriter(f) as writer:
+        for name, array in arrays.items():
+            writer.write(name, array)
+    bad = ms_port.verify(pth, tmp_path / "bad.ckpt", arch="resnet50", tol=1e-5)
+    assert bad.verdict == "FAIL" and bad.first_divergence.ms_name == "layer2.3.bn3"

@@ -13,7 +13,7 @@ import numpy as np
 
 from ..errors import ParityError
 from ..read.sources import Source, read_source
-from .parity import ParityReport
+from .report import FAIL, ParityReport
 
 
 def build_network(spec: Any, option: str, arch: Any, side: str) -> Any:
@@ -76,16 +76,18 @@ def load_ms_weights(net: Any, checkpoint: str | Path) -> tuple[list[str], list[s
 
 
 def not_loaded_report(checkpoint: Any, not_loaded: list[str], unused: list[str], *,
-                       tol: float, shape: tuple[int, ...], batch: int, seed: int,
-                       dtype: str, torch_device: str, ms_device: str) -> ParityReport:
+                      tol: float, feed: list[Any], seed: int, dtype: str, torch_device: str,
+                      ms_device: str) -> ParityReport:
     names = ", ".join(not_loaded[:5]) + (" …" if len(not_loaded) > 5 else "")
-    message = (f"{checkpoint} lacks {len(not_loaded)} tensor"
+    message = (f"FAIL: {checkpoint} lacks {len(not_loaded)} tensor"
                f"{'s' * (len(not_loaded) != 1)} the MindSpore network needs: {names} — "
                "nothing was run; convert again")
     notes = [f"not in the checkpoint: {n}" for n in not_loaded]
     notes += [f"in the checkpoint but unused: {n}" for n in unused]
+    first = np.asarray(feed[0].array) if feed else np.zeros((1,))
     return ParityReport(
         ok=False, tol=tol, error=float("inf"), max_abs=float("inf"), outputs=[],
-        noise_floor=None, first_divergence=None, input_shape=tuple(shape), batch=batch,
-        seed=seed, dtype=dtype, torch_device=torch_device, ms_device=ms_device,
-        message=message, notes=notes)
+        noise_floor=None, first_divergence=None, input_shape=tuple(first.shape[1:]),
+        batch=int(first.shape[0]), seed=seed, dtype=dtype, torch_device=torch_device,
+        ms_device=ms_device, message=message, notes=notes, verdict=FAIL,
+        reasons=[message[len("FAIL: "):]], inputs=[i.to_dict() for i in feed])

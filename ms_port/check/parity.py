@@ -1,282 +1,65 @@
-"""Parity: run both networks on one seeded input and prove that their outputs agree.
+"""verify's engine: run both networks once on the same inputs and judge every layer.
 
-:func:`run_parity` feeds the same seeded random input to a PyTorch module and a
-MindSpore cell (both in eval mode, weights already loaded), compares every output and
-returns a :class:`ParityReport`. It never prints; progress goes to an optional callback.
+:func:`run_parity` takes a PyTorch module and a MindSpore cell (weights loaded) and:
 
-The error, per output (a network may return one tensor or a tuple/list of them)::
+1. checks both networks' weights for NaN/Inf (a bad weight need not reach the output:
+   MindSpore's ReLU maps NaN to 0, PyTorch's keeps it);
+2. runs PyTorch in float32 recording every layer's output (:mod:`.layers`), then in
+   float64 and on a second, different input, measuring each layer's float32 noise and
+   its sensitivity to the input as the hooks fire;
+3. runs MindSpore once, recording every cell's output;
+4. pairs outputs (by name, then position and shape) and layers (by the plan's names,
+   then by order and output shape), compares each against ``max(tol, K × noise)`` and
+   decides PASS, FAIL or INCONCLUSIVE (:mod:`.verdict`).
 
-    error = ||ms - torch||_2 / max(||torch||_2, tiny)
-
-the relative L2 error: the size of the difference measured against the size of the
-PyTorch output, so one tolerance fits logits and feature maps alike. An output passes
-iff ``error <= tol`` *and* neither side holds a NaN or Inf anywhere: a NaN is a
-failure, never a pass. The weights of both networks are checked for NaN/Inf too, since a
-bad weight need not reach the output (MindSpore's ReLU maps NaN to 0, PyTorch's keeps
-it). Shapes that differ fail. The report also gives the largest
-absolute difference, the cosine similarity, top-1 agreement for 2-D outputs and the
-**noise floor**: the same error between the PyTorch model's own float32 and float64
-outputs, i.e. what float32 rounding alone costs, so a user can read an error against it.
-
-When the outputs differ, forward hooks on both sides capture every layer named in the
-``correspondence`` (MindSpore cell path ↔ PyTorch module path) for the same input; the
-layers are walked in the order in which the PyTorch hooks fired, and the first one whose
-output has a relative error above ``tol`` (or a NaN/Inf) is named, with its enclosing
-block. Hooks fire when a layer *finishes*, so a layer is checked before the block that
-contains it and the finest-grained culprit is found first.
-
-``dtype="float64"`` runs both sides in float64, which MindSpore's CPU kernels allow for
-Dense, activations, pooling and LayerNorm but not for Conv2D or BatchNorm: such a network
-is refused with a :class:`~ms_port.errors.ParityError` naming the operator and the cell.
-
-torch and mindspore are imported inside functions so that importing this module (and
-``ms-port --help``) stays fast.
+It never prints; progress goes to an optional callback. torch and mindspore are imported
+inside functions so that importing this module (and ``ms-port --help``) stays fast.
 """
 
 from __future__ import annotations
 
-import contextlib
-import copy
 import math
-import re
 import time
-from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
-from ..display import Renderable
-from ..errors import DeviceError, ParityError
-from ..read.tensors import format_shape
+from ..errors import ParityError
+from . import devices
+from .compare import (
+    comparable,
+    cosine,
+    fmt,
+    ms_outputs,
+    ms_to_numpy,
+    nonfinite,
+    relative_error,
+    torch_outputs,
+    torch_to_numpy,
+)
+from .layers import Measure, Pair, layer_error, pair_events, record_ms, record_torch
+from .report import (
+    ERROR_DEFINITION,
+    FAIL,
+    INCONCLUSIVE,
+    PASS,
+    Divergence,
+    LayerComparison,
+    OutputComparison,
+    ParityReport,
+)
+from .verdict import K, bound_for, decide, pass_message, status_of
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable, Iterator
+    from collections.abc import Iterable
 
-#: One line for ``--help`` and reports: what "error" means.
-ERROR_DEFINITION = (
-    "error = ||ms - torch||_2 / max(||torch||_2, tiny) per output (relative L2 error: the "
-    "difference measured against the output's scale); an output passes iff error <= tol "
-    "and neither side holds NaN or Inf"
-)
+__all__ = ["ERROR_DEFINITION", "FAIL", "INCONCLUSIVE", "PASS", "Divergence",
+           "LayerComparison", "OutputComparison", "ParityReport", "correspondence_from_pairs",
+           "run_parity"]
 
-_TINY = float(np.finfo(np.float64).tiny)
-#: a passing error this many times the noise floor gets a note: something besides rounding
-_FLOOR_FACTOR = 10
 _DTYPES = ("float32", "float64")
-#: user-facing device name -> torch device type (None: PyTorch cannot run there)
-_TORCH_DEVICES: dict[str, str | None] = {"cpu": "cpu", "gpu": "cuda", "cuda": "cuda",
-                                          "ascend": None}
-#: user-facing device name -> MindSpore device target
-_MS_DEVICES = {"cpu": "CPU", "gpu": "GPU", "ascend": "Ascend"}
-
-
-def _json_float(value: float | None) -> float | None:
-    # JSON has no NaN/Inf; "not comparable" travels as null (nan/inf counts say why).
-    if value is None or not math.isfinite(value):
-        return None
-    return float(value)
-
-
-def _jsonable(obj: Any) -> Any:
-    if isinstance(obj, float):
-        return _json_float(obj)
-    if isinstance(obj, dict):
-        return {str(k): _jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_jsonable(v) for v in obj]
-    if isinstance(obj, np.generic):
-        return _jsonable(obj.item())
-    return obj
-
-
-def _fmt(value: float | None) -> str:
-    if value is None:
-        return "n/a"
-    if math.isnan(value):
-        return "nan"
-    if math.isinf(value):
-        return "inf"
-    return f"{value:.1e}"
-
-
-@dataclass(repr=False)
-class OutputComparison:
-    """One output tensor compared across the two frameworks.
-
-    Attributes:
-        index: position of the tensor among the network's outputs (tuples are flattened).
-        ms_shape: shape of the MindSpore output.
-        torch_shape: shape of the PyTorch output.
-        error: relative L2 error ``||ms - torch|| / max(||torch||, tiny)``; ``inf`` when
-            not comparable (shapes differ, or NaN/Inf on either side).
-        max_abs: largest absolute elementwise difference; ``inf`` when not comparable.
-        cosine: cosine similarity of the flattened outputs; ``None`` when undefined.
-        top1_agreement: for 2-D outputs, the fraction of batch rows whose argmax agrees;
-            ``None`` otherwise.
-        ms_nan_count, ms_inf_count: NaN / ±Inf elements in the MindSpore output.
-        torch_nan_count, torch_inf_count: the same for the PyTorch output.
-        ok: ``error <= tol`` and no NaN/Inf on either side and equal shapes.
-        problem: why the output fails, in words; ``None`` when it passes.
-    """
-
-    index: int
-    ms_shape: tuple[int, ...]
-    torch_shape: tuple[int, ...]
-    error: float
-    max_abs: float
-    cosine: float | None
-    top1_agreement: float | None
-    ms_nan_count: int
-    ms_inf_count: int
-    torch_nan_count: int
-    torch_inf_count: int
-    ok: bool
-    problem: str | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-safe dict; non-finite numbers become ``None``."""
-        return _jsonable(asdict(self))
-
-    def __repr__(self) -> str:
-        top1 = "" if self.top1_agreement is None else f", top1={self.top1_agreement:.2f}"
-        cos = "" if self.cosine is None else f", cosine={self.cosine:.7f}"
-        verdict = "ok" if self.ok else f"FAIL: {self.problem}"
-        return (f"OutputComparison(#{self.index} {format_shape(self.torch_shape)}: "
-                f"error={_fmt(self.error)}, max_abs={_fmt(self.max_abs)}{cos}{top1}, {verdict})")
-
-
-@dataclass(repr=False)
-class Divergence:
-    """The first corresponding layer (in execution order) whose outputs differ.
-
-    Attributes:
-        ms_name: MindSpore cell path (``layer3.2.bn2``).
-        torch_name: PyTorch module path (``layer3.2.bn2``).
-        error: relative L2 error of the layer's output (``inf`` when NaN/Inf is present).
-        max_abs: largest absolute difference of the layer's output.
-        nan: True when either side's output of this layer holds NaN or Inf.
-        call: which call of the layer diverged (0 = first; a layer may run several
-            times in one forward, like a shared ReLU).
-        ms_block: nearest enclosing MindSpore block in the correspondence, if any.
-        torch_block: the PyTorch counterpart of ``ms_block``.
-        shape: shape of the layer's (PyTorch) output.
-    """
-
-    ms_name: str
-    torch_name: str
-    error: float
-    max_abs: float
-    nan: bool
-    call: int = 0
-    ms_block: str | None = None
-    torch_block: str | None = None
-    shape: tuple[int, ...] = ()
-
-    @property
-    def where(self) -> str:
-        """``layer3.2.bn2``, or ``end_point (PyTorch: fc)`` when the names differ."""
-        return _pair_name(self.ms_name, self.torch_name)
-
-    def describe(self) -> str:
-        """``layer3.2.bn2 (error 3.1e-01) in block layer3.2``; ``end_point (PyTorch: fc;
-        NaN/Inf)`` when the names differ."""
-        what = "NaN/Inf" if self.nan else f"error {_fmt(self.error)}"
-        if self.call:
-            what += f", call {self.call + 1}"
-        if self.torch_name != self.ms_name:
-            what = f"PyTorch: {self.torch_name}; {what}"
-        text = f"{self.ms_name} ({what})"
-        if self.ms_block is not None:
-            text += f" in block {_pair_name(self.ms_block, self.torch_block or self.ms_block)}"
-        return text
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-safe dict; non-finite numbers become ``None``."""
-        return _jsonable(asdict(self))
-
-    def __repr__(self) -> str:
-        return f"Divergence({self.describe()})"
-
-
-@dataclass(repr=False)
-class ParityReport(Renderable):
-    """The verdict of :func:`run_parity`.
-
-    ``error`` is the relative L2 error ``||ms - torch||_2 / max(||torch||_2, tiny)``,
-    the largest over all outputs; the run passes iff it is ``<= tol`` and no output holds
-    NaN/Inf on either side (see :data:`ERROR_DEFINITION`).
-
-    Attributes:
-        ok: every output passed.
-        tol: the tolerance on ``error``.
-        error: the largest relative L2 error over outputs (``inf`` when not comparable).
-        max_abs: the largest absolute difference over outputs.
-        outputs: one :class:`OutputComparison` per output tensor.
-        noise_floor: relative L2 error of the PyTorch model's float32 output against
-            its float64 output on the same input (what float32 rounding alone costs);
-            ``None`` when not measured.
-        first_divergence: the first corresponding layer whose output differs; ``None``
-            when the outputs agree or no layer could be named.
-        input_shape: one sample's shape (no batch axis).
-        batch: the batch size.
-        seed: the seed of ``numpy.random.default_rng`` that drew the input.
-        dtype: ``"float32"`` or ``"float64"``, the compute dtype of both sides.
-        torch_device: the device PyTorch ran on (``cpu``, ``gpu``).
-        ms_device: the device MindSpore ran on (``cpu``, ``gpu``, ``ascend``).
-        timings: seconds per step (``torch_forward``, ``mindspore_forward``, …).
-        message: a one-sentence verdict.
-        layers_checked: corresponding layer outputs compared while searching for the
-            first divergence (``0`` when no search ran).
-        nonfinite_weights: parameters/buffers holding NaN or Inf, per side
-            (``"MindSpore layer1.0.conv1.weight: 1 NaN"``); any entry fails the run, even
-            when the outputs happen to agree (MindSpore's ReLU maps NaN to 0).
-        notes: remarks worth showing (skipped layers, noise floor not measured, …).
-    """
-
-    ok: bool
-    tol: float
-    error: float
-    max_abs: float
-    outputs: list[OutputComparison]
-    noise_floor: float | None
-    first_divergence: Divergence | None
-    input_shape: tuple[int, ...]
-    batch: int
-    seed: int
-    dtype: str
-    torch_device: str
-    ms_device: str
-    timings: dict[str, float] = field(default_factory=dict)
-    message: str = ""
-    layers_checked: int = 0
-    nonfinite_weights: list[str] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-safe dict (``json.dumps(..., allow_nan=False)`` works).
-
-        Non-finite numbers (an error that could not be computed) become ``None``; the
-        per-output NaN/Inf counts and ``message`` say why.
-        """
-        data = _jsonable(asdict(self))
-        data["error_definition"] = ERROR_DEFINITION
-        return data
-
-    def __repr__(self) -> str:
-        floor = "" if self.noise_floor is None else f", noise_floor={_fmt(self.noise_floor)}"
-        div = "" if self.first_divergence is None else (
-            f", first_divergence={self.first_divergence.where}")
-        return (f"ParityReport(ok={self.ok}, error={_fmt(self.error)}, tol={self.tol:g}, "
-                f"max_abs={_fmt(self.max_abs)}{floor}{div}, outputs={len(self.outputs)}, "
-                f"dtype={self.dtype})")
-
-
-def _pair_name(ms_name: str, torch_name: str) -> str:
-    return ms_name if ms_name == torch_name else f"{ms_name} (PyTorch: {torch_name})"
-
-
-# ---------------------------------------------------------------------------------------
-# correspondence
+#: a passing error this many times the noise gets a note: something besides rounding
+_FLOOR_FACTOR = 10
 
 
 def correspondence_from_pairs(pairs: Iterable[tuple[str, str]]) -> list[tuple[str, str]]:
@@ -355,450 +138,6 @@ def _default_correspondence(torch_model: Any, ms_model: Any) -> list[tuple[str, 
     return [(name, name) for name, _ in torch_model.named_modules() if name in ms_paths]
 
 
-# ---------------------------------------------------------------------------------------
-# comparing arrays
-
-
-_NATIVE = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))
-
-
-def _numpy_copy(array: np.ndarray) -> np.ndarray:
-    # A copy: hooks see tensors that in-place ops (ReLU(inplace=True), `out += identity`)
-    # change afterwards. Floats keep their width (float64 only when compared); anything
-    # else (bfloat16 from ml_dtypes, ints, bools) becomes float64 so numpy can do the maths.
-    return np.array(array, dtype=array.dtype if array.dtype in _NATIVE else np.float64)
-
-
-def _torch_to_numpy(tensor: Any) -> np.ndarray:
-    import torch
-
-    t = tensor.detach()
-    if t.dtype == torch.bfloat16:  # numpy has no bfloat16; float32 holds it exactly
-        t = t.float()
-    return _numpy_copy(t.cpu().numpy())
-
-
-def _ms_to_numpy(tensor: Any) -> np.ndarray:
-    return _numpy_copy(tensor.asnumpy())
-
-
-def _leaves(obj: Any, is_tensor: Callable[[Any], bool]) -> list[Any]:
-    """Tensors inside a (nested) tuple/list/dict output, in order."""
-    if is_tensor(obj):
-        return [obj]
-    if isinstance(obj, dict):
-        return [leaf for value in obj.values() for leaf in _leaves(value, is_tensor)]
-    if isinstance(obj, (tuple, list)):
-        return [leaf for value in obj for leaf in _leaves(value, is_tensor)]
-    return []
-
-
-def _torch_arrays(output: Any) -> list[np.ndarray]:
-    import torch
-
-    return [_torch_to_numpy(t) for t in _leaves(output, lambda o: isinstance(o, torch.Tensor))]
-
-
-def _ms_arrays(output: Any) -> list[np.ndarray]:
-    import mindspore
-
-    return [_ms_to_numpy(t) for t in _leaves(output, lambda o: isinstance(o, mindspore.Tensor))]
-
-
-def _relative_error(value: np.ndarray, reference: np.ndarray) -> tuple[float, float]:
-    """(relative L2 error, max abs difference); ``inf`` for both if anything is non-finite."""
-    if not (np.isfinite(value).all() and np.isfinite(reference).all()):
-        return math.inf, math.inf
-    value, reference = value.astype(np.float64), reference.astype(np.float64)
-    diff = (value - reference).ravel()
-    if diff.size == 0:
-        return 0.0, 0.0
-    error = float(np.linalg.norm(diff) / max(float(np.linalg.norm(reference.ravel())), _TINY))
-    return error, float(np.max(np.abs(diff)))
-
-
-def _cosine(a: np.ndarray, b: np.ndarray) -> float | None:
-    if not (np.isfinite(a).all() and np.isfinite(b).all()):
-        return None
-    a, b = a.astype(np.float64), b.astype(np.float64)
-    na, nb = float(np.linalg.norm(a.ravel())), float(np.linalg.norm(b.ravel()))
-    if na == 0.0 or nb == 0.0:
-        return None
-    return float(np.dot(a.ravel(), b.ravel()) / (na * nb))
-
-
-def _compare_output(index: int, ms_arr: np.ndarray, torch_arr: np.ndarray,
-                    tol: float) -> OutputComparison:
-    counts = {
-        "ms_nan_count": int(np.isnan(ms_arr).sum()), "ms_inf_count": int(np.isinf(ms_arr).sum()),
-        "torch_nan_count": int(np.isnan(torch_arr).sum()),
-        "torch_inf_count": int(np.isinf(torch_arr).sum()),
-    }
-    if ms_arr.shape != torch_arr.shape:
-        return OutputComparison(
-            index=index, ms_shape=ms_arr.shape, torch_shape=torch_arr.shape, error=math.inf,
-            max_abs=math.inf, cosine=None, top1_agreement=None, ok=False,
-            problem=(f"output {index} shapes differ: MindSpore {format_shape(ms_arr.shape)} "
-                     f"vs PyTorch {format_shape(torch_arr.shape)}"),
-            **counts)
-    error, max_abs = _relative_error(ms_arr, torch_arr)
-    top1 = None
-    if ms_arr.ndim == 2 and ms_arr.shape[1] > 0 and math.isfinite(error):
-        top1 = float(np.mean(ms_arr.argmax(axis=1) == torch_arr.argmax(axis=1)))
-    problem = None
-    bad = [f"{side} output {index} holds {counts[key]} {kind}" for side, kind, key in (
-        ("MindSpore", "NaN", "ms_nan_count"), ("MindSpore", "Inf", "ms_inf_count"),
-        ("PyTorch", "NaN", "torch_nan_count"), ("PyTorch", "Inf", "torch_inf_count"),
-    ) if counts[key]]
-    if bad:
-        problem = ", ".join(bad)
-    elif not error <= tol:
-        problem = f"output {index}: error {_fmt(error)} > tol {tol:g}"
-    return OutputComparison(
-        index=index, ms_shape=ms_arr.shape, torch_shape=torch_arr.shape, error=error,
-        max_abs=max_abs, cosine=_cosine(ms_arr, torch_arr), top1_agreement=top1,
-        ok=problem is None, problem=problem, **counts)
-
-
-def _count_nonfinite(side: str, name: str, array: np.ndarray) -> str | None:
-    nan, inf = int(np.isnan(array).sum()), int(np.isinf(array).sum())
-    if not (nan or inf):
-        return None
-    counts = [f"{n} {kind}" for n, kind in ((nan, "NaN"), (inf, "Inf")) if n]
-    return f"{side} {name}: {', '.join(counts)}"
-
-
-def _nonfinite_weights(torch_model: Any, ms_model: Any) -> list[str]:
-    """Parameters and buffers holding NaN/Inf on either side.
-
-    Checked directly because a NaN weight need not reach the output: MindSpore's ReLU
-    maps NaN to 0 where PyTorch's keeps it, so the outputs can agree around a bad weight.
-    """
-    import mindspore
-    import torch
-
-    found = []
-    for name, tensor in [*torch_model.named_parameters(), *torch_model.named_buffers()]:
-        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
-            found.append(_count_nonfinite("PyTorch", name, _torch_to_numpy(tensor)))
-    floats = set(mindspore.common.dtype.float_type)
-    for name, param in ms_model.parameters_and_names():
-        if param.dtype in floats:
-            found.append(_count_nonfinite("MindSpore", name, _ms_to_numpy(param)))
-    return [entry for entry in found if entry]
-
-
-# ---------------------------------------------------------------------------------------
-# devices and dtypes
-
-
-def _torch_device(device: str) -> Any:
-    import torch
-
-    key = device.lower()
-    if key not in _TORCH_DEVICES:
-        raise DeviceError(
-            f"PyTorch side: unknown device {device!r}; choose one of: cpu, gpu",
-            side="torch", device=device)
-    kind = _TORCH_DEVICES[key]
-    if kind is None:
-        raise DeviceError(
-            f"PyTorch side: device {device!r} is not supported for the PyTorch reference "
-            "(PyTorch runs on cpu or a CUDA gpu here); pass torch_device='cpu' or 'gpu' and "
-            "keep ms_device='ascend' for the MindSpore side",
-            side="torch", device=device)
-    if kind == "cuda" and not torch.cuda.is_available():
-        raise DeviceError(
-            "PyTorch side: no CUDA device available (torch.cuda.is_available() is False; "
-            f"torch {torch.__version__}, CUDA build {torch.version.cuda or 'none'}); "
-            "pass torch_device='cpu'",
-            side="torch", device=device)
-    return torch.device(kind)
-
-
-def _set_ms_device(device: str) -> None:
-    import mindspore
-
-    key = device.lower()
-    if key not in _MS_DEVICES:
-        raise DeviceError(
-            f"MindSpore side: unknown device {device!r}; choose one of: "
-            f"{', '.join(_MS_DEVICES)}", side="mindspore", device=device)
-    target = _MS_DEVICES[key]
-    if mindspore.get_context("device_target") == target:
-        return
-    set_device = getattr(mindspore, "set_device", None)
-    try:
-        if set_device is not None:
-            set_device(target)
-        else:  # MindSpore < 2.5
-            mindspore.set_context(device_target=target)
-    except (RuntimeError, ValueError) as exc:
-        found = re.search(r"supports one of the \[([^\]]*)\]", str(exc))
-        supported = found.group(1).replace("'", "") if found else "see the MindSpore error"
-        raise DeviceError(
-            f"MindSpore side: device {target} not supported by this MindSpore build (it "
-            f"supports {supported}); install a MindSpore build for {target} "
-            f"(https://www.mindspore.cn/install) or pass ms_device='cpu'",
-            side="mindspore", device=device) from exc
-
-
-def _torch_variant(model: Any, dtype: Any, device: Any) -> Any:
-    """``model`` itself if already in ``dtype`` on ``device``, else a converted copy.
-
-    A copy, so the caller's model is never cast or moved behind their back.
-    """
-    floats = [t for t in [*model.parameters(), *model.buffers()] if t.is_floating_point()]
-    if all(t.dtype == dtype and t.device.type == device.type for t in floats):
-        return model
-    return copy.deepcopy(model).to(device=device, dtype=dtype)
-
-
-@contextlib.contextmanager
-def _strict_fp32(device: Any) -> Iterator[None]:
-    """Turn off TF32 on CUDA while comparing: cuDNN convolutions use it by default,
-    which alone costs ~1e-3 relative error."""
-    import torch
-
-    if device.type != "cuda":
-        yield
-        return
-    saved = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cudnn.allow_tf32 = False
-    torch.backends.cuda.matmul.allow_tf32 = False
-    try:
-        yield
-    finally:
-        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved
-
-
-@contextlib.contextmanager
-def _ms_params_as(ms_model: Any, dtype: Any) -> Iterator[None]:
-    """Cast the cell's floating-point parameters to ``dtype``; restore them afterwards.
-
-    ``Cell.to_float`` only inserts casts and accepts float16/32/bfloat16 only, so float64
-    needs the parameters themselves recast (``Parameter.set_dtype`` converts the data;
-    float32 -> float64 -> float32 is exact, so restoring loses nothing).
-    """
-    import mindspore
-
-    floats = set(mindspore.common.dtype.float_type)
-    changed = []
-    try:
-        for _, param in ms_model.parameters_and_names():
-            if param.dtype in floats and param.dtype != dtype:
-                changed.append((param, param.dtype))
-                param.set_dtype(dtype)
-        yield
-    finally:
-        for param, original in changed:
-            param.set_dtype(original)
-
-
-@contextlib.contextmanager
-def _ms_pynative() -> Iterator[None]:
-    """Cell hooks run only in PyNative mode; switch there for the duration."""
-    import mindspore
-
-    mode = mindspore.get_context("mode")
-    if mode == mindspore.PYNATIVE_MODE:
-        yield
-        return
-    mindspore.set_context(mode=mindspore.PYNATIVE_MODE)
-    try:
-        yield
-    finally:
-        mindspore.set_context(mode=mode)
-
-
-# ---------------------------------------------------------------------------------------
-# forward passes
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return f"{type(exc).__name__}: {text.splitlines()[0].rstrip('.') if text else ''}".rstrip(": ")
-
-
-def _torch_forward(model: Any, x: np.ndarray, device: Any) -> Any:
-    import torch
-
-    with torch.no_grad():
-        # a fresh tensor per run: a model may modify its input in place
-        return model(torch.tensor(x, device=device))
-
-
-def _ms_forward(model: Any, x: np.ndarray) -> Any:
-    import mindspore
-
-    return model(mindspore.Tensor(x))
-
-
-def _failing_torch_module(model: Any, x: np.ndarray, device: Any) -> str | None:
-    """Re-run a failing forward with hooks to find the innermost module that raised."""
-    names = {id(m): n for n, m in model.named_modules()}
-    stack: list[str] = []
-    handles = []
-
-    def pop(_layer: Any, _args: Any, _output: Any) -> None:  # None keeps the output as is
-        stack.pop()
-
-    for module in model.modules():
-        handles.append(module.register_forward_pre_hook(
-            lambda m, args: stack.append(names.get(id(m), "?"))))
-        handles.append(module.register_forward_hook(pop))
-    try:
-        _torch_forward(model, x, device)
-    except Exception:  # the failure being located; its message is reported by the caller
-        return stack[-1] if stack else None
-    finally:
-        for handle in handles:
-            handle.remove()
-    return None
-
-
-def _failing_ms_cell(model: Any, x: np.ndarray) -> str | None:
-    """Re-run a failing forward with hooks to find the innermost cell that raised."""
-    names = {id(c): n for n, c in model.cells_and_names()}
-    stack: list[str] = []
-    handles = []
-
-    def pop(_layer: Any, _args: Any, _output: Any) -> None:  # None keeps the output as is
-        stack.pop()
-
-    with _ms_pynative():
-        for _, cell in model.cells_and_names():
-            handles.append(cell.register_forward_pre_hook(
-                lambda c, args: stack.append(names.get(id(c), "?"))))
-            handles.append(cell.register_forward_hook(pop))
-        try:
-            _ms_forward(model, x)
-        except Exception:  # the failure being located; its message is reported by the caller
-            return stack[-1] if stack else None
-        finally:
-            for handle in handles:
-                handle.remove()
-    return None
-
-
-def _describe_place(side: str, name: str | None) -> str:
-    if name is None:
-        return ""
-    return f" in {side} {'the top-level network' if name == '' else repr(name)}"
-
-
-def _run_torch(model: Any, x: np.ndarray, device: Any, what: str) -> Any:
-    try:
-        return _torch_forward(model, x, device)
-    except Exception as exc:
-        where = _describe_place("module", _failing_torch_module(model, x, device))
-        raise ParityError(
-            f"PyTorch {what} failed{where}: {_first_line(exc)}; check that the model "
-            "matches the input shape and the checkpoint", side="torch") from exc
-
-
-def _run_ms(model: Any, x: np.ndarray, dtype: str) -> Any:
-    try:
-        return _ms_forward(model, x)
-    except Exception as exc:
-        text = str(exc)
-        place = _failing_ms_cell(model, x)
-        where = _describe_place("cell", place)
-        if dtype == "float64" and "Float64" in text:
-            found = re.search(r"primitive\[(\w+)\]", text)
-            op = found.group(1) if found else "an operator"
-            raise ParityError(
-                f"dtype float64: MindSpore's {_current_device_name()} kernel for {op} has no "
-                f"float64 implementation{where}; run the comparison with dtype='float32'",
-                side="mindspore", op=op, cell=place) from exc
-        raise ParityError(
-            f"MindSpore forward failed{where}: {_first_line(exc)}; check that the network "
-            "matches the input shape and the checkpoint", side="mindspore", cell=place) from exc
-
-
-def _current_device_name() -> str:
-    import mindspore
-
-    return str(mindspore.get_context("device_target"))
-
-
-# ---------------------------------------------------------------------------------------
-# first divergence
-
-
-class _TorchRecorder:
-    """Copies of hooked PyTorch layer outputs, per path and call, in firing order."""
-
-    def __init__(self) -> None:
-        self.calls: dict[str, list[list[np.ndarray]]] = {}
-        self.order: list[tuple[str, int]] = []
-
-    def hook(self, path: str) -> Callable[..., None]:
-        def record(_module: Any, _args: Any, output: Any) -> None:
-            calls = self.calls.setdefault(path, [])
-            self.order.append((path, len(calls)))
-            calls.append(_torch_arrays(output))
-        return record
-
-
-@dataclass
-class _LayerResult:
-    error: float
-    max_abs: float
-    nan: bool
-    shape: tuple[int, ...]
-
-
-class _MsComparer:
-    """Compares each hooked MindSpore cell output with the recorded PyTorch output as it
-    fires, so MindSpore activations are never held (ResNet-size nets stay cheap)."""
-
-    def __init__(self, torch_rec: _TorchRecorder, torch_for_ms: dict[str, list[str]]):
-        self.torch_rec = torch_rec
-        self.torch_for_ms = torch_for_ms
-        self.calls: dict[str, int] = {}
-        self.results: dict[tuple[str, str, int], _LayerResult | str] = {}
-
-    def hook(self, path: str) -> Callable[..., None]:
-        def compare(_cell: Any, _args: Any, output: Any) -> None:
-            call = self.calls.get(path, 0)
-            self.calls[path] = call + 1
-            ms_arrays = None
-            for torch_path in self.torch_for_ms[path]:
-                torch_calls = self.torch_rec.calls.get(torch_path, [])
-                if call < len(torch_calls):
-                    if ms_arrays is None:
-                        ms_arrays = _ms_arrays(output)
-                    self.results[(path, torch_path, call)] = _compare_layer(
-                        ms_arrays, torch_calls[call])
-        return compare
-
-
-def _compare_layer(ms_arrays: list[np.ndarray],
-                   torch_arrays: list[np.ndarray]) -> _LayerResult | str:
-    """Worst error over a layer's output tensors, or why they cannot be compared."""
-    result = None
-    for ms_arr, torch_arr in zip(ms_arrays, torch_arrays):
-        if ms_arr.shape != torch_arr.shape:
-            # the same data with a size-1 axis more or less still compares
-            if _squeezed(ms_arr.shape) != _squeezed(torch_arr.shape):
-                return (f"output shapes MindSpore {format_shape(ms_arr.shape)} vs PyTorch "
-                        f"{format_shape(torch_arr.shape)}")
-            ms_arr = ms_arr.reshape(torch_arr.shape)
-        error, max_abs = _relative_error(ms_arr, torch_arr)
-        nan = not math.isfinite(error)
-        if result is None:
-            result = _LayerResult(error, max_abs, nan, tuple(torch_arr.shape))
-        else:
-            result.error, result.max_abs = max(result.error, error), max(result.max_abs, max_abs)
-            result.nan = result.nan or nan
-    return result if result is not None else "no output tensors"
-
-
-def _squeezed(shape: tuple[int, ...]) -> tuple[int, ...]:
-    return tuple(d for d in shape if d != 1)
-
-
 def _enclosing_block(torch_name: str, pairs: list[tuple[str, str]]) -> tuple[str, str] | None:
     """The pair whose PyTorch path most closely encloses ``torch_name``."""
     best = None
@@ -809,104 +148,184 @@ def _enclosing_block(torch_name: str, pairs: list[tuple[str, str]]) -> tuple[str
     return best
 
 
-def _find_divergence(
-    torch_model: Any, ms_model: Any, x: np.ndarray, device: Any,
-    correspondence: list[tuple[str, str]], tol: float, notes: list[str],
-) -> tuple[Divergence | None, int, list[str]]:
-    """Hook both sides, run them once more, and name the first diverging layer.
-
-    Returns the divergence (or None), the number of layer outputs compared, and the
-    layers that could not be compared (with the reason).
-    """
-    torch_modules = dict(torch_model.named_modules())
-    ms_cells = dict(ms_model.cells_and_names())
-    pairs = []
-    for ms_path, torch_path in correspondence:
-        if not ms_path or not torch_path:
-            continue  # the whole network: its outputs are already compared
-        missing = []
-        if ms_path not in ms_cells:
-            missing.append(f"MindSpore cell {ms_path!r}")
-        if torch_path not in torch_modules:
-            missing.append(f"PyTorch module {torch_path!r}")
-        if missing:
-            notes.append(f"correspondence: skipped {' and '.join(missing)} (no such layer)")
-            continue
-        if (ms_path, torch_path) not in pairs:
-            pairs.append((ms_path, torch_path))
-    if not pairs:
-        return None, 0, []
-
-    ms_for_torch: dict[str, list[str]] = {}
-    torch_for_ms: dict[str, list[str]] = {}
-    for ms_path, torch_path in pairs:
-        ms_for_torch.setdefault(torch_path, []).append(ms_path)
-        torch_for_ms.setdefault(ms_path, []).append(torch_path)
-    torch_rec = _TorchRecorder()
-    comparer = _MsComparer(torch_rec, torch_for_ms)
-    handles = []
-    try:
-        # PyTorch first: its recorded outputs are what each MindSpore hook compares with.
-        for torch_path in ms_for_torch:
-            handles.append(torch_modules[torch_path].register_forward_hook(
-                torch_rec.hook(torch_path)))
-        _torch_forward(torch_model, x, device)
-        with _ms_pynative():
-            for ms_path in torch_for_ms:
-                handles.append(ms_cells[ms_path].register_forward_hook(comparer.hook(ms_path)))
-            _ms_forward(ms_model, x)
-    finally:
-        for handle in handles:
-            handle.remove()
-
-    unmatched: set[str] = set()
-    checked = 0
-    # Walk in the order the PyTorch hooks fired: execution order, a layer before the
-    # block that contains it, and each call of a layer that runs several times.
-    for torch_path, call in torch_rec.order:
-        for ms_path in ms_for_torch[torch_path]:
-            name = _pair_name(ms_path, torch_path)
-            result = comparer.results.get((ms_path, torch_path, call))
-            if result is None:
-                ran = comparer.calls.get(ms_path, 0)
-                unmatched.add(f"{name}: ran {ran} time(s) in MindSpore, more in PyTorch")
-                continue
-            if isinstance(result, str):
-                unmatched.add(f"{name}: {result}")
-                continue
-            checked += 1
-            if result.nan or result.error > tol:
-                block = _enclosing_block(torch_path, pairs)
-                divergence = Divergence(
-                    ms_name=ms_path, torch_name=torch_path, error=result.error,
-                    max_abs=result.max_abs, nan=result.nan, call=call,
-                    ms_block=block[0] if block else None,
-                    torch_block=block[1] if block else None, shape=result.shape)
-                return divergence, checked, sorted(unmatched)
-    return None, checked, sorted(unmatched)
+def _count_nonfinite(side: str, name: str, array: np.ndarray) -> str | None:
+    nan, inf = nonfinite(array)
+    if not (nan or inf):
+        return None
+    counts = [f"{n} {kind}" for n, kind in ((nan, "NaN"), (inf, "Inf")) if n]
+    return f"{side} {name}: {', '.join(counts)}"
 
 
-# ---------------------------------------------------------------------------------------
-# the entry point
+def _nonfinite_weights(torch_model: Any, ms_model: Any) -> list[str]:
+    """Parameters and buffers holding NaN/Inf on either side."""
+    import mindspore
+    import torch
+
+    found = []
+    for name, tensor in [*torch_model.named_parameters(), *torch_model.named_buffers()]:
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            found.append(_count_nonfinite("PyTorch", name, torch_to_numpy(tensor)))
+    floats = set(mindspore.common.dtype.float_type)
+    for name, param in ms_model.parameters_and_names():
+        if param.dtype in floats:
+            found.append(_count_nonfinite("MindSpore", name, ms_to_numpy(param)))
+    return [entry for entry in found if entry]
 
 
-def _validate(input_shape: tuple[int, ...], batch: int, tol: float, dtype: str) -> None:
+def _as_inputs(inputs: Any, input_shape: tuple[int, ...] | None, batch: int,
+               seed: int) -> list[Any]:
+    from .inputs import InputArray, generate_inputs
+
+    if inputs is None:
+        if input_shape is None:
+            raise ParityError("no inputs: pass inputs=[...] or input_shape=(C, H, W)")
+        if not all(isinstance(d, (int, np.integer)) and d > 0 for d in input_shape):
+            raise ParityError(f"input_shape must be positive integers (one sample, no batch "
+                              f"axis), got {tuple(input_shape)!r}")
+        return generate_inputs([tuple(input_shape)], batch=batch, seed=seed)
+    if isinstance(inputs, np.ndarray):
+        inputs = [inputs]
+    return [x if isinstance(x, InputArray) else
+            InputArray(f"input{i}", np.asarray(x), "given array") for i, x in enumerate(inputs)]
+
+
+def _validate(tol: float, dtype: str, batch: int) -> None:
     if dtype not in _DTYPES:
         raise ParityError(f"unknown dtype {dtype!r}; choose one of: {', '.join(_DTYPES)}")
     if batch < 1:
         raise ParityError(f"batch must be at least 1, got {batch}")
-    if not all(isinstance(d, (int, np.integer)) and d > 0 for d in input_shape):
-        raise ParityError(f"input_shape must be positive integers (one sample, no batch "
-                          f"axis), got {input_shape!r}")
     if not (isinstance(tol, (int, float)) and tol >= 0):  # also rejects NaN
         raise ParityError(f"tol must be a number >= 0, got {tol!r}")
+
+
+def _pair_outputs(torch_outs: list[tuple[str, np.ndarray]],
+                  ms_outs: list[tuple[str, np.ndarray]]) -> list[tuple[int, int]]:
+    """Outputs paired by name, then by position among the same shapes, then by position."""
+    pairs: list[tuple[int, int]] = []
+    free_ms = list(range(len(ms_outs)))
+    ms_names = {n: i for i, (n, _) in enumerate(ms_outs)}
+    rest = []
+    for ti, (name, _) in enumerate(torch_outs):
+        mi = ms_names.get(name)
+        if mi is not None and mi in free_ms:
+            pairs.append((ti, mi))
+            free_ms.remove(mi)
+        else:
+            rest.append(ti)
+    for rule in ("shape", "position"):
+        left = []
+        for ti in rest:
+            shape = torch_outs[ti][1].shape
+            mi = next((m for m in free_ms if rule == "position"
+                       or not isinstance(comparable(ms_outs[m][1], torch_outs[ti][1]), str)),
+                      None)
+            if mi is None or (rule == "shape" and ms_outs[mi][1].size != int(np.prod(shape))):
+                left.append(ti)
+                continue
+            pairs.append((ti, mi))
+            free_ms.remove(mi)
+        rest = left
+    return sorted(pairs)
+
+
+def _compare_output(index: int, tname: str, mname: str, ms_arr: np.ndarray,
+                    torch_arr: np.ndarray, *, tol: float, noise: float | None,
+                    sensitivity: float | None, scaled: bool) -> OutputComparison:
+    counts = {"ms_nan_count": nonfinite(ms_arr)[0], "ms_inf_count": nonfinite(ms_arr)[1],
+              "torch_nan_count": nonfinite(torch_arr)[0],
+              "torch_inf_count": nonfinite(torch_arr)[1]}
+    bound = bound_for(tol, noise, scaled=scaled)
+    common = {"index": index, "name": tname, "ms_name": mname, "ms_shape": ms_arr.shape,
+              "torch_shape": torch_arr.shape, "noise": noise, "bound": bound,
+              "sensitivity": sensitivity, **counts}
+    shaped = comparable(ms_arr, torch_arr)
+    if isinstance(shaped, str):
+        return OutputComparison(error=math.inf, max_abs=math.inf, cosine=None,
+                                top1_agreement=None, ok=False, status="shape",
+                                problem=f"output {tname}: {shaped}", **common)
+    error, max_abs = relative_error(shaped, torch_arr)
+    top1 = None
+    if shaped.ndim == 2 and shaped.shape[1] > 0 and math.isfinite(error):
+        top1 = float(np.mean(shaped.argmax(axis=1) == torch_arr.argmax(axis=1)))
+    bad = [f"{side} output {tname} holds {counts[key]} {kind}" for side, kind, key in (
+        ("MindSpore", "NaN", "ms_nan_count"), ("MindSpore", "Inf", "ms_inf_count"),
+        ("PyTorch", "NaN", "torch_nan_count"), ("PyTorch", "Inf", "torch_inf_count"),
+    ) if counts[key]]
+    status = status_of(error, bound, sensitivity)
+    problem = ", ".join(bad) if bad else None
+    if problem is None and status in ("fail", "nonfinite"):
+        problem = f"output {tname}: error {fmt(error)} > bound {fmt(bound)}"
+    if bad:
+        status = "nonfinite"
+    return OutputComparison(error=error, max_abs=max_abs, cosine=cosine(shaped, torch_arr),
+                            top1_agreement=top1, ok=problem is None, problem=problem,
+                            status=status, **common)
+
+
+def _layer_comparisons(pairs: list[Pair], noise: dict[tuple[str, int], float],
+                       sens: dict[tuple[str, int], float], *, tol: float,
+                       scaled: bool) -> list[LayerComparison]:
+    found = []
+    for pair in pairs:
+        t, m = pair.torch, pair.ms
+        error, max_abs, why = layer_error(pair)
+        n, s = noise.get((t.path, t.call)), sens.get((t.path, t.call))
+        bound = bound_for(tol, n, scaled=scaled)
+        # shapes that cannot be compared are named, never a verdict of their own
+        status = "skipped" if why is not None else status_of(error, bound, s)
+        found.append(LayerComparison(
+            index=len(found), ms=m.path, torch=t.path, call=t.call, ms_kind=m.kind,
+            torch_kind=t.kind, paired_by=pair.how, shape=t.arrays[0].shape, error=error,
+            max_abs=max_abs, noise=n, bound=bound, sensitivity=s, status=status, note=why))
+    return found
+
+
+def _params_of(model: Any, path: str, torch_side: bool) -> list[str]:
+    layers = dict(model.named_modules() if torch_side else model.cells_and_names())
+    layer = layers.get(path)
+    if layer is None:
+        return []
+    names = (layer.named_parameters(recurse=False) if torch_side
+             else layer.parameters_and_names(expand=False))
+    found = [f"{path}.{n.rsplit('.', 1)[-1]}" for n, _ in names]
+    if torch_side:
+        found += [f"{path}.{n}" for n, _ in layer.named_buffers(recurse=False)]
+    return found
+
+
+def tensor_note(delta: Any) -> str:
+    """``layer1.bn.moving_mean holds layer1.bn.running_var`` (or how it differs)."""
+    if delta.status == "differs" and delta.holds:
+        return f"{delta.target} holds {delta.holds}"
+    if delta.status == "differs":
+        return (f"{delta.target} differs from {delta.source} (max |Δ| {fmt(delta.max_abs)}, "
+                f"cosine {fmt(delta.cosine) if delta.cosine is None else f'{delta.cosine:.6f}'})")
+    return f"{delta.target}: {delta.status}"
+
+
+def _divergence(first: LayerComparison, ms_model: Any, torch_model: Any,
+                correspondence: list[tuple[str, str]], tensor_diff: Any) -> Divergence:
+    block = _enclosing_block(first.torch, correspondence)
+    tensors = _params_of(ms_model, first.ms, False)
+    if tensor_diff is not None:
+        held = {d.target: d for d in tensor_diff.deltas}
+        tensors = [tensor_note(held[t]) if t in held and held[t].status != "identical"
+                   else t for t in tensors]
+    if not tensors:
+        tensors = _params_of(torch_model, first.torch, True)
+    return Divergence(
+        ms_name=first.ms, torch_name=first.torch, error=first.error, max_abs=first.max_abs,
+        nan=first.status == "nonfinite", call=first.call,
+        ms_block=block[0] if block else None, torch_block=block[1] if block else None,
+        shape=first.shape, bound=first.bound, tensors=tensors, weightless=not tensors)
 
 
 def run_parity(
     torch_model: Any,
     ms_model: Any,
     *,
-    input_shape: tuple[int, ...],
+    inputs: Any = None,
+    input_shape: tuple[int, ...] | None = None,
     batch: int = 1,
     seed: int = 0,
     tol: float = 1e-5,
@@ -915,191 +334,218 @@ def run_parity(
     ms_device: str = "cpu",
     correspondence: list[tuple[str, str]] | None = None,
     noise_floor: bool = True,
+    layers: bool = True,
+    tensor_diff: Any = None,
     progress: Callable[[str], None] | None = None,
 ) -> ParityReport:
-    """Run both networks on one seeded input and compare their outputs.
+    """Run both networks on the same inputs, compare every output and paired layer, and
+    decide PASS, FAIL or INCONCLUSIVE (see :mod:`ms_port.check.verdict`).
 
-    The input is ``numpy.random.default_rng(seed).standard_normal((batch, *input_shape))``
-    rounded to float32 (and widened back for ``dtype="float64"``, so both dtypes see the
-    same values). Both models are put in eval mode (and stay there); PyTorch runs under
+    Both models are put in eval mode (and stay there); PyTorch runs under
     ``torch.no_grad()`` with TF32 off on CUDA. The caller's models are not cast or moved:
-    where a dtype or device change is needed, PyTorch works on a copy and MindSpore's
+    where a dtype or device change is needed PyTorch works on a copy, and MindSpore's
     parameters are cast for the run and restored.
 
     Args:
         torch_model: a ``torch.nn.Module`` with its weights loaded.
         ms_model: a ``mindspore.nn.Cell`` with its weights loaded.
-        input_shape: one sample's input shape, without the batch axis.
-        batch: batch size.
-        seed: seed of the input draw.
-        tol: tolerance on the relative L2 error (see :data:`ERROR_DEFINITION`).
-        dtype: ``"float32"`` or ``"float64"`` (both sides; MindSpore's CPU kernels lack
-            float64 for Conv2D and BatchNorm, which raises :class:`ParityError`).
-        torch_device: ``"cpu"`` or ``"gpu"`` (CUDA); ``"ascend"`` is refused.
-        ms_device: ``"cpu"``, ``"gpu"`` or ``"ascend"``; set with ``mindspore.set_device``
-            for the whole process.
-        correspondence: ``(mindspore_cell_path, torch_module_path)`` pairs used to name the
-            first diverging layer when the outputs differ (see
-            :func:`correspondence_from_pairs`); ``None`` pairs the layers whose paths are
-            the same on both sides; ``[]`` skips the search.
-        noise_floor: also run PyTorch in float64 (and float32) and report float32's
-            rounding error on this input.
+        inputs: :class:`~ms_port.check.inputs.InputArray` s or arrays (batch axis first),
+            one per positional input; or else
+        input_shape / batch / seed: one standard-normal float32 input of
+            ``(batch, *input_shape)`` drawn with ``numpy.random.default_rng(seed)``.
+        tol: the smallest bound; each output and layer must stay under
+            ``max(tol, K × its float32 noise)``.
+        dtype: ``"float32"`` or ``"float64"`` (both sides; the bound is then ``tol``).
+        torch_device / ms_device: ``cpu`` or ``gpu`` / ``cpu``, ``gpu`` or ``ascend``.
+        correspondence: ``(mindspore_path, torch_path)`` layer pairs (see
+            :func:`correspondence_from_pairs`); ``None`` pairs same-named layers. Leaf
+            layers left unpaired are paired by execution order and output shape.
+        noise_floor: run PyTorch in float64 too, for the per-tensor noise (without it the
+            bound is ``tol``).
+        layers: record and compare every layer (``False``: outputs only).
+        tensor_diff: the tensor-level comparison made before (a ``TensorDiff``): a
+            differing tensor fails the run and is named where its layer diverges.
         progress: called with a short step name before each step; never printed.
 
     Returns:
-        A :class:`ParityReport`; ``report.ok`` is the verdict.
+        A :class:`ParityReport`; ``report.verdict`` and ``report.exit_code``.
 
     Raises:
-        DeviceError: a requested device is unavailable on one side.
-        ParityError: bad arguments, a forward pass failed, or MindSpore has no float64
-            kernel for an operator.
+        DeviceError: a device is unavailable, or MindSpore has no kernel for an op there.
+        ParityError: bad arguments, or a forward pass failed (naming the layer).
 
     Example:
-        >>> report = run_parity(torch_net, ms_net, input_shape=(3, 224, 224), batch=2,
-        ...                     correspondence=correspondence_from_pairs(plan_pairs))
-        >>> report.message  # doctest: +SKIP
-        'outputs agree: error 5.4e-07 <= tol 1e-05 (float32 noise floor 5.5e-07)'
+        >>> report = run_parity(torch_net, ms_net, input_shape=(3, 224, 224))
+        >>> report.verdict, report.message  # doctest: +SKIP
+        ('PASS', 'PASS: 1 output and 161 layers within their bounds; …')
     """
     import mindspore
     import torch
 
-    input_shape = tuple(input_shape)
-    _validate(input_shape, batch, tol, dtype)
-    device = _torch_device(torch_device)
-    _set_ms_device(ms_device)
+    from .inputs import second_draw
 
-    def step(name: str) -> None:
-        if progress is not None:
-            progress(name)
-
+    _validate(tol, dtype, batch)
+    feed = _as_inputs(inputs, input_shape, batch, seed)
+    other = second_draw(feed, seed=seed)
+    device = devices.torch_device(torch_device)
+    devices.set_ms_device(ms_device)
+    step = progress or (lambda _name: None)
     notes: list[str] = []
     timings: dict[str, float] = {}
     started = time.perf_counter()
 
-    # Draw in float64, round to float32: the same values feed both dtypes, and the
-    # float64 noise-floor run measures compute rounding only, not input rounding.
-    x32 = np.random.default_rng(seed).standard_normal((batch, *input_shape)).astype(np.float32)
-    x = x32 if dtype == "float32" else x32.astype(np.float64)
-    torch_dtype = torch.float32 if dtype == "float32" else torch.float64
-    ms_dtype = mindspore.float32 if dtype == "float32" else mindspore.float64
+    def timed(name: str, fn: Callable[[], Any]) -> Any:
+        step(name)
+        t0 = time.perf_counter()
+        try:
+            return fn()
+        finally:
+            key = {"checking weights for NaN/Inf": "weight_check"}.get(name, name)
+            timings[key.split(" (")[0].replace(" ", "_")] = time.perf_counter() - t0
+
+    wide = dtype == "float64"
+    main_dtype, alt_dtype = ((torch.float64, torch.float32) if wide
+                             else (torch.float32, torch.float64))
+    ms_dtype = mindspore.float64 if wide else mindspore.float32
+    x = [np.asarray(i.array) for i in feed]
+    x_main = [a.astype(np.float64) if wide and a.dtype.kind == "f" else a for a in x]
+    x2 = [np.asarray(i.array) for i in other]
+    x2 = [a.astype(np.float64) if wide and a.dtype.kind == "f" else a for a in x2]
 
     torch_model.eval()
     ms_model.set_train(False)
-    torch_main = _torch_variant(torch_model, torch_dtype, device)
+    torch_main = devices.torch_variant(torch_model, main_dtype, device)
+    nonfinite_weights = timed("checking weights for NaN/Inf",
+                              lambda: _nonfinite_weights(torch_model, ms_model))
 
-    step("checking weights for NaN/Inf")
-    t0 = time.perf_counter()
-    nonfinite = _nonfinite_weights(torch_model, ms_model)
-    timings["weight_check"] = time.perf_counter() - t0
+    def torch_run(model: Any, args: list[np.ndarray], what: str, cast: Any = None) -> Any:
+        return devices.run_torch(model, args, device, what, torch_outputs, cast)
 
-    with _strict_fp32(device), _ms_params_as(ms_model, ms_dtype):
-        step("torch forward")
-        t0 = time.perf_counter()
-        torch_arrays = _torch_arrays(_run_torch(torch_main, x, device, "forward"))
-        timings["torch_forward"] = time.perf_counter() - t0
-
-        step("mindspore forward")
-        t0 = time.perf_counter()
-        ms_arrays = _ms_arrays(_run_ms(ms_model, x, dtype))
-        timings["mindspore_forward"] = time.perf_counter() - t0
-
-        floor = None
+    with devices.strict_fp32(device), devices.ms_params_as(ms_model, ms_dtype):
+        if layers:
+            t_outs, t_events = timed("torch forward", lambda: record_torch(
+                torch_main, lambda: torch_run(torch_main, x_main, "forward")))
+        else:
+            t_outs, t_events = timed("torch forward",
+                                     lambda: torch_run(torch_main, x_main, "forward")), []
+        noise: dict[tuple[str, int], float] = {}
+        alt_outs = None
         if noise_floor:
-            other = "float64" if dtype == "float32" else "float32"
-            step(f"torch {other} forward (noise floor)")
-            t0 = time.perf_counter()
-            floor = _noise_floor(torch_model, torch_main, torch_arrays, x32, device, dtype,
-                                 notes)
-            timings[f"torch_{other}_forward"] = time.perf_counter() - t0
+            name = "float64" if not wide else "float32"
+            try:
+                alt = devices.torch_variant(torch_model, alt_dtype, device)
+                alt_outs, noise = timed(f"torch {name} forward (noise)", lambda: Measure(
+                    t_events).run(alt, lambda: torch_run(alt, x, f"{name} forward", alt_dtype)))
+            except Exception as exc:  # optional; the comparison itself stands
+                notes.append(f"noise not measured: PyTorch {name} forward failed "
+                             f"({devices.first_line(exc)}); the bound is tol")
+        sens_outs, sens = timed("torch second-input forward (sensitivity)", lambda: Measure(
+            t_events).run(torch_main, lambda: torch_run(torch_main, x2, "second forward")))
+        if layers:
+            m_outs, m_events = timed("mindspore forward", lambda: record_ms(
+                ms_model, lambda: devices.run_ms(ms_model, x_main, dtype, ms_outputs)))
+        else:
+            m_outs, m_events = timed("mindspore forward", lambda: devices.run_ms(
+                ms_model, x_main, dtype, ms_outputs)), []
 
-        outputs = [_compare_output(i, m, t, tol)
-                   for i, (m, t) in enumerate(zip(ms_arrays, torch_arrays))]
-        problems = [o.problem for o in outputs if o.problem]
-        if len(ms_arrays) != len(torch_arrays):
-            problems.insert(0, f"MindSpore returned {len(ms_arrays)} output tensor(s), "
-                               f"PyTorch {len(torch_arrays)}")
-        if not outputs:
-            problems.insert(0, "no output tensors to compare")
-        if nonfinite:
-            shown = "; ".join(nonfinite[:3]) + ("; …" if len(nonfinite) > 3 else "")
-            problems.append(f"weights hold NaN/Inf: {shown}")
-        ok = not problems
+    scaled = not wide
+    t_float = [(n, a) for n, a in t_outs if a.dtype.kind == "f"]
+    m_float = [(n, a) for n, a in m_outs if a.dtype.kind == "f"]
+    outputs = []
+    for ti, mi in _pair_outputs(t_float, m_float):
+        (tname, tarr), (mname, marr) = t_float[ti], m_float[mi]
+        n = s = None
+        if alt_outs is not None:
+            ref = dict(alt_outs).get(tname)
+            n = relative_error(tarr, ref)[0] if ref is not None and ref.shape == tarr.shape \
+                else None
+            if wide and n is not None:
+                n = relative_error(ref, tarr)[0]
+        ref2 = dict(sens_outs).get(tname)
+        if ref2 is not None and ref2.shape == tarr.shape:
+            s = relative_error(ref2, tarr)[0]
+        outputs.append(_compare_output(len(outputs), tname, mname, marr, tarr, tol=tol,
+                                       noise=n, sensitivity=s, scaled=scaled))
+    paired_t = {t_float[ti][0] for ti, _ in _pair_outputs(t_float, m_float)}
+    paired_m = {m_float[mi][0] for _, mi in _pair_outputs(t_float, m_float)}
+    unpaired = [f"PyTorch {n}" for n, _ in t_float if n not in paired_t]
+    unpaired += [f"MindSpore {n}" for n, _ in m_float if n not in paired_m]
+    if unpaired:
+        notes.append(f"outputs not compared (no counterpart): {', '.join(unpaired[:6])}")
 
-        divergence, checked, unmatched = None, 0, []
-        if not ok:
-            pairs = (_default_correspondence(torch_main, ms_model) if correspondence is None
-                     else list(correspondence))
-            if correspondence is None and pairs:
-                notes.append("no correspondence given: compared layers with the same path "
-                             "on both sides")
-            if pairs:
-                step("searching for the first divergence")
-                t0 = time.perf_counter()
-                try:
-                    divergence, checked, unmatched = _find_divergence(
-                        torch_main, ms_model, x, device, pairs, tol, notes)
-                    if unmatched:
-                        notes.append("not compared: " + "; ".join(unmatched))
-                except Exception as exc:  # a diagnostic; the verdict above stands
-                    notes.append(f"first-divergence search failed: {_first_line(exc)}")
-                timings["divergence_search"] = time.perf_counter() - t0
+    pairs_in = (_default_correspondence(torch_main, ms_model) if correspondence is None
+                else list(correspondence))
+    pairs = pair_events(t_events, m_events, pairs_in) if layers else []
+    compared = _layer_comparisons(pairs, noise, sens, tol=tol, scaled=scaled)
+    skipped = [c for c in compared if c.status == "skipped"]
+    if skipped:
+        notes.append(f"{len(skipped)} paired layer(s) not comparable, e.g. {skipped[0].name}: "
+                     f"{skipped[0].note}")
+    by_order = sum(c.paired_by == "order" for c in compared)
+    if by_order:
+        notes.append(f"{by_order} layer call(s) paired by execution order and output shape")
+    insensitive = [c for c in compared if c.status == "insensitive"]
+    if insensitive:
+        notes.append(f"{len(insensitive)} layer(s) barely depend on the input (their "
+                     f"agreement proves little; their weights are compared directly), e.g. "
+                     f"{insensitive[0].name}")
+    compared = [c for c in compared if c.status != "skipped"]
+    first_bad = next((c for c in compared if c.status in ("fail", "nonfinite")), None)
+    divergence = (None if first_bad is None else
+                  _divergence(first_bad, ms_model, torch_main, pairs_in, tensor_diff))
+
+    problems = []
+    if nonfinite_weights:
+        shown = "; ".join(nonfinite_weights[:3]) + ("; …" if len(nonfinite_weights) > 3 else "")
+        problems.append(f"weights hold NaN/Inf: {shown}")
+    tensor_problems = []
+    if tensor_diff is not None:
+        differing = [d for d in tensor_diff.deltas if d.status in ("differs", "shape")]
+        if differing:
+            shown = "; ".join(tensor_note(d) for d in differing[:3])
+            tensor_problems.append(
+                f"{len(differing)} MindSpore tensor(s) differ from their PyTorch source "
+                f"through the plan: {shown}{'; …' if len(differing) > 3 else ''}")
+    verdict, reasons = decide(outputs, compared, problems=problems,
+                              tensor_problems=tensor_problems,
+                              first=divergence.describe() if divergence else None, tol=tol)
     timings["total"] = time.perf_counter() - started
 
     error = max((o.error for o in outputs), default=math.inf)
     max_abs = max((o.max_abs for o in outputs), default=math.inf)
-    if len(ms_arrays) != len(torch_arrays):
-        error = max_abs = math.inf
-    if ok and floor and error > _FLOOR_FACTOR * floor:
-        notes.append(f"error is {error / floor:.0f}× the float32 noise floor: rounding alone "
-                     "does not explain it — check layer settings that hold no weights "
-                     "(LayerNorm epsilon: MindSpore 1e-7, PyTorch 1e-5; BatchNorm eps; "
-                     "padding; approximate GELU)")
+    floor = max((o.noise for o in outputs if o.noise is not None), default=None)
+    if verdict == PASS and floor and error > _FLOOR_FACTOR * floor:
+        notes.append(f"error is {error / floor:.0f}× the float32 noise floor: rounding alone does "
+                     "not explain it — check layer settings that hold no weights (LayerNorm "
+                     "epsilon: MindSpore 1e-7, PyTorch 1e-5; BatchNorm eps; padding; "
+                     "approximate GELU)")
     report = ParityReport(
-        ok=ok, tol=float(tol), error=error, max_abs=max_abs, outputs=outputs,
-        noise_floor=floor, first_divergence=divergence, input_shape=input_shape, batch=batch,
+        ok=verdict == PASS, tol=float(tol), error=error, max_abs=max_abs, outputs=outputs,
+        noise_floor=floor, first_divergence=divergence,
+        input_shape=tuple(feed[0].array.shape[1:]), batch=int(feed[0].array.shape[0]),
         seed=seed, dtype=dtype, torch_device=torch_device, ms_device=ms_device,
-        timings=timings, layers_checked=checked, nonfinite_weights=nonfinite, notes=notes)
-    report.message = _verdict(report, problems, correspondence, unmatched)
+        timings=timings, layers_checked=len(compared), nonfinite_weights=nonfinite_weights,
+        notes=notes, verdict=verdict, k=K if scaled else 0.0, layers=compared,
+        inputs=[i.to_dict() for i in feed], reasons=reasons, tensors=tensor_diff)
+    report.message = _message(report)
     return report
 
 
-def _noise_floor(torch_model: Any, torch_main: Any, main_arrays: list[np.ndarray],
-                 x32: np.ndarray, device: Any, dtype: str, notes: list[str]) -> float | None:
-    """Relative error of PyTorch's float32 output against its float64 output."""
-    import torch
-
-    try:
-        if dtype == "float32":
-            wide = _torch_variant(torch_main, torch.float64, device)
-            ref = _torch_arrays(_torch_forward(wide, x32.astype(np.float64), device))
-            low = main_arrays
-        else:
-            narrow = _torch_variant(torch_model, torch.float32, device)
-            low = _torch_arrays(_torch_forward(narrow, x32, device))
-            ref = main_arrays
-    except Exception as exc:  # optional information; the comparison itself stands
-        notes.append(f"noise floor not measured: PyTorch float64 forward failed "
-                     f"({_first_line(exc)})")
-        return None
-    errors = [_relative_error(a, r)[0] for a, r in zip(low, ref) if a.shape == r.shape]
-    return max(errors) if errors else None
-
-
-def _verdict(report: ParityReport, problems: list[str],
-             correspondence: list[tuple[str, str]] | None, unmatched: list[str]) -> str:
-    floor = ("" if report.noise_floor is None
-             else f" (float32 noise floor {_fmt(report.noise_floor)})")
-    if report.ok:
-        return f"outputs agree: error {_fmt(report.error)} <= tol {report.tol:g}{floor}"
-    text = f"outputs differ ({'; '.join(problems)})"
+def _message(report: ParityReport) -> str:
+    if report.verdict == PASS:
+        return pass_message(report.outputs, report.layers, report.tol)
+    if report.verdict == INCONCLUSIVE:
+        return f"INCONCLUSIVE: {report.reasons[0]}"
+    text = f"FAIL: {'; '.join(report.reasons[:3])}" if report.reasons else "FAIL"
     if report.first_divergence is not None:
-        return f"{text}: first divergence at {report.first_divergence.describe()}"
-    if correspondence is not None and not correspondence:
-        return text
-    if unmatched:
-        return (f"{text}; the {report.layers_checked} layer outputs compared agree, not "
-                f"compared: {'; '.join(unmatched)}")
-    if report.layers_checked:
-        return (f"{text}; the {report.layers_checked} layer outputs compared agree, so the "
-                "difference arises after or outside them")
-    return f"{text}; pass correspondence=[(mindspore_path, torch_path), ...] to locate it"
+        if report.first_divergence.describe() not in text:
+            text += f"; first divergence at {report.first_divergence.describe()}"
+        behind = [t for t in report.first_divergence.tensors if " " in t and t not in text]
+        if behind:
+            text += f"; {'; '.join(behind[:3])}"
+    elif report.layers_checked and any(not o.ok for o in report.outputs):
+        text += (f"; the {report.layers_checked} layer outputs compared agree, so the "
+                 "difference arises after or outside them")
+    elif not report.layers_checked and any(not o.ok for o in report.outputs):
+        text += "; no layers were paired: pass a mapping (or correspondence) to locate it"
+    return text

@@ -1,0 +1,229 @@
+"""Every layer's output on both sides, recorded in one forward each, and paired.
+
+Forward hooks record each layer call as an :class:`Event` — path, call number, position
+in execution order (hooks fire when a layer *finishes*, so a layer comes before the block
+around it), class, and a copy of its output. PyTorch's float64 and second-input passes
+do not store anything: their hooks measure against the recorded float32 outputs as they
+fire (:class:`Measure`), so memory is one set of activations per side.
+
+Pairing (:func:`pair_events`), in order of trust:
+
+1. **by name** — the conversion plan's parameter pairs give layer pairs
+   (``layer1.0.bn1`` ↔ ``layer1.0.bn1``, ``end_point`` ↔ ``fc``) and their blocks; a
+   layer with the same path on both sides pairs too (``relu``, ``maxpool``);
+2. **by order** — the remaining leaf layers (weightless ones: activations, pooling,
+   padding), between two name-paired layers, are aligned as sequences of output shapes
+   (:class:`difflib.SequenceMatcher`); equal runs pair, in execution order.
+
+A layer that runs several times (a shared ReLU) pairs call by call.
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from .compare import comparable, ms_outputs, relative_error, torch_outputs
+
+
+@dataclass
+class Event:
+    """One call of one layer."""
+
+    path: str
+    call: int
+    seq: int
+    kind: str
+    leaf: bool
+    arrays: list[np.ndarray] = field(repr=False)
+
+    @property
+    def shapes(self) -> tuple[tuple[int, ...], ...]:
+        return tuple(a.shape for a in self.arrays)
+
+
+@dataclass
+class Pair:
+    torch: Event
+    ms: Event
+    how: str  # "name" | "order"
+
+
+def _float_arrays(named: list[tuple[str, np.ndarray]]) -> list[np.ndarray]:
+    return [a for _, a in named if a.dtype.kind == "f"]
+
+
+class _Recorder:
+    def __init__(self, convert: Callable[[Any], list[tuple[str, np.ndarray]]]):
+        self.convert = convert
+        self.events: list[Event] = []
+        self.calls: dict[str, int] = {}
+
+    def hook(self, path: str, kind: str, leaf: bool) -> Callable[..., None]:
+        def record(_layer: Any, _args: Any, output: Any) -> None:
+            call = self.calls.get(path, 0)
+            self.calls[path] = call + 1
+            arrays = _float_arrays(self.convert(output))
+            if arrays:
+                self.events.append(Event(path, call, len(self.events), kind, leaf, arrays))
+        return record
+
+
+def _named(model: Any, torch_side: bool) -> list[tuple[str, Any, bool]]:
+    items = model.named_modules() if torch_side else model.cells_and_names()
+    found = []
+    for name, layer in items:
+        if not name:
+            continue  # the whole network: its outputs are compared as outputs
+        children = layer.children() if torch_side else layer.cells()
+        found.append((name, layer, not any(True for _ in children)))
+    return found
+
+
+def record_torch(model: Any, run: Callable[[], Any]) -> tuple[Any, list[Event]]:
+    """Run ``run()`` with every named module hooked: (its result, the events)."""
+    rec = _Recorder(torch_outputs)
+    handles = [m.register_forward_hook(rec.hook(n, type(m).__name__, leaf))
+               for n, m, leaf in _named(model, True)]
+    try:
+        return run(), rec.events
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def record_ms(model: Any, run: Callable[[], Any]) -> tuple[Any, list[Event]]:
+    """Run ``run()`` with every named cell hooked (PyNative): (its result, the events)."""
+    from .devices import ms_pynative
+
+    rec = _Recorder(ms_outputs)
+    with ms_pynative():
+        handles = [c.register_forward_hook(rec.hook(n, type(c).__name__, leaf))
+                   for n, c, leaf in _named(model, False)]
+        try:
+            return run(), rec.events
+        finally:
+            for h in handles:
+                h.remove()
+
+
+class Measure:
+    """Hooks for a second PyTorch pass: each layer's relative L2 distance from the
+    recorded float32 output of the same call (float64 pass: the float32 noise; another
+    input: the sensitivity)."""
+
+    def __init__(self, recorded: list[Event]):
+        self.by_key = {(e.path, e.call): e for e in recorded}
+        self.calls: dict[str, int] = {}
+        self.values: dict[tuple[str, int], float] = {}
+
+    def hook(self, path: str) -> Callable[..., None]:
+        def measure(_layer: Any, _args: Any, output: Any) -> None:
+            call = self.calls.get(path, 0)
+            self.calls[path] = call + 1
+            event = self.by_key.get((path, call))
+            if event is None:
+                return
+            arrays = _float_arrays(torch_outputs(output))
+            worst = 0.0
+            for ref, other in zip(event.arrays, arrays):
+                if ref.shape == other.shape:
+                    worst = max(worst, relative_error(ref, other)[0])
+            self.values[(path, call)] = worst
+        return measure
+
+    def run(self, model: Any, run: Callable[[], Any]) -> tuple[Any, dict[tuple[str, int], float]]:
+        handles = [m.register_forward_hook(self.hook(n)) for n, m, _ in _named(model, True)]
+        try:
+            return run(), self.values
+        finally:
+            for h in handles:
+                h.remove()
+
+
+def _same_path_pairs(torch_events: list[Event], ms_events: list[Event],
+                     taken_torch: set[str], taken_ms: set[str]) -> dict[str, str]:
+    torch_paths = {e.path for e in torch_events if e.leaf} - taken_torch
+    return {e.path: e.path for e in ms_events
+            if e.leaf and e.path in torch_paths and e.path not in taken_ms}
+
+
+def pair_events(torch_events: list[Event], ms_events: list[Event],
+                layer_pairs: list[tuple[str, str]]) -> list[Pair]:
+    """Pair the two sides' events by name, then leaf layers by order (module docstring).
+
+    Args:
+        torch_events / ms_events: as recorded, in execution order.
+        layer_pairs: ``(mindspore_path, torch_path)`` from the conversion plan.
+
+    Returns:
+        The pairs in PyTorch execution order.
+    """
+    ms_by_key = {(e.path, e.call): e for e in ms_events}
+    torch_for_ms: dict[str, list[str]] = {}
+    for ms_path, torch_path in layer_pairs:
+        if ms_path and torch_path:
+            torch_for_ms.setdefault(ms_path, []).append(torch_path)
+    taken_torch = {t for ts in torch_for_ms.values() for t in ts}
+    for ms_path, torch_path in _same_path_pairs(torch_events, ms_events, taken_torch,
+                                                set(torch_for_ms)).items():
+        torch_for_ms.setdefault(ms_path, []).append(torch_path)
+    ms_for_torch: dict[str, list[str]] = {}
+    for ms_path, torch_paths in torch_for_ms.items():
+        for torch_path in torch_paths:
+            ms_for_torch.setdefault(torch_path, []).append(ms_path)
+
+    pairs: list[Pair] = []
+    used_ms: set[int] = set()
+    for t in torch_events:
+        for ms_path in ms_for_torch.get(t.path, ()):
+            m = ms_by_key.get((ms_path, t.call))
+            if m is not None and m.seq not in used_ms:
+                pairs.append(Pair(t, m, "name"))
+                used_ms.add(m.seq)
+    pairs += _pair_by_order(torch_events, ms_events, pairs, used_ms)
+    pairs.sort(key=lambda p: (p.torch.seq, p.ms.seq))
+    return pairs
+
+
+def _pair_by_order(torch_events: list[Event], ms_events: list[Event], named: list[Pair],
+                   used_ms: set[int]) -> list[Pair]:
+    used_torch = {p.torch.seq for p in named}
+    # anchors: name pairs whose order agrees on both sides (a longest increasing run)
+    anchors = []
+    for p in sorted(named, key=lambda p: p.torch.seq):
+        if not anchors or p.ms.seq > anchors[-1].ms.seq:
+            anchors.append(p)
+    bounds = [(-1, -1), *((a.torch.seq, a.ms.seq) for a in anchors),
+              (len(torch_events), len(ms_events))]
+    found = []
+    for (t0, m0), (t1, m1) in zip(bounds, bounds[1:]):
+        ts = [e for e in torch_events[t0 + 1:t1] if e.leaf and e.seq not in used_torch]
+        ms = [e for e in ms_events[m0 + 1:m1] if e.leaf and e.seq not in used_ms]
+        if not ts or not ms:
+            continue
+        matcher = difflib.SequenceMatcher(None, [e.shapes for e in ts],
+                                          [e.shapes for e in ms], autojunk=False)
+        for block in matcher.get_matching_blocks():
+            for k in range(block.size):
+                found.append(Pair(ts[block.a + k], ms[block.b + k], "order"))
+    return found
+
+
+def layer_error(pair: Pair) -> tuple[float, float, str | None]:
+    """(relative L2 error, max abs difference, why not comparable) of a pair's outputs;
+    the worst over a layer's output tensors."""
+    error = max_abs = 0.0
+    if len(pair.ms.arrays) != len(pair.torch.arrays):
+        return float("inf"), float("inf"), (f"{len(pair.ms.arrays)} output tensor(s) in "
+                                            f"MindSpore, {len(pair.torch.arrays)} in PyTorch")
+    for ms_arr, torch_arr in zip(pair.ms.arrays, pair.torch.arrays):
+        shaped = comparable(ms_arr, torch_arr)
+        if isinstance(shaped, str):
+            return float("inf"), float("inf"), shaped
+        e, m = relative_error(shaped, torch_arr)
+        error, max_abs = max(error, e), max(max_abs, m)
+    return error, max_abs, None

@@ -1,0 +1,106 @@
+"""From comparisons to a verdict: PASS, FAIL or INCONCLUSIVE.
+
+**The bound.** A correct float32 conversion differs from PyTorch by rounding, and how much
+rounding costs depends on the weights and the input. So every output and layer is held to
+``bound = max(tol, K × noise)``, where ``noise`` is PyTorch's own float32 output against
+its float64 output on that very tensor. :data:`K` was chosen from measurements: on a
+torchvision ResNet50 with BatchNorm statistics estimated on data, MindSpore-vs-PyTorch
+error over float32 noise was 1.30 (median) and 1.32 (max) over 106 layers and the output
+(error 2.0e-5, noise 1.6e-5); EfficientNet's sigmoid rounds ~5× coarser in MindSpore than
+in PyTorch per op. ``K = 4`` keeps three times the ResNet margin; wrong conversions
+(swapped statistics, rolled rows, a transposed weight) err by 1e-2 to 1, far above.
+
+**Sensitivity.** Agreement proves something only where a wrong conversion would show.
+PyTorch is run on a second, different input; an output whose relative change is below
+:data:`SENSITIVITY` × its bound barely depends on its input (a randomly initialised deep
+net, a zero-initialised head): it cannot tell right weights from wrong ones, and the
+verdict is INCONCLUSIVE, never PASS. A *layer* that barely depends on the input is
+reported (status ``insensitive``) but does not by itself make the verdict inconclusive:
+its own weights are still compared directly, tensor by tensor, before any forward.
+
+FAIL beats INCONCLUSIVE beats PASS.
+"""
+
+from __future__ import annotations
+
+import math
+
+from .compare import fmt
+from .report import FAIL, INCONCLUSIVE, PASS, LayerComparison, OutputComparison
+
+#: the bound is max(tol, K × noise); see the module docstring for the measurements
+K = 4.0
+#: an output whose change between two inputs is below SENSITIVITY × its bound is
+#: inconclusive
+SENSITIVITY = 10.0
+
+
+def bound_for(tol: float, noise: float | None, *, scaled: bool = True) -> float:
+    """``max(tol, K × noise)``; ``tol`` alone when noise is unknown or not float32's."""
+    if noise is None or not scaled or not math.isfinite(noise):
+        return float(tol)
+    return max(float(tol), K * noise)
+
+
+def status_of(error: float, bound: float, sensitivity: float | None) -> str:
+    if not math.isfinite(error):
+        return "nonfinite"
+    if not error <= bound:
+        return "fail"
+    if sensitivity is not None and sensitivity < SENSITIVITY * bound:
+        return "insensitive"
+    return "ok"
+
+
+def decide(outputs: list[OutputComparison], layers: list[LayerComparison], *,
+           problems: list[str], tensor_problems: list[str], first: str | None,
+           tol: float) -> tuple[str, list[str]]:
+    """The verdict and its reasons, one line each, most important first."""
+    reasons: list[str] = []
+    failed = [o for o in outputs if not o.ok]
+    bad_layers = [c for c in layers if c.status in ("fail", "nonfinite")]
+    if problems or failed or bad_layers or tensor_problems:
+        reasons += problems
+        reasons += [o.problem for o in failed if o.problem]
+        if bad_layers:
+            reasons.append(f"first divergence at {first or bad_layers[0].name} "
+                           f"({len(bad_layers)} of {len(layers)} compared layers above "
+                           "their bound)")
+        reasons += tensor_problems
+        return FAIL, reasons
+    if not outputs:
+        return INCONCLUSIVE, ["no output paired: nothing to compare (the networks' outputs "
+                              "differ in names, number or shapes)"]
+    for o in outputs:
+        if o.status == "insensitive":
+            reasons.append(
+                f"output {o.name} barely depends on the input: it changes by "
+                f"{fmt(o.sensitivity)} between two different inputs, below {SENSITIVITY:g}× "
+                f"its bound {fmt(o.bound)}, so agreement cannot tell right weights from "
+                "wrong ones — estimate BatchNorm statistics on a few batches of real data, "
+                "feed real samples with --input, or check for a zero-initialised head")
+        elif o.max_abs == 0.0 and o.cosine is None:
+            reasons.append(f"output {o.name} is all zeros on both sides")
+    if reasons:
+        return INCONCLUSIVE, reasons
+    return PASS, reasons
+
+
+def pass_message(outputs: list[OutputComparison], layers: list[LayerComparison],
+                 tol: float) -> str:
+    """``PASS: 1 output and 161 layers within their bounds; output error 2.0e-05 is
+    1.3× its float32 noise (bound 6.4e-05; tol 1e-05 is below what float32 resolves here)``."""
+    worst = max(outputs, key=lambda o: o.error / o.bound if o.bound else o.error)
+    text = (f"PASS: {len(outputs)} output{'s' * (len(outputs) != 1)} and {len(layers)} "
+            f"layer{'s' * (len(layers) != 1)} within their bounds; output error "
+            f"{fmt(worst.error)}")
+    if worst.noise:
+        text += f" is {worst.error / worst.noise:.1f}× its float32 noise {fmt(worst.noise)}"
+        if worst.bound > tol:
+            text += (f" (bound {K:g}× noise = {fmt(worst.bound)}; tol {tol:g} is below what "
+                     "float32 resolves here)")
+        else:
+            text += f" (bound: tol {tol:g})"
+    else:
+        text += f" <= tol {tol:g}"
+    return text

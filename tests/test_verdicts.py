@@ -1,0 +1,199 @@
+"""Verdicts tested both ways, on realistic weights (BatchNorm statistics estimated on data)
+and on networks whose output barely depends on the input.
+
+Every wrong conversion must FAIL and name the layer and the tensor — or, where the network
+cannot show it, be INCONCLUSIVE. It is never a PASS.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ms = pytest.importorskip("mindspore")
+torch = pytest.importorskip("torch")
+
+import verify_nets as vn  # noqa: E402
+from click.testing import CliRunner  # noqa: E402
+
+import ms_port  # noqa: E402
+from ms_port.check.parity import run_parity  # noqa: E402
+from ms_port.cli import main  # noqa: E402
+from ms_port.errors import DeviceError  # noqa: E402
+from ms_port.read.ckpt import CkptReader, CkptWriter  # noqa: E402
+
+
+def _convert(tmp: Path, net: torch.nn.Module, name: str) -> tuple[Path, Path]:
+    pth, ckpt = tmp / f"{name}.pth", tmp / f"{name}.ckpt"
+    torch.save(net.state_dict(), pth)
+    report = ms_port.convert(pth, ms_model=vn.MsNet, mapping="resnet", output=ckpt)
+    assert report.ok, report.plan.problems()
+    return pth, ckpt
+
+
+@pytest.fixture(scope="module")
+def nets(tmp_path_factory) -> dict[str, tuple[Path, Path]]:
+    tmp = tmp_path_factory.mktemp("verdicts")
+    return {name: _convert(tmp, make(), name) for name, make in
+            (("realistic", vn.realistic), ("insensitive", vn.insensitive),
+             ("zero_head", vn.zero_head))}
+
+
+def _verify(pth: Path, ckpt: Path, **kw):
+    kw.setdefault("ms_model", vn.MsNet)
+    return ms_port.verify(pth, ckpt, torch_model=vn.TorchNet, mapping="resnet",
+                          input_shape=vn.SHAPE, batch=2, **kw)
+
+
+def _rewrite(src: Path, dst: Path, edit) -> Path:
+    with CkptReader(src) as reader:
+        arrays = {e.name: np.array(reader.load(e.name)) for e in reader.entries}
+    edit(arrays)
+    with open(dst, "wb") as f, CkptWriter(f) as writer:
+        for name, array in arrays.items():
+            writer.write(name, array)
+    return dst
+
+
+def _swap(a_name: str, b_name: str):
+    def edit(a):
+        a[a_name], a[b_name] = a[b_name].copy(), a[a_name].copy()
+    return edit
+
+
+def _roll_rows(a):
+    a["end_point.weight"] = np.roll(a["end_point.weight"], 1, axis=0)
+
+
+def _transpose_square(a):
+    w = a["layer1.0.conv2.weight"]
+    a["layer1.0.conv2.weight"] = np.ascontiguousarray(w.transpose(1, 0, 2, 3))
+
+
+def _nan(a):
+    a["layer1.0.conv1.weight"][0, 0, 0, 0] = np.nan
+
+
+WRONG = {
+    "swapped-mean-var": (_swap("layer1.0.bn2.moving_mean", "layer1.0.bn2.moving_variance"),
+                         "layer1.0.bn2", "layer1.0.bn2.moving_mean"),
+    "swapped-gamma-beta": (_swap("bn1.gamma", "bn1.beta"), "bn1", "bn1.gamma"),
+    "rolled-classifier": (_roll_rows, "end_point", "end_point.weight"),
+    "transposed-square": (_transpose_square, "layer1.0.conv2", "layer1.0.conv2.weight"),
+    "nan-weight": (_nan, "layer1.0.conv1", "layer1.0.conv1.weight"),
+}
+
+
+def test_correct_realistic_conversion_passes_at_1e_5(nets):
+    report = _verify(*nets["realistic"], tol=1e-5)
+    assert report.verdict == "PASS", report.message
+    assert report.exit_code == 0 and report.message.startswith("PASS")
+    assert report.tensors is not None and report.tensors.ok  # every tensor identical
+    # every layer compared, weightless ones too, with its own noise and bound
+    kinds = {c.torch_kind for c in report.layers}
+    assert {"Conv2d", "BatchNorm2d", "ReLU", "MaxPool2d", "AdaptiveAvgPool2d"} <= kinds
+    assert all(c.status in ("ok", "insensitive") for c in report.layers)
+    assert report.outputs[0].sensitivity > 10 * report.outputs[0].bound
+    json.dumps(report.to_dict(), allow_nan=False)
+
+
+@pytest.mark.parametrize("case", list(WRONG))
+def test_wrong_conversions_fail_and_name_layer_and_tensor(nets, tmp_path, case):
+    edit, layer, tensor = WRONG[case]
+    pth, ckpt = nets["realistic"]
+    report = _verify(pth, _rewrite(ckpt, tmp_path / "bad.ckpt", edit))
+    assert report.verdict == "FAIL", report.message
+    assert report.exit_code == 1
+    assert report.first_divergence is not None and report.first_divergence.ms_name == layer
+    assert tensor in report.message, report.message
+    if case.startswith("swapped"):  # the tensor comparison says what it holds instead
+        assert f"{tensor} holds " in report.message
+
+
+@pytest.mark.parametrize("case", list(WRONG))
+def test_wrong_conversions_on_an_insensitive_network_never_pass(nets, tmp_path, case):
+    edit = WRONG[case][0]
+    pth, ckpt = nets["insensitive"]
+    report = _verify(pth, _rewrite(ckpt, tmp_path / "bad.ckpt", edit))
+    assert report.verdict in ("FAIL", "INCONCLUSIVE"), report.message
+    assert report.verdict == "FAIL"  # the tensor and layer comparisons still see it
+
+
+def test_correct_conversion_of_an_insensitive_network_is_inconclusive(nets):
+    report = _verify(*nets["insensitive"])
+    assert report.verdict == "INCONCLUSIVE", report.message
+    assert report.exit_code == 3
+    assert "barely depends on the input" in report.message
+    assert "--input" in report.message
+
+
+def test_constant_output_zero_head_is_inconclusive(nets):
+    report = _verify(*nets["zero_head"])
+    assert report.verdict == "INCONCLUSIVE", report.message
+    assert report.outputs[0].sensitivity == 0.0
+
+
+def test_a_weightless_layer_that_differs_is_named(nets):
+    """MindCV pads its max-pool 'same' (bottom/right only): the pool is named, not the
+    next weighted layer."""
+    pth, ckpt = nets["realistic"]
+    report = _verify(pth, ckpt, ms_model=functools.partial(vn.MsNet, pool_pad_mode="same"))
+    assert report.verdict == "FAIL"
+    div = report.first_divergence
+    assert div.ms_name == "maxpool" and div.weightless, div
+    assert "a layer without weights" in report.message
+
+
+def test_a_missing_kernel_is_bad_input_naming_op_cell_and_device():
+    tnet = torch.nn.Sequential(torch.nn.InstanceNorm2d(3, affine=True))
+    mnet = ms.nn.SequentialCell([ms.nn.InstanceNorm2d(3)])
+    with pytest.raises(DeviceError, match=r"no CPU kernel for InstanceNorm in cell '0'"):
+        run_parity(tnet, mnet, input_shape=(3, 4, 4), noise_floor=False)
+
+
+def test_token_inputs_are_generated_in_range_and_compared(tmp_path):
+    torch.manual_seed(0)
+    tnet = vn.TorchTokens()
+    pth = tmp_path / "tok.pth"
+    torch.save(tnet.state_dict(), pth)
+    ckpt = tmp_path / "tok.ckpt"
+    assert ms_port.convert(pth, ms_model=vn.MsTokens, output=ckpt).ok
+    runner = CliRunner()
+    args = ["verify", str(pth), str(ckpt), "--torch-model", "verify_nets:TorchTokens",
+            "--ms-model", "verify_nets:MsTokens", "--input-shape", "6", "--input-dtype",
+            "int64", "--input-range", "0,32", "--batch", "3", "--json"]
+    result = runner.invoke(main, args)
+    data = json.loads(result.stdout)
+    assert result.exit_code == 0, data["message"]
+    assert data["inputs"][0]["dtype"] == "int64" and data["inputs"][0]["shape"] == [3, 6]
+    # a wrong embedding row order fails at the embedding
+    bad = _rewrite(ckpt, tmp_path / "bad.ckpt",
+                   lambda a: a.update({"embed.embedding_table":
+                                       np.roll(a["embed.embedding_table"], 1, axis=0)}))
+    result = runner.invoke(main, [*args[:2], str(bad), *args[3:]])
+    assert result.exit_code == 1
+    assert json.loads(result.stdout)["first_divergence"]["ms_name"] == "embed"
+
+
+def test_real_inputs_from_a_file(nets, tmp_path):
+    pth, ckpt = nets["realistic"]
+    np.save(tmp_path / "x.npy", vn.rng_array((2, *vn.SHAPE), seed=5))
+    report = ms_port.verify(pth, ckpt, torch_model=vn.TorchNet, ms_model=vn.MsNet,
+                            mapping="resnet", inputs=tmp_path / "x.npy")
+    assert report.verdict == "PASS", report.message
+    assert report.inputs[0]["origin"].endswith("x.npy") and report.batch == 2
+
+
+def test_html_report_is_written_and_never_clobbers(nets, tmp_path):
+    pth, ckpt = nets["realistic"]
+    out = tmp_path / "r.html"
+    _verify(pth, ckpt, report=out)
+    text = out.read_text()
+    assert "<svg" in text and "PASS" in text and "layer1.0.bn2" in text
+    with pytest.raises(ms_port.MsPortError, match="exists"):
+        _verify(pth, ckpt, report=out)
+    _verify(pth, ckpt, report=out, force=True)
