@@ -103,11 +103,22 @@ def resolve_mapping(mapping: Any, *, arch: str | None = None) -> MappingTable:
         from .archs import get_arch
 
         table = get_arch(arch).mapping_table()
+    from .match.mapping import mapping_from_data
+
     items = mapping if isinstance(mapping, (list, tuple)) else [mapping]
     for item in items:
         if item is None:
             continue
-        table = table.merged(item if isinstance(item, MappingTable) else load_mapping(item))
+        if isinstance(item, MappingTable):
+            table = table.merged(item)
+        elif isinstance(item, dict):
+            table = table.merged(mapping_from_data(item, origin="mapping (a dict)"))
+        elif isinstance(item, (str, Path)):
+            table = table.merged(load_mapping(item))
+        else:
+            raise MsPortError(f"mapping= takes a YAML path, a built-in table's name, a dict "
+                              f"shaped like a mapping file or a MappingTable (or a list of "
+                              f"them); got {type(item).__name__}")
     return table
 
 

@@ -447,3 +447,25 @@ def test_registering_a_builtin_name_raises_even_before_first_lookup():
     assert result.returncode == 0, result.stderr[-2000:]
     assert "refused: architecture 'resnet50' is already registered" in result.stdout
     assert "torchvision.models.resnet50" in result.stdout
+
+
+@pytest.mark.parametrize("model", ["cell", "factory", "class", "path"])
+def test_ms_model_is_a_cell_a_factory_or_a_path_everywhere(tiny, model):
+    """plan/convert take what verify takes (issue: plan() refused a callable)."""
+    spec = {"cell": ms_tiny(), "factory": ms_tiny, "class": type(ms_tiny()),
+            "path": "test_api:ms_tiny"}[model]
+    p = ms_port.plan(tiny["pth"], ms_model=spec, mapping=ms_port.get_arch(TINY).mapping)
+    assert p.ok, p.problems()
+
+
+def test_mapping_is_a_path_a_dict_or_a_table(tiny):
+    import yaml
+
+    as_dict = yaml.safe_load(TINY_MAPPING)
+    table = ms_port.load_mapping(ms_port.get_arch(TINY).mapping)
+    for mapping in (ms_port.get_arch(TINY).mapping, as_dict, table, [as_dict]):
+        assert ms_port.plan(tiny["pth"], ms_model=ms_tiny, mapping=mapping).ok
+    with pytest.raises(ms_port.MsPortError, match=r"mapping= takes .* got int"):
+        ms_port.plan(tiny["pth"], ms_model=ms_tiny, mapping=7)
+    with pytest.raises(ms_port.MappingError, match=r"mapping \(a dict\).*rename"):
+        ms_port.plan(tiny["pth"], ms_model=ms_tiny, mapping={"rename": 3})

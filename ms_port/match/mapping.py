@@ -194,7 +194,11 @@ def parse_mapping(text: str, *, origin: str = "<string>") -> MappingTable:
         line = f" at line {where.line + 1}" if where is not None else ""
         raise MappingError(f"{origin}: YAML syntax error{line} "
                            f"({getattr(exc, 'problem', exc)}); fix the file", path=origin) from None
-    data = {} if data is None else data
+    return mapping_from_data({} if data is None else data, origin=origin)
+
+
+def mapping_from_data(data: Any, *, origin: str = "mapping=") -> MappingTable:
+    """Validate an already-parsed mapping (a dict shaped like the YAML file)."""
     _expect(isinstance(data, dict), origin, "top level", "a mapping of sections")
     unknown = set(data) - _SECTIONS
     _expect(not unknown, origin, f"section {sorted(unknown)[0]!r}" if unknown else "",
