@@ -17,12 +17,25 @@ from .report import FAIL, ParityReport
 
 
 def build_network(spec: Any, option: str, arch: Any, side: str) -> Any:
-    """A network from the architecture, a ``module:callable`` string, a factory, or as given."""
+    """A network from the architecture, a ``module:callable`` string, a factory, or as given.
+
+    The MindSpore side is built under ``no_init_parameters`` (MindSpore >= 2.5): its
+    weights come from the checkpoint, so drawing random ones first only costs time
+    (ResNet50: 0.6 s of 0.7 s). A parameter the checkpoint does not fill is named before
+    anything runs (:func:`load_ms_weights`).
+    """
+    import contextlib
+
     from ..read.targets import instantiate
 
-    if spec is None:
-        return arch.build_torch() if side == "torch" else arch.build_mindspore()
-    return instantiate(spec, option)
+    if side == "torch":
+        return arch.build_torch() if spec is None else instantiate(spec, option)
+    try:
+        from mindspore.nn.utils import no_init_parameters
+    except ImportError:  # pragma: no cover - MindSpore < 2.5
+        no_init_parameters = contextlib.nullcontext
+    with no_init_parameters():
+        return arch.build_mindspore() if spec is None else instantiate(spec, option)
 
 
 def load_torch_weights(model: Any, src: Source) -> None:
