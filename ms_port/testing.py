@@ -85,3 +85,19 @@ def save_reference_checkpoint(arch: str, path: str | Path, *, seed: int = 0,
     path.parent.mkdir(parents=True, exist_ok=True)
     torch.save(seeded_torch_model(arch, seed=seed, **kwargs).state_dict(), path)
     return path
+
+
+def rewrite_checkpoint(src: str | Path, dst: str | Path, edit: Any) -> Path:
+    """Copy a MindSpore ``.ckpt`` through ``edit(dict name -> array)``, which may change,
+    swap or delete entries: how the tests make a wrong conversion on purpose."""
+    import numpy as np
+
+    from .read.ckpt import CkptReader, CkptWriter
+
+    with CkptReader(src) as reader:
+        arrays = {e.name: np.array(reader.load(e.name)) for e in reader.entries}
+    edit(arrays)
+    with open(dst, "wb") as f, CkptWriter(f) as writer:
+        for name, array in arrays.items():
+            writer.write(name, array)
+    return Path(dst)

@@ -19,9 +19,9 @@ from click.testing import CliRunner
 import ms_port
 from ms_port.check.tensors import TensorDiff, compare_by_name
 from ms_port.cli import main
-from ms_port.read.ckpt import CkptReader, CkptWriter
 from ms_port.read.sources import Source
 from ms_port.read.tensors import TensorInfo, dtype_name
+from ms_port.testing import rewrite_checkpoint
 from tests import tiny_nets
 
 REPO = Path(__file__).resolve().parent.parent
@@ -52,16 +52,6 @@ def _state() -> dict:
     return state
 
 
-def _rewrite(src: Path, dst: Path, edit) -> Path:
-    with CkptReader(src) as reader:
-        arrays = {e.name: np.array(reader.load(e.name)) for e in reader.entries}
-    edit(arrays)
-    with open(dst, "wb") as f, CkptWriter(f) as writer:
-        for name, array in arrays.items():
-            writer.write(name, array)
-    return dst
-
-
 def _corrupt(a: dict) -> None:
     a["bn.moving_mean"], a["bn.moving_variance"] = a["bn.moving_variance"], a["bn.moving_mean"]
     a["gn.gamma"], a["gn.beta"] = a["gn.beta"], a["gn.gamma"]
@@ -79,7 +69,7 @@ def files(tmp_path_factory) -> dict[str, Path]:
     mapping = root / "conv1d.yaml"
     mapping.write_text(CONV1D_MAP)
     return {"pth": pth, "ckpt": ckpt, "map": mapping, "root": root,
-            "bad": _rewrite(ckpt, root / "bad.ckpt", _corrupt)}
+            "bad": rewrite_checkpoint(ckpt, root / "bad.ckpt", _corrupt)}
 
 
 def _cell():
@@ -144,7 +134,7 @@ def test_missing_and_shape(files):
         del a["act.w"]
         a["fc.bias"] = a["fc.bias"][:3].copy()
 
-    ckpt = _rewrite(files["ckpt"], files["root"] / "holes.ckpt", edit)
+    ckpt = rewrite_checkpoint(files["ckpt"], files["root"] / "holes.ckpt", edit)
     d = ms_port.diff(files["pth"], ckpt, ms_model=_cell())
     status = {x.target: x.status for x in d.problems}
     assert status == {"act.w": "missing", "fc.bias": "shape"}
@@ -162,7 +152,7 @@ def test_a_cast_conversion_compares_in_the_held_dtype(files):
     def swap(a):
         a["ln.gamma"], a["ln.beta"] = a["ln.beta"], a["ln.gamma"]
 
-    d = ms_port.diff(files["pth"], _rewrite(out, files["root"] / "half-bad.ckpt", swap),
+    d = ms_port.diff(files["pth"], rewrite_checkpoint(out, files["root"] / "half-bad.ckpt", swap),
                      ms_model=_cell())
     assert _differing(d) == {"ln.gamma": ("ln.bias", "exact"), "ln.beta": ("ln.weight", "exact")}
 

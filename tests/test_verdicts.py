@@ -24,7 +24,7 @@ import ms_port  # noqa: E402
 from ms_port.check.parity import run_parity  # noqa: E402
 from ms_port.cli import main  # noqa: E402
 from ms_port.errors import DeviceError  # noqa: E402
-from ms_port.read.ckpt import CkptReader, CkptWriter  # noqa: E402
+from ms_port.testing import rewrite_checkpoint  # noqa: E402
 
 
 def _convert(tmp: Path, net: torch.nn.Module, name: str) -> tuple[Path, Path]:
@@ -47,16 +47,6 @@ def _verify(pth: Path, ckpt: Path, **kw):
     kw.setdefault("ms_model", vn.MsNet)
     return ms_port.verify(pth, ckpt, torch_model=vn.TorchNet, mapping="resnet",
                           input_shape=vn.SHAPE, batch=2, **kw)
-
-
-def _rewrite(src: Path, dst: Path, edit) -> Path:
-    with CkptReader(src) as reader:
-        arrays = {e.name: np.array(reader.load(e.name)) for e in reader.entries}
-    edit(arrays)
-    with open(dst, "wb") as f, CkptWriter(f) as writer:
-        for name, array in arrays.items():
-            writer.write(name, array)
-    return dst
 
 
 def _swap(a_name: str, b_name: str):
@@ -105,7 +95,7 @@ def test_correct_realistic_conversion_passes_at_1e_5(nets):
 def test_wrong_conversions_fail_and_name_layer_and_tensor(nets, tmp_path, case):
     edit, layer, tensor = WRONG[case]
     pth, ckpt = nets["realistic"]
-    report = _verify(pth, _rewrite(ckpt, tmp_path / "bad.ckpt", edit))
+    report = _verify(pth, rewrite_checkpoint(ckpt, tmp_path / "bad.ckpt", edit))
     assert report.verdict == "FAIL", report.message
     assert report.exit_code == 1
     assert report.first_divergence is not None and report.first_divergence.ms_name == layer
@@ -118,7 +108,7 @@ def test_wrong_conversions_fail_and_name_layer_and_tensor(nets, tmp_path, case):
 def test_wrong_conversions_on_an_insensitive_network_never_pass(nets, tmp_path, case):
     edit = WRONG[case][0]
     pth, ckpt = nets["insensitive"]
-    report = _verify(pth, _rewrite(ckpt, tmp_path / "bad.ckpt", edit))
+    report = _verify(pth, rewrite_checkpoint(ckpt, tmp_path / "bad.ckpt", edit))
     assert report.verdict in ("FAIL", "INCONCLUSIVE"), report.message
     assert report.verdict == "FAIL"  # the tensor and layer comparisons still see it
 
@@ -171,7 +161,7 @@ def test_token_inputs_are_generated_in_range_and_compared(tmp_path):
     assert result.exit_code == 0, data["message"]
     assert data["inputs"][0]["dtype"] == "int64" and data["inputs"][0]["shape"] == [3, 6]
     # a wrong embedding row order fails at the embedding
-    bad = _rewrite(ckpt, tmp_path / "bad.ckpt",
+    bad = rewrite_checkpoint(ckpt, tmp_path / "bad.ckpt",
                    lambda a: a.update({"embed.embedding_table":
                                        np.roll(a["embed.embedding_table"], 1, axis=0)}))
     result = runner.invoke(main, [*args[:2], str(bad), *args[3:]])

@@ -11,8 +11,7 @@ from click.testing import CliRunner
 
 import ms_port
 from ms_port.cli import main
-from ms_port.read.ckpt import CkptReader, CkptWriter
-from ms_port.testing import save_reference_checkpoint
+from ms_port.testing import rewrite_checkpoint, save_reference_checkpoint
 
 SMALL = "3,64,64"
 
@@ -25,17 +24,6 @@ def resnet18(tmp_path_factory) -> tuple[Path, Path]:
     ckpt = root / "resnet18.ckpt"
     assert ms_port.convert(pth, arch="resnet18", output=ckpt).ok
     return pth, ckpt
-
-
-def _rewrite(src: Path, dst: Path, edit) -> Path:
-    """Copy a .ckpt through ``edit(dict of arrays)``, which may change or delete entries."""
-    with CkptReader(src) as reader:
-        arrays = {e.name: np.array(reader.load(e.name)) for e in reader.entries}
-    edit(arrays)
-    with open(dst, "wb") as f, CkptWriter(f) as writer:
-        for name, array in arrays.items():
-            writer.write(name, array)
-    return dst
 
 
 def _verify(*args: str) -> tuple[int, dict]:
@@ -75,7 +63,7 @@ def _nan_weight(a):
 ], ids=["swapped-bn-stats", "rolled-classifier", "nan-weight"])
 def test_wrong_checkpoint_fails_and_names_the_layer(resnet18, tmp_path, edit, culprit):
     pth, ckpt = resnet18
-    bad = _rewrite(ckpt, tmp_path / "bad.ckpt", edit)
+    bad = rewrite_checkpoint(ckpt, tmp_path / "bad.ckpt", edit)
     code, data = _verify(str(pth), str(bad), "--arch", "resnet18")
     assert code == 1, data
     assert data["ok"] is False
@@ -85,7 +73,7 @@ def test_wrong_checkpoint_fails_and_names_the_layer(resnet18, tmp_path, edit, cu
 
 def test_nan_is_never_a_pass(resnet18, tmp_path):
     pth, ckpt = resnet18
-    bad = _rewrite(ckpt, tmp_path / "nan.ckpt", _nan_weight)
+    bad = rewrite_checkpoint(ckpt, tmp_path / "nan.ckpt", _nan_weight)
     report = ms_port.verify(pth, bad, arch="resnet18", input_shape=(3, 64, 64),
                             noise_floor=False, tol=1e9)  # even with an absurd tolerance
     assert not report.ok
@@ -94,7 +82,7 @@ def test_nan_is_never_a_pass(resnet18, tmp_path):
 
 def test_missing_tensor_is_named_before_running(resnet18, tmp_path):
     pth, ckpt = resnet18
-    bad = _rewrite(ckpt, tmp_path / "missing.ckpt",
+    bad = rewrite_checkpoint(ckpt, tmp_path / "missing.ckpt",
                    lambda a: a.pop("layer2.0.bn1.gamma"))
     code, data = _verify(str(pth), str(bad), "--arch", "resnet18")
     assert code == 1
@@ -154,14 +142,10 @@ def test_resnet50_full_size(tmp_path):
     assert parity.input_shape == (3, 224, 224)
     assert parity.noise_floor is not None and parity.error < 4 * parity.noise_floor
     # a swapped BatchNorm pair in the same realistic network fails, named
-    from ms_port.read.ckpt import CkptReader
+    def swap(a):
+        a["layer2.3.bn3.gamma"], a["layer2.3.bn3.beta"] = (a["layer2.3.bn3.beta"],
+                                                           a["layer2.3.bn3.gamma"])
 
-    with CkptReader(tmp_path / "r50.ckpt") as reader:
-        arrays = {e.name: np.array(reader.load(e.name)) for e in reader.entries}
-    arrays["layer2.3.bn3.gamma"], arrays["layer2.3.bn3.beta"] = (
-        arrays["layer2.3.bn3.beta"], arrays["layer2.3.bn3.gamma"])
-    with open(tmp_path / "bad.ckpt", "wb") as f, CkptWriter(f) as writer:
-        for name, array in arrays.items():
-            writer.write(name, array)
-    bad = ms_port.verify(pth, tmp_path / "bad.ckpt", arch="resnet50", tol=1e-5)
+    bad_ckpt = rewrite_checkpoint(tmp_path / "r50.ckpt", tmp_path / "bad.ckpt", swap)
+    bad = ms_port.verify(pth, bad_ckpt, arch="resnet50", tol=1e-5)
     assert bad.verdict == "FAIL" and bad.first_divergence.ms_name == "layer2.3.bn3"
