@@ -91,6 +91,27 @@ def test_rules_need_the_layer_kind(rule):
         assert f"x.{ms_suffix}" in [p.target for p in hits]
 
 
+def test_rules_follow_the_class_hierarchy(tmp_path):
+    """MindCV's ConvNextLayerNorm subclasses LayerNorm: the LayerNorm rule fits it."""
+    from mindspore import nn
+
+    class ConvNextLayerNorm(nn.LayerNorm):
+        pass
+
+    class Net(nn.Cell):
+        def __init__(self):
+            super().__init__()
+            self.norm = ConvNextLayerNorm((3,))
+
+    path = _save({"norm.weight": torch.rand(3), "norm.bias": torch.rand(3)}, tmp_path / "n.pth")
+    plan = ms_port.plan(path, ms_model=Net)
+    assert plan.ok, plan.problems()
+    assert {(m.target, m.source, m.how) for m in plan.matches} == {
+        ("norm.gamma", "norm.weight", "rule"), ("norm.beta", "norm.bias", "rule")}
+    assert from_cell(Net()).tensors["norm.gamma"].lineage[:2] == ("ConvNextLayerNorm",
+                                                                   "LayerNorm")
+
+
 def test_a_custom_gamma_is_not_a_norm(tmp_path):
     from mindspore import Parameter, nn
 

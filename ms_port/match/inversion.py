@@ -79,7 +79,8 @@ def _ms_side(checkpoint: Source, arch: str | None, ms_model: Any) -> Target:
         kinds = from_cell(instantiate(ms_model, "--ms-model"))
     if kinds is not None:
         target.tensors = {n: TargetTensor(t.name, t.shape, t.dtype,
-                                          kinds.tensors[n].layer if n in kinds else None)
+                                          kinds.tensors[n].layer if n in kinds else None,
+                                          kinds.tensors[n].lineage if n in kinds else ())
                           for n, t in target.tensors.items()}
     return target
 

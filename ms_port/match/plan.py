@@ -433,7 +433,7 @@ def make_plan(
 
 
 def _propose_one(s: str, mapping: MappingTable, target: Target,
-                 layer_of: dict[str, str | None],
+                 layer_of: dict[str, tuple[str, ...] | None],
                  siblings: dict[str, frozenset[str]]) -> list[tuple[str, str, str, tuple]]:
     """Proposals for one source name, most trusted first; the first kind that hits wins."""
     by_rule = {p.target: p for p in propose(s, layer_of, siblings)}

@@ -85,24 +85,27 @@ class Proposal:
     transforms: tuple[Transform, ...]
 
 
-def propose(name: str, layer_of: Mapping[str, str | None],
+def propose(name: str, layer_of: Mapping[str, tuple[str, ...] | None],
             siblings: Mapping[str, frozenset[str]]) -> list[Proposal]:
     """Target names a (mapped) PyTorch tensor name could fill under the built-in rules.
 
     Args:
         name: the PyTorch name, after mapping-table renames.
-        layer_of: target layer path -> MindSpore cell class name (``None`` if unknown).
+        layer_of: target layer path -> the MindSpore cell's class names, its own and its
+            bases' (``None`` if unknown): a rule fits a subclass of its layer kind.
         siblings: target layer path -> the parameter suffixes the target has there.
     """
     prefix, _, suffix = name.rpartition(".")
     have = siblings.get(prefix, frozenset())
     kind = layer_of.get(prefix)
+    if isinstance(kind, str):
+        kind = (kind,)
     out = []
     for rule in RULES:
         for ms_suffix, torch_suffix in rule.params.items():
             if torch_suffix != suffix or ms_suffix not in have:
                 continue
-            applies = (kind in rule.cells) if kind else bool(rule.signature & have)
+            applies = bool(rule.cells.intersection(kind)) if kind else bool(rule.signature & have)
             target = f"{prefix}.{ms_suffix}" if prefix else ms_suffix
             if applies and all(p.target != target for p in out):
                 out.append(Proposal(target, rule.name, rule.transforms.get(ms_suffix, ())))

@@ -20,12 +20,15 @@ from .tensors import NUMPY_DTYPES, TensorInfo
 
 @dataclass(frozen=True)
 class TargetTensor:
-    """One tensor the MindSpore side expects; ``layer`` is the owning cell's class name."""
+    """One tensor the MindSpore side expects; ``layer`` is the owning cell's class name,
+    ``lineage`` that class and its base classes (nearest first), so a rule for
+    ``LayerNorm`` also fits MindCV's ``ConvNextLayerNorm(LayerNorm)``."""
 
     name: str
     shape: tuple[int, ...]
     dtype: str
     layer: str | None = None
+    lineage: tuple[str, ...] = ()
 
     def to_dict(self) -> dict:
         return {"name": self.name, "shape": list(self.shape), "dtype": self.dtype,
@@ -57,9 +60,11 @@ class Target:
     def __getitem__(self, name: str) -> TargetTensor:
         return self.tensors[name]
 
-    def layers(self) -> dict[str, str | None]:
-        """Layer path -> cell class name (``None`` when unknown, as for templates)."""
-        return {t.name.rpartition(".")[0]: t.layer for t in self.tensors.values()}
+    def layers(self) -> dict[str, tuple[str, ...] | None]:
+        """Layer path -> the cell's class names, its own first, then its bases (``None``
+        when unknown, as for templates)."""
+        return {t.name.rpartition(".")[0]: t.lineage or ((t.layer,) if t.layer else None)
+                for t in self.tensors.values()}
 
     def siblings(self) -> dict[str, frozenset[str]]:
         """Layer path -> the parameter suffixes the target has at that path."""
@@ -82,15 +87,28 @@ def from_cell(cell: Any, description: str | None = None) -> Target:
     if not isinstance(cell, nn.Cell):
         raise TargetError(f"{description or cell!r} is a {type(cell).__name__}, not a "
                           "mindspore.nn.Cell; the factory must return the network")
-    layer_types = {name: type(c).__name__ for name, c in cell.cells_and_names()}
+    cells = dict(cell.cells_and_names())
     tensors: dict[str, TargetTensor] = {}
     for path, param in cell.parameters_and_names():
         # the checkpoint is keyed by Parameter.name; the path finds the owning cell
-        owner = path.rpartition(".")[0]
+        owner = cells.get(path.rpartition(".")[0])
         tensors[param.name] = TargetTensor(param.name, tuple(param.shape),
                                            _ms_dtype_name(param.dtype),
-                                           layer_types.get(owner))
+                                           None if owner is None else type(owner).__name__,
+                                           _lineage(owner))
     return Target("cell", description or type(cell).__name__, tensors, cell=cell)
+
+
+def _lineage(cell: Any) -> tuple[str, ...]:
+    """The cell's class and its bases up to (not including) ``nn.Cell``, nearest first."""
+    if cell is None:
+        return ()
+    names = []
+    for cls in type(cell).__mro__:
+        if cls.__name__ in ("Cell", "object"):
+            break
+        names.append(cls.__name__)
+    return tuple(names)
 
 
 def _ms_dtype_name(dtype: Any) -> str:
