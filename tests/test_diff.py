@@ -91,7 +91,7 @@ def _differing(d: TensorDiff) -> dict[str, tuple[str | None, str | None]]:
 def test_a_correct_conversion_is_identical(files):
     d = ms_port.diff(files["pth"], files["ckpt"], ms_model=_cell())
     assert d.ok and d.mode == "plan"
-    assert d.counts["identical"] == len(d.deltas) == 19
+    assert d.counts["identical"] == len(d.deltas) == 23
     assert all(x.max_abs == 0.0 for x in d.deltas)
 
 
@@ -222,11 +222,11 @@ def test_two_pth_files_by_name_bfloat16(tmp_path):
 def test_cli_exit_codes_and_report(files):
     ok = _cli(files["pth"], files["ckpt"], "--map", files["map"])
     assert ok.exit_code == 0, ok.output
-    assert "IDENTICAL" in ok.stdout and "identical 19" in ok.stdout
+    assert "IDENTICAL" in ok.stdout and "identical 23" in ok.stdout
 
     bad = _cli(files["pth"], files["bad"], "--map", files["map"])
     assert bad.exit_code == 1, bad.output
-    assert "DIFFERENT" in bad.stdout and "identical 13, differs 6" in bad.stdout
+    assert "DIFFERENT" in bad.stdout and "identical 17, differs 6" in bad.stdout
     lines = [ln for ln in bad.stdout.splitlines() if ln.startswith("✗")]
     assert len(lines) == 6
     assert any("bn.moving_mean  differs" in ln and "holds bn.running_var (exact)" in ln
@@ -243,7 +243,7 @@ def test_cli_json(files):
     assert result.exit_code == 1
     data = json.loads(result.stdout)
     assert data["ok"] is False and data["mode"] == "plan"
-    assert data["counts"] == {"identical": 13, "differs": 6, "shape": 0, "missing": 0,
+    assert data["counts"] == {"identical": 17, "differs": 6, "shape": 0, "missing": 0,
                               "unplanned": 0}
     rows = {r["target"]: r for r in data["deltas"] if r["status"] != "identical"}
     assert {k: (r["holds"], r["holds_how"]) for k, r in rows.items() if k != SCALED} == HOLDS
@@ -307,7 +307,7 @@ def test_names_from_files_are_escaped(tmp_path):
 
 def test_report_repr_dict_and_rendering(files):
     d = ms_port.diff(files["pth"], files["bad"], ms_model=_cell())
-    assert repr(d) == "TensorDiff(ok=False, mode='plan', identical=13, differs=6)"
+    assert repr(d) == "TensorDiff(ok=False, mode='plan', identical=17, differs=6)"
     json.dumps(d.to_dict(), allow_nan=False)
     assert "DIFFERENT" in d._repr_html_()
 

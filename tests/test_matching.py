@@ -65,8 +65,10 @@ def test_every_rule_fires_on_a_tiny_net(src, tmp_path):
     assert by_target["act.w"].source == "act.weight"
     assert by_target["ln.gamma"].source == "ln.weight"
     assert [str(t) for t in by_target["conv1d.weight"].transforms] == ["unsqueeze(2)"]
+    assert by_target["bn3d.bn2d.moving_mean"].source == "bn3d.running_mean"
     assert sorted(d.name for d in plan.dropped) == ["bn.num_batches_tracked",
-                                                    "bn1d.num_batches_tracked"]
+                                                    "bn1d.num_batches_tracked",
+                                                    "bn3d.num_batches_tracked"]
 
     out = tmp_path / "tiny.ckpt"
     report = ms_port.convert(src, ms_model=cell, output=out)
@@ -110,6 +112,25 @@ def test_rules_follow_the_class_hierarchy(tmp_path):
         ("norm.gamma", "norm.weight", "rule"), ("norm.beta", "norm.bias", "rule")}
     assert from_cell(Net()).tensors["norm.gamma"].lineage[:2] == ("ConvNextLayerNorm",
                                                                    "LayerNorm")
+
+
+def test_batchnorm3d_parameters_nested_under_bn2d(tmp_path):
+    """mindspore.nn.BatchNorm3d keeps gamma/beta/moving_* in a nested 'bn2d' cell."""
+    from mindspore import nn
+
+    class Net(nn.Cell):
+        def __init__(self):
+            super().__init__()
+            self.bn = nn.BatchNorm3d(4)
+
+    bn = torch.nn.BatchNorm3d(4)
+    path = _save(bn.state_dict(prefix="bn."), tmp_path / "bn3d.pth")
+    plan = ms_port.plan(path, ms_model=Net)
+    assert plan.ok, plan.problems()
+    assert {(m.target, m.source) for m in plan.matches} == {
+        ("bn.bn2d.gamma", "bn.weight"), ("bn.bn2d.beta", "bn.bias"),
+        ("bn.bn2d.moving_mean", "bn.running_mean"),
+        ("bn.bn2d.moving_variance", "bn.running_var")}
 
 
 def test_a_custom_gamma_is_not_a_norm(tmp_path):

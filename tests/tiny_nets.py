@@ -19,6 +19,7 @@ class TorchNet(tnn.Module):
         self.bn1d = tnn.BatchNorm1d(6)
         self.conv = tnn.Conv2d(3, 6, 3, padding=1, bias=False)
         self.bn = tnn.BatchNorm2d(6)
+        self.bn3d = tnn.BatchNorm3d(6)
         self.gn = tnn.GroupNorm(2, 6)
         self.ln = tnn.LayerNorm(6)
         self.act = tnn.PReLU()
@@ -51,6 +52,7 @@ def build_ms(classes: int = 5, head: str = "fc"):
             self.bn1d = nn.BatchNorm1d(6)
             self.conv = nn.Conv2d(3, 6, 3, pad_mode="pad", padding=1)
             self.bn = nn.BatchNorm2d(6)
+            self.bn3d = nn.BatchNorm3d(6)  # parameters nested under bn3d.bn2d.*
             self.gn = nn.GroupNorm(2, 6)
             self.ln = nn.LayerNorm((6,))
             self.act = nn.PReLU()

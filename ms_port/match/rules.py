@@ -28,6 +28,8 @@ class LayerRule:
         signature: MindSpore suffixes that identify the layer in a template checkpoint
             when layer types are unknown; one of them must be a sibling of the target.
         transforms: MindSpore suffix -> transforms from the PyTorch layout.
+        inner: where MindSpore keeps the parameters, below the PyTorch layer's path: a
+            nested cell (``bn2d`` in ``nn.BatchNorm3d``); ``""``: at the same path.
     """
 
     name: str
@@ -35,6 +37,7 @@ class LayerRule:
     params: Mapping[str, str]
     signature: frozenset[str]
     transforms: Mapping[str, tuple[Transform, ...]] = field(default_factory=dict)
+    inner: str = ""
 
 
 RULES: tuple[LayerRule, ...] = (
@@ -44,6 +47,13 @@ RULES: tuple[LayerRule, ...] = (
         {"gamma": "weight", "beta": "bias",
          "moving_mean": "running_mean", "moving_variance": "running_var"},
         signature=frozenset({"moving_mean", "moving_variance"}),
+    ),
+    LayerRule(
+        # mindspore.nn.BatchNorm3d keeps its parameters in a nested BatchNorm2d
+        "batchnorm3d", frozenset({"BatchNorm2d"}),
+        {"gamma": "weight", "beta": "bias",
+         "moving_mean": "running_mean", "moving_variance": "running_var"},
+        signature=frozenset({"moving_mean", "moving_variance"}), inner="bn2d",
     ),
     LayerRule(
         "layernorm", frozenset({"LayerNorm"}), {"gamma": "weight", "beta": "bias"},
@@ -96,17 +106,18 @@ def propose(name: str, layer_of: Mapping[str, tuple[str, ...] | None],
         siblings: target layer path -> the parameter suffixes the target has there.
     """
     prefix, _, suffix = name.rpartition(".")
-    have = siblings.get(prefix, frozenset())
-    kind = layer_of.get(prefix)
-    if isinstance(kind, str):
-        kind = (kind,)
     out = []
     for rule in RULES:
+        where = ".".join(p for p in (prefix, rule.inner) if p)
+        have = siblings.get(where, frozenset())
+        kind = layer_of.get(where)
+        if isinstance(kind, str):
+            kind = (kind,)
         for ms_suffix, torch_suffix in rule.params.items():
             if torch_suffix != suffix or ms_suffix not in have:
                 continue
             applies = bool(rule.cells.intersection(kind)) if kind else bool(rule.signature & have)
-            target = f"{prefix}.{ms_suffix}" if prefix else ms_suffix
+            target = f"{where}.{ms_suffix}" if where else ms_suffix
             if applies and all(p.target != target for p in out):
                 out.append(Proposal(target, rule.name, rule.transforms.get(ms_suffix, ())))
     return out
