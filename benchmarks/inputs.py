@@ -187,8 +187,26 @@ def _atomic(path: Path, write) -> None:
             tmp.unlink()
 
 
+def verify_paths() -> tuple[Path, Path]:
+    """A ResNet50 with BatchNorm statistics estimated on data, and its conversion."""
+    return CACHE / "verify-resnet50.pth", CACHE / "verify-resnet50.ckpt"
+
+
+def make_verify() -> None:
+    import ms_port
+    from ms_port.testing import save_reference_checkpoint
+
+    pth, ckpt = verify_paths()
+    if not pth.exists():
+        _atomic(pth, lambda tmp: save_reference_checkpoint("resnet50", tmp, bn_from_data=True))
+    if not ckpt.exists():
+        ms_port.convert(pth, arch="resnet50", output=ckpt)
+
+
 def prepare(cases: list[str]) -> None:
     for case in cases:
+        if case == "verify":
+            make_verify()
         if case == "resnet50":
             make_resnet50()
         elif case in ("synth-1g", "synth-3g"):

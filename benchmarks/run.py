@@ -1,6 +1,6 @@
 """ms-port against the migration guide's recipe, side by side, as whole processes.
 
-    python benchmarks/run.py [--runs 3] [--cases resnet50,synth-1g,synth-3g,help,inspect]
+    python benchmarks/run.py [--runs 3] [--cases resnet50,synth-1g,synth-3g,help,inspect,verify]
                              [--big] [--write-readme] [--json FILE] [--from-json FILE]
 
 Each conversion case runs the recipe (``benchmarks/recipe.py``) and the ``ms-port`` CLI
@@ -35,7 +35,7 @@ CACHE = inputs.CACHE
 OUT = CACHE / "out"
 PY = sys.executable
 GIB = 2**30
-DEFAULT_CASES = "resnet50,synth-1g,synth-3g,help,inspect"
+DEFAULT_CASES = "resnet50,synth-1g,synth-3g,help,inspect,verify"
 HEAVY = ("torch", "mindspore")
 
 
@@ -120,6 +120,8 @@ class Case:
     warm: list[Path] = field(default_factory=list)  # read once before timing
     # (script, args) per tool for the untimed module-recording run
     record: dict[str, tuple[str, list[str]]] = field(default_factory=dict)
+    # verify: read the JSON report's own timings (the forward passes) after each run
+    timings: bool = False
 
 
 def build_cases(names: list[str]) -> list[Case]:
@@ -154,6 +156,12 @@ def build_cases(names: list[str]) -> list[Case]:
             src = inputs.safetensors_path()
             cases.append(Case(name, 0, [ms, "inspect", str(src)], warm=[src],
                               record={"ms-port": (ms, ["inspect", str(src)])}))
+        elif name == "verify":
+            pth, ckpt = inputs.verify_paths()
+            cases.append(Case(name, pth.stat().st_size,
+                              [ms, "verify", str(pth), str(ckpt), "--arch", "resnet50",
+                               "--tol", "1e-5", "--json", "-q"], warm=[pth, ckpt],
+                              timings=True))
         elif name.startswith("big"):
             shards = inputs.big_shards(name)
             index = inputs.big_index(shards)
@@ -172,6 +180,8 @@ def missing_inputs(name: str) -> int:
         return 0 if inputs.resnet50_path().exists() else 100 << 20
     if name == "inspect":
         return 0 if inputs.safetensors_path().exists() else 200 << 20
+    if name == "verify":
+        return 0 if inputs.verify_paths()[1].exists() else 200 << 20
     if name.startswith("synth-"):
         size = name.removeprefix("synth-")
         n = int(size.removesuffix("g")) * GIB
@@ -314,6 +324,11 @@ def run_case(case: Case, runs: int, baseline: dict[str, float]) -> dict:
             # each tool replaces only its own output; the other's stays for the check
             clean_outputs(case.outputs[tool == "ms-port"] if case.outputs else None)
             run = measure(tools[tool], f"{case.name} / {tool}")
+            if case.timings:
+                report = json.loads((OUT / "stdout.txt").read_text())
+                forwards = sum(v for k, v in report["timings"].items() if "forward" in k)
+                row.setdefault("forward_s", []).append(forwards)
+                row["verdict"] = report["verdict"]
             if case.outputs:  # untimed: no run may pay for the last one's disk writeback
                 flush_to_disk(case.outputs[tool == "ms-port"])
             results[tool].append(run)
@@ -353,6 +368,11 @@ def judge(row: dict) -> list[tuple[str, bool]]:
                     not heavy))
     if case.startswith("big"):
         out.append((f"converted in {m['rss']:.0f} MiB peak RSS", True))
+    if case == "verify":
+        forwards = statistics.median(row["forward_s"])
+        ratio = m["wall"] / forwards
+        out.append((f"{row['verdict']}; wall {ratio:.2f}× its forward passes "
+                    f"({forwards:.1f} s) ≤ 1.5×", ratio <= 1.5 and row["verdict"] == "PASS"))
     return out
 
 
