@@ -70,6 +70,45 @@ def test_full_match_rename_replaces_once():
     assert table.rename("layer.weight")[0] == "net.layer.weight"
 
 
+def test_renames_read_the_original_name_and_never_chain():
+    """Index shifts no longer have to be written high to low."""
+    text = r"""rename:
+  regex:
+    - {from: 'features\.(\d+)\.(.*)', to: 'features.{1+1}.\2'}
+    - {from: 'features\.denselayer(\d+)\.(.*)', to: 'cell_list.{1-1}.\2'}
+  segments: {fc: end_point, features: body}
+"""
+    table = parse_mapping(text, origin="m.yaml")
+    assert table.rename("features.1.weight")[0] == "features.2.weight"  # not 3, 4, …
+    assert table.rename("features.denselayer1.conv.weight")[0] == "cell_list.0.conv.weight"
+    assert table.rename("features.denselayer10.norm.bias")[0] == "cell_list.9.norm.bias"
+    assert table.rename("fc.weight") == ("end_point.weight", ["segment fc->end_point"])
+    # a regex-renamed name keeps what the regex wrote: segments do not rename it again
+    assert table.rename("features.0.fc.weight")[0] == "features.1.fc.weight"
+    # the dense-layer rule gives the same name whatever comes before it
+    alone = text.replace("    - {from: 'features\\.(", "    - {from: 'x(")
+    assert parse_mapping(alone, origin="m").rename("features.denselayer3.w")[0] == \
+        "cell_list.2.w"
+
+
+def test_index_arithmetic_is_validated_and_never_goes_negative():
+    with pytest.raises(MappingError, match=r"rename.regex\[0\].*\{2-1\}"):
+        parse_mapping(r"rename: {regex: [{from: 'a(\d+)', to: 'b{2-1}'}]}", origin="m")
+    table = parse_mapping(r"rename: {regex: [{from: 'a(\d+)', to: 'b{1-1}'}]}", origin="m")
+    assert table.rename("a0") == ("a0", [])  # -1 is no index: not renamed
+
+
+def test_a_leftover_says_what_a_rename_produced(tmp_path):
+    save_file({"features.1.weight": np.ones(2, np.float32)}, str(tmp_path / "s.safetensors"))
+    table = parse_mapping(r"rename: {regex: [{from: 'features\.(\d+)\.(.*)', "
+                          r"to: 'body.{1-1}.\2'}]}", origin="m.yaml")
+    target = from_infos([TensorInfo("body.1.weight", (2,), "float32")], "t")
+    plan = make_plan(read_source(tmp_path / "s.safetensors"), target, table)
+    (unused,) = plan.unused
+    assert unused.renamed == "body.0.weight"
+    assert "renamed to 'body.0.weight' by regex" in "\n".join(plan.problems())
+
+
 def test_bad_group_reference_is_named():
     with pytest.raises(MappingError, match=r"rename.regex\[0\].*group"):
         parse_mapping(r"rename: {regex: [{from: 'a(b)', to: '\2'}]}", origin="m")

@@ -8,8 +8,10 @@ Format (every section optional; names run PyTorch -> MindSpore)::
       segments:                 # whole dotted-name segments
         downsample: down_sample_layer
         fc: end_point
-      regex:                    # RE2 regex, full match on the name; \\1 for groups
-        - {from: 'blocks\\.(\\d+)\\.attn', to: 'layers.\\1.attention'}
+      regex:                    # RE2, full match on the ORIGINAL name, first match wins
+        - {from: 'blocks\\.(\\d+)\\.attn', to: 'layers.\\1.attention'}   # \\1: group 1
+        - {from: 'features\\.denselayer(\\d+)\\.(.*)', to: 'cell_list.{1-1}.\\2'}
+                                # {1-1}: group 1's number minus one (renumbered blocks)
     tensors:                    # exact pairs, MindSpore name: PyTorch name
       head.weight: classifier.weight
       stem.weight: {source: conv.weight, transforms: [{unsqueeze: 2}]}
@@ -17,6 +19,10 @@ Format (every section optional; names run PyTorch -> MindSpore)::
       - 'aux_head\\..*'
     transforms:                 # transforms by MindSpore-name regex
       - {match: '.*\\.conv1d\\.weight', ops: [{unsqueeze: 2}]}
+
+Renames never chain: each one reads the original PyTorch name, so their order in the
+file only matters when two regexes match the same name (the first wins). A name no regex
+matches has its segments renamed.
 
 ``ms-port convert --save-map`` writes a Plan in this format (as ``tensors:`` entries);
 edit one line and pass it back with ``--map``.
@@ -84,26 +90,27 @@ class MappingTable:
         return cls()
 
     def rename(self, name: str) -> tuple[str, list[str]]:
-        """Apply segment and regex renames to a PyTorch name.
+        """Rename a PyTorch name; every rename reads the *original* name, never another
+        rename's output (no chaining: the order of entries does not matter).
+
+        The first ``rename.regex`` entry that matches the whole original name gives the new
+        name (one replacement: ``(.*)`` -> ``net.\\1`` never adds an empty-match copy);
+        a name no regex matches has its ``rename.segments`` renamed, each segment once.
 
         Returns:
-            The renamed name and the entries that fired (``"segment fc->end_point"``).
+            The renamed name and the entry that fired (``"segment fc->end_point"``).
         """
+        for rule in self.regex:
+            new = rule.pattern.replace_full(name, rule.replacement)
+            if new is not None:
+                return new, [f"regex {rule}"]
         fired: list[str] = []
         parts = name.split(".")
         for i, part in enumerate(parts):
             if part in self.segments:
                 parts[i] = self.segments[part]
                 fired.append(f"segment {part}->{self.segments[part]}")
-        name = ".".join(parts)
-        for rule in self.regex:
-            # one replacement of the whole name: sub() would also replace the empty match
-            # at the end ('(.*)' -> 'net.\1' gave 'net.xnet.')
-            new = rule.pattern.replace_full(name, rule.replacement)
-            if new is not None:
-                fired.append(f"regex {rule}")
-                name = new
-        return name, fired
+        return ".".join(parts), fired
 
     def dropped_by(self, source_name: str) -> str | None:
         """The ``drop:`` pattern matching a PyTorch name, if any."""

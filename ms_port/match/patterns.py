@@ -25,6 +25,8 @@ _OPTIONS.max_mem = 8 << 20  # a pattern that needs more is refused, not compiled
 
 #: group references in a replacement template (a fixed pattern of ours: re is fine)
 _GROUP_REF = re.compile(r"\\(\d+)|\\g<(\w+)>")
+#: index arithmetic in a replacement: {1-1} is group 1 as a number minus one
+_ARITH = re.compile(r"\{(\d+)([+-]\d+)?\}")
 
 
 class PatternError(ValueError):
@@ -45,9 +47,29 @@ class Pattern:
         return self._compiled.search(text) is not None
 
     def replace_full(self, text: str, template: str) -> str | None:
-        """``template`` expanded for a whole-name match (one replacement), else None."""
+        """``template`` expanded for a whole-name match (one replacement), else None.
+
+        Besides ``\\1`` and ``\\g<name>``, ``{N+K}`` / ``{N-K}`` put group N's number
+        plus or minus K (renumbered blocks: ``denselayer(\\d+)`` -> ``cell_list.{1-1}``);
+        a group that is not a number, or a result below 0, means no match.
+        """
         match = self._compiled.fullmatch(text)
-        return None if match is None else match.expand(template)
+        if match is None:
+            return None
+        failed = False
+
+        def number(m: re.Match) -> str:
+            nonlocal failed
+            value = match.group(int(m.group(1))) or ""
+            if not value.isdigit():
+                failed = True
+                return ""
+            result = int(value) + int(m.group(2) or 0)
+            failed = failed or result < 0
+            return str(result)
+
+        expanded = _ARITH.sub(number, template)
+        return None if failed else match.expand(expanded)
 
     def check_template(self, template: str) -> None:
         """Raise PatternError if ``template`` refers to a group the pattern lacks."""
@@ -58,6 +80,10 @@ class Pattern:
             bad = int(ref) > groups if ref.isdigit() else ref not in names
             if bad:
                 raise PatternError(f"invalid group reference {m.group(0)}")
+        for m in _ARITH.finditer(template):
+            if not 0 < int(m.group(1)) <= groups:
+                raise PatternError(f"invalid group reference {m.group(0)} (index arithmetic "
+                                   f"needs a group 1..{groups})")
 
     def __str__(self) -> str:
         return self.pattern

@@ -91,10 +91,14 @@ class Leftover:
     shape: tuple[int, ...]
     dtype: str
     candidates: tuple[Candidate, ...] = ()
+    #: for a source tensor a mapping renamed: the name it produced, and by which entry
+    renamed: str | None = None
+    renamed_by: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "shape": list(self.shape), "dtype": self.dtype,
-                "candidates": [c.name for c in self.candidates]}
+                "candidates": [c.name for c in self.candidates], "renamed": self.renamed,
+                "renamed_by": self.renamed_by}
 
 
 class Missing(Leftover):
@@ -259,8 +263,10 @@ def _missing_line(m: Missing) -> str:
 
 def _unused_line(u: Unused) -> str:
     hint = f"; could fill: {', '.join(map(str, u.candidates))}" if u.candidates else ""
-    return (f"source tensor {u.name!r} ({format_shape(u.shape)}) is not used{hint} — map it, "
-            "add it to drop:, or pass --allow-unused (allow_unused=True)")
+    renamed = (f", renamed to {u.renamed!r} by {u.renamed_by}, which the target does not "
+               "have" if u.renamed else "")
+    return (f"source tensor {u.name!r} ({format_shape(u.shape)}) is not used{renamed}{hint} "
+            "— map it, add it to drop:, or pass --allow-unused (allow_unused=True)")
 
 
 _FLOAT_BITS = {"float16": (5, 10), "bfloat16": (8, 7), "float32": (8, 23), "float64": (11, 52)}
@@ -280,6 +286,12 @@ def materialize(match: Match, info: TensorInfo) -> np.ndarray:
     if match.out_dtype != match.dtype:
         array = array.astype(numpy_dtype(match.out_dtype))
     return array
+
+
+def _renaming(mapping: MappingTable, name: str) -> tuple[str | None, str | None]:
+    """(the name the mapping's renames produce, the entry) — or (None, None)."""
+    new, fired = mapping.rename(name)
+    return (new, "; ".join(fired)) if new != name else (None, None)
 
 
 #: leftovers per side that get "did you mean" suggestions: reports show far fewer, and
@@ -425,7 +437,8 @@ def make_plan(
                        _closest(s_index, t.name, t.shape) if k < SUGGESTED else ())
                for k, t in enumerate(pending_t)]
     unused = [Unused(i.name, i.shape, i.dtype,
-                     _closest(t_index, i.name, i.shape) if k < SUGGESTED else ())
+                     _closest(t_index, i.name, i.shape) if k < SUGGESTED else (),
+                     *_renaming(mapping, i.name))
               for k, i in enumerate(pending_s)]
     ordered = [matches[name] for name in target.tensors if name in matches]
     return Plan(source, target, mapping, ordered, missing, unused, dropped, conflicts,
