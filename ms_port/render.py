@@ -82,7 +82,7 @@ def _plan_table(plan: Any, *, limit: int | None) -> Table:
         how = f"[yellow]{m.how}[/]" if m.how == "fallback" else m.how
         dtype = m.dtype if m.dtype == m.out_dtype else f"{m.dtype}→{m.out_dtype}"
         extra = f" [{', '.join(map(str, m.transforms))}]" if m.transforms else ""
-        table.add_row(_text(m.target), _text(m.source),
+        table.add_row(_text(m.target), _text(m.source or "—"),
                       f"{how} ({escape(m.detail)}){escape(extra)}", format_shape(m.shape), dtype)
     return table
 

@@ -23,7 +23,6 @@ from typing import Any, Union
 import numpy as np
 
 from ..display import Renderable
-from ..match.plan import materialize
 from ..match.transforms import Transform, apply_all, shape_after
 from ..read.tensors import FLOAT_DTYPES, TensorInfo, dtype_name, format_shape
 
@@ -163,9 +162,8 @@ def compare_through_plan(plan: Any, values: Mapping[str, Value], *, a: str,
             deltas.append(TensorDelta(name, m and m.source,
                                       "missing" if name not in values else "unplanned"))
         else:
-            _compare(deltas, checks, name, m.source,
-                     materialize(m, plan.source.tensors[m.source]), _loader(values[name]),
-                     m.transforms)
+            _compare(deltas, checks, name, m.source or f"({m.detail})", plan.expected(m),
+                     _loader(values[name]), m.transforms)
     notes = [c.message for c in plan.conflicts] + _Holds(plan.source.tensors).resolve(checks)
     if plan.unused:
         notes.append(f"{len(plan.unused)} source tensors not in the plan: "

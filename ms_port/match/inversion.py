@@ -24,7 +24,7 @@ from ..read.sources import Source, read_source
 from ..read.targets import Target, TargetTensor, from_arch, from_cell, from_infos, instantiate
 from ..read.tensors import TensorInfo
 from ..reports import ConversionReport
-from .plan import Conflict, Match, Missing, Plan, Unused, make_plan
+from .plan import Conflict, Dropped, Match, Missing, Plan, Unused, make_plan
 from .rules import known_drop
 from .transforms import invert
 
@@ -88,7 +88,11 @@ def _ms_side(checkpoint: Source, arch: str | None, ms_model: Any) -> Target:
 def invert_plan(forward: Plan, checkpoint: Source, torch_side: Source) -> Plan:
     """Turn a PyTorch -> MindSpore plan around; restore what MindSpore cannot hold."""
     matches: dict[str, Match] = {}
+    initialised = []
     for m in forward.matches:
+        if m.init is not None:  # made on conversion: nothing in PyTorch to restore
+            initialised.append(Dropped(m.target, f"initialised on conversion ({m.detail})"))
+            continue
         matches[m.source] = Match(
             m.source, m.target, m.how, f"inverse of {m.detail}", m.shape, m.source_shape,
             checkpoint.tensors[m.target].dtype, checkpoint.tensors[m.target].dtype,
@@ -113,7 +117,8 @@ def invert_plan(forward: Plan, checkpoint: Source, torch_side: Source) -> Plan:
     unused = [Unused(m.name, m.shape, m.dtype, m.candidates) for m in forward.missing]
     conflicts = [Conflict(c.kind, c.sources, c.targets, c.message) for c in forward.conflicts]
     ordered = [matches[n] for n in target.tensors if n in matches]
-    return Plan(source, target, forward.mapping, ordered, missing, unused, [], conflicts,
+    return Plan(source, target, forward.mapping, ordered, missing, unused, initialised,
+                conflicts,
                 allow_missing=forward.allow_unused, allow_unused=forward.allow_missing)
 
 

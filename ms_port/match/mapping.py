@@ -15,6 +15,7 @@ Format (every section optional; names run PyTorch -> MindSpore)::
     tensors:                    # exact pairs, MindSpore name: PyTorch name
       head.weight: classifier.weight
       stem.weight: {source: conv.weight, transforms: [{unsqueeze: 2}]}
+      norm.moving_mean: {init: zeros}   # no PyTorch counterpart: a declared value
     drop:                       # PyTorch tensors left out on purpose (RE2, full match)
       - 'aux_head\\..*'
     transforms:                 # transforms by MindSpore-name regex
@@ -47,11 +48,17 @@ _RENAME_KEYS = {"segments", "regex"}
 
 @dataclass(frozen=True)
 class TensorEntry:
-    """An explicit ``tensors:`` pair: fill ``target`` from ``source``."""
+    """An explicit ``tensors:`` entry: fill ``target`` from ``source`` — or, where PyTorch
+    has no counterpart, with a declared value (``init``: ``zeros``, ``ones`` or a number)."""
 
     target: str
     source: str
     transforms: tuple[Transform, ...] = ()
+    init: str | float | None = None
+
+
+#: declared values for target tensors PyTorch has no counterpart for
+INIT_VALUES = ("zeros", "ones")
 
 
 @dataclass(frozen=True)
@@ -227,8 +234,8 @@ def mapping_from_data(data: Any, *, origin: str = "mapping=") -> MappingTable:
     _expect(isinstance(tensors_data, dict), origin, "tensors", "a mapping target: source")
     tensors = {t: _tensor_entry(t, v, origin) for t, v in tensors_data.items()}
     seen: set[str] = set()
-    dup = next((e.source for e in tensors.values()
-                if e.source in seen or seen.add(e.source)), None)  # linear, not count()
+    dup = next((e.source for e in tensors.values() if e.init is None
+                and (e.source in seen or seen.add(e.source))), None)  # linear, not count()
     _expect(dup is None, origin, f"tensors (source {dup!r})",
             "each source used by one target only")
 
@@ -287,9 +294,15 @@ def _tensor_entry(target: Any, value: Any, origin: str) -> TensorEntry:
     _expect(isinstance(target, str), origin, entry, "a tensor name")
     if isinstance(value, str):
         return TensorEntry(target, value)
+    if isinstance(value, dict) and set(value) == {"init"}:
+        init = value["init"]
+        _expect(init in INIT_VALUES or (isinstance(init, (int, float))
+                                        and not isinstance(init, bool)), origin, entry,
+                "{init: zeros}, {init: ones} or {init: NUMBER}")
+        return TensorEntry(target, "", init=init)
     _expect(isinstance(value, dict) and "source" in value
             and not set(value) - {"source", "transforms"}, origin, entry,
-            "a source name, or {source: NAME, transforms: [...]}")
+            "a source name, {source: NAME, transforms: [...]} or {init: zeros|ones|NUMBER}")
     _expect(isinstance(value["source"], str), origin, entry, "a source tensor name")
     return TensorEntry(target, value["source"],
                        _ops(value.get("transforms") or [], origin, entry))

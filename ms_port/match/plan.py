@@ -32,10 +32,12 @@ from ..read.targets import Target, TargetTensor
 from ..read.tensors import FLOAT_DTYPES, TensorInfo, format_shape, itemsize, numpy_dtype
 from .closest import NameIndex
 from .mapping import MappingTable
-from .rules import known_drop, propose
+from .rules import initial_value, known_drop, propose
 from .transforms import Transform, apply_all, shape_after
 
-HOW = ("exact", "rule", "mapping", "fallback", "restored")  # restored: export only
+#: how a target was filled; "initialised": a declared value where PyTorch has no
+#: counterpart; "restored": export only
+HOW = ("exact", "rule", "mapping", "fallback", "initialised", "restored")
 
 
 @dataclass(frozen=True)
@@ -43,7 +45,8 @@ class Match:
     """One target tensor and the source tensor that fills it.
 
     Attributes:
-        how: ``exact``, ``rule``, ``mapping`` or ``fallback`` (shape/order only).
+        how: ``exact``, ``rule``, ``mapping``, ``fallback`` (shape/order only) or
+            ``initialised`` (a declared value: PyTorch has no such tensor).
         detail: which rule or mapping entry (``batchnorm``, ``segment fc->end_point``).
         transforms: applied to the source data, in order.
         dtype: the source dtype; ``out_dtype`` what is written (differs under a cast).
@@ -58,6 +61,8 @@ class Match:
     dtype: str
     out_dtype: str
     transforms: tuple[Transform, ...] = ()
+    #: for ``how == "initialised"``: the declared value (``zeros``, ``ones``, a number)
+    init: str | float | None = None
 
     @property
     def lossy(self) -> bool:
@@ -170,7 +175,7 @@ class Plan(Renderable):
     def counts(self) -> dict[str, int]:
         """Matches by how they were found."""
         c = Counter(m.how for m in self.matches)
-        return {how: c[how] for how in HOW if how != "restored" or c[how]}
+        return {how: c[how] for how in HOW if how not in ("restored", "initialised") or c[how]}
 
     @property
     def fallbacks(self) -> list[Match]:
@@ -196,12 +201,22 @@ class Plan(Renderable):
     def arrays(self):
         """Yield ``(match, array)`` in target order: source data, transformed and cast."""
         for m in self.matches:
-            yield m, materialize(m, self.source.tensors[m.source])
+            yield m, self.expected(m)
+
+    def expected(self, m: Match) -> np.ndarray:
+        """What ``m``'s target must hold: its source's data transformed and cast, or the
+        declared value of an ``initialised`` tensor."""
+        if m.init is not None:
+            return initial_array(m.init, m.shape, m.out_dtype)
+        return materialize(m, self.source.tensors[m.source])
 
     def to_mapping(self) -> dict[str, Any]:
         """The Plan as a mapping table (``--save-map``), which ``--map`` accepts back."""
         tensors: dict[str, Any] = {}
         for m in self.matches:
+            if m.init is not None:
+                tensors[m.target] = {"init": m.init}
+                continue
             tensors[m.target] = (
                 {"source": m.source, "transforms": [t.to_data() for t in m.transforms]}
                 if m.transforms else m.source)
@@ -288,6 +303,12 @@ def materialize(match: Match, info: TensorInfo) -> np.ndarray:
     return array
 
 
+def initial_array(init: str | float, shape: tuple[int, ...], dtype: str) -> np.ndarray:
+    """The array a declared value stands for: ``zeros``, ``ones`` or a number."""
+    value = {"zeros": 0, "ones": 1}.get(init, init) if isinstance(init, str) else init
+    return np.full(shape, value, dtype=numpy_dtype(dtype))
+
+
 def _renaming(mapping: MappingTable, name: str) -> tuple[str | None, str | None]:
     """(the name the mapping's renames produce, the entry) — or (None, None)."""
     new, fired = mapping.rename(name)
@@ -336,7 +357,7 @@ def make_plan(
     layer_of, siblings = target.layers(), target.siblings()
     proposals: dict[str, list[tuple[str, str, str, tuple[Transform, ...]]]] = {}
     dropped: list[Dropped] = []
-    explicit_sources = {e.source: e for e in mapping.tensors.values()}
+    explicit_sources = {e.source: e for e in mapping.tensors.values() if e.init is None}
     fan_out: list[Conflict] = []
 
     for info in source:
@@ -399,6 +420,19 @@ def make_plan(
                            _cast(info.dtype, dtype), fitted)
 
     conflicted_targets = {t for c in conflicts for t in c.targets}
+    for name, tt in target.tensors.items():
+        # what PyTorch has no counterpart for: a declared value, never a silent default
+        if name in matches or name in conflicted_targets or name in proposals:
+            continue
+        entry = mapping.tensors.get(name)
+        declared = (entry.init, f"tensors entry {{init: {entry.init}}} in {mapping.origin}"
+                    ) if entry is not None and entry.init is not None else None
+        by_rule = initial_value(name, layer_of)
+        chosen = declared or (by_rule and (by_rule[0], f"{by_rule[1]}: {by_rule[0]} (PyTorch "
+                                                       "has no counterpart)"))
+        if chosen:
+            matches[name] = Match(name, "", "initialised", chosen[1], (), tt.shape, tt.dtype,
+                                  _cast(tt.dtype, dtype), init=chosen[0])
     pending_t = [tt for name, tt in target.tensors.items()
                  if name not in matches and name not in conflicted_targets]
     dropped_names = {d.name for d in dropped}
@@ -506,7 +540,7 @@ def _check_explicit(mapping: MappingTable, source: Source, target: Target) -> No
             raise MappingError(
                 f"{mapping.origin}: tensors entry {entry.target!r}: the target has no such "
                 f"tensor{hint} — fix the name or remove the entry", path=mapping.origin)
-        if entry.source not in source:
+        if entry.init is None and entry.source not in source:
             close = difflib.get_close_matches(entry.source, list(source.tensors), n=2)
             hint = f"; did you mean {', '.join(map(repr, close))}?" if close else ""
             raise MappingError(
@@ -516,4 +550,4 @@ def _check_explicit(mapping: MappingTable, source: Source, target: Target) -> No
 
 
 __all__ = ["HOW", "Candidate", "Conflict", "Dropped", "Match", "Missing", "Plan", "Unused",
-           "make_plan", "materialize"]
+           "initial_array", "make_plan", "materialize"]

@@ -30,6 +30,8 @@ class LayerRule:
         transforms: MindSpore suffix -> transforms from the PyTorch layout.
         inner: where MindSpore keeps the parameters, below the PyTorch layer's path: a
             nested cell (``bn2d`` in ``nn.BatchNorm3d``); ``""``: at the same path.
+        initialise: MindSpore suffix -> ``zeros``/``ones``: what a tensor of this layer
+            holds when PyTorch has none (reported as ``initialised``, never silently).
     """
 
     name: str
@@ -38,6 +40,7 @@ class LayerRule:
     signature: frozenset[str]
     transforms: Mapping[str, tuple[Transform, ...]] = field(default_factory=dict)
     inner: str = ""
+    initialise: Mapping[str, str] = field(default_factory=dict)
 
 
 RULES: tuple[LayerRule, ...] = (
@@ -60,10 +63,17 @@ RULES: tuple[LayerRule, ...] = (
         signature=frozenset({"gamma", "beta"}),
     ),
     LayerRule(
-        "groupnorm", frozenset({"GroupNorm", "InstanceNorm1d", "InstanceNorm2d",
-                                "InstanceNorm3d"}),
-        {"gamma": "weight", "beta": "bias"},
+        "groupnorm", frozenset({"GroupNorm"}), {"gamma": "weight", "beta": "bias"},
         signature=frozenset({"gamma", "beta"}),
+    ),
+    LayerRule(
+        # MindSpore's InstanceNorm keeps moving statistics; PyTorch's has them only with
+        # track_running_stats=True. Without them: the statistics of a fresh layer.
+        "instancenorm", frozenset({"InstanceNorm1d", "InstanceNorm2d", "InstanceNorm3d"}),
+        {"gamma": "weight", "beta": "bias",
+         "moving_mean": "running_mean", "moving_variance": "running_var"},
+        signature=frozenset(),
+        initialise={"moving_mean": "zeros", "moving_variance": "ones"},
     ),
     LayerRule(
         "embedding", frozenset({"Embedding"}), {"embedding_table": "weight"},
@@ -121,6 +131,17 @@ def propose(name: str, layer_of: Mapping[str, tuple[str, ...] | None],
             if applies and all(p.target != target for p in out):
                 out.append(Proposal(target, rule.name, rule.transforms.get(ms_suffix, ())))
     return out
+
+
+def initial_value(name: str, layer_of: Mapping[str, tuple[str, ...] | None]) -> tuple[
+        str, str] | None:
+    """(the value, the rule) for a target tensor a rule initialises, or ``None``."""
+    prefix, _, suffix = name.rpartition(".")
+    kind = layer_of.get(prefix) or ()
+    for rule in RULES:
+        if suffix in rule.initialise and rule.cells.intersection(kind):
+            return rule.initialise[suffix], rule.name
+    return None
 
 
 def known_drop(name: str) -> str | None:

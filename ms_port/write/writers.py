@@ -24,7 +24,7 @@ from typing import Any, BinaryIO, Callable
 import numpy as np
 
 from ..errors import NonFiniteError, OutputExistsError, ReadbackError, WriteError
-from ..match.plan import Plan, materialize
+from ..match.plan import Plan
 from ..read.sources import SAFETENSORS_DTYPES, read_source
 from ..read.tensors import FLOAT_DTYPES, itemsize
 
@@ -377,7 +377,7 @@ def readback(plan: Plan, path: Path, *, format: str = "ckpt",
     total, done = plan.nbytes, 0
     for m in plan.matches:
         got = written.tensors[m.target]
-        want = materialize(m, plan.source.tensors[m.source])
+        want = plan.expected(m)
         if got.shape != tuple(want.shape) or got.dtype != m.out_dtype or not _same_bits(
                 got.load(), want):
             bad.append(m.target)
