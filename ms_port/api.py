@@ -139,6 +139,7 @@ def plan(
     dtype: str | None = None,
     key: str | None = None,
     unsafe_pickle: bool = False,
+    align: bool = True,
 ) -> Plan:
     """Match a checkpoint against a MindSpore target without writing anything.
 
@@ -148,8 +149,9 @@ def plan(
             checkpoint, or a MindSpore Cell (or ``"module:callable"`` building one).
         mapping: mapping table(s): a built-in name, a YAML path, a
             :class:`~ms_port.match.mapping.MappingTable`, or a list of them.
-        allow_missing / allow_unused / allow_shape_match / dtype: see
-            :func:`~ms_port.match.plan.make_plan`.
+        allow_missing / allow_unused / allow_shape_match / dtype / align: see
+            :func:`~ms_port.match.plan.make_plan` (``align=False``: no structural
+            alignment, names only).
 
     Returns:
         The :class:`~ms_port.match.plan.Plan`; ``plan.ok`` says whether it is complete.
@@ -163,7 +165,7 @@ def plan(
     tgt = resolve_target(arch=arch, target=target, ms_model=ms_model)
     table = resolve_mapping(mapping, arch=arch)
     return make_plan(src, tgt, table, allow_missing=allow_missing, allow_unused=allow_unused,
-                     allow_shape_match=allow_shape_match, dtype=dtype)
+                     allow_shape_match=allow_shape_match, dtype=dtype, align=align)
 
 
 def convert(
@@ -187,6 +189,7 @@ def convert(
     key: str | None = None,
     unsafe_pickle: bool = False,
     progress: Progress | None = None,
+    align: bool = True,
 ) -> ConversionReport:
     """Convert a PyTorch checkpoint into a MindSpore one, proving every byte.
 
@@ -203,6 +206,8 @@ def convert(
         save_map: write the plan as a mapping YAML (edit it, pass it back as ``mapping``).
         allow_missing / allow_unused / allow_shape_match: relax strict matching; all
             leftovers and fallbacks are still reported.
+        align: pair layers names leave unpaired by structure (``aligned``); see
+            :mod:`ms_port.match.align`.
         check_finite: refuse weights holding NaN/Inf (always reported).
         crc: append MindSpore's CRC trailer.
         progress: ``(phase, done, total)`` callback for long writes.
@@ -229,7 +234,7 @@ def convert(
     p = plan(source, arch=arch, target=target, ms_model=ms_model, mapping=mapping,
              allow_missing=allow_missing, allow_unused=allow_unused,
              allow_shape_match=allow_shape_match, dtype=dtype, key=key,
-             unsafe_pickle=unsafe_pickle)
+             unsafe_pickle=unsafe_pickle, align=align)
     saved = None
     if save_map is not None:  # the same rules as every output: no clobbering, atomic
         saved = str(write_text(save_map, p.to_yaml(), force=force))

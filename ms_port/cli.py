@@ -166,6 +166,8 @@ def _progress_bar(enabled: bool):
 @click.option("--allow-unused", is_flag=True, help="Write even if source tensors are unused.")
 @click.option("--allow-shape-match", is_flag=True,
               help="Fill leftovers by equal shape, in order (each flagged as fallback).")
+@click.option("--no-align", is_flag=True,
+              help="Names only: no structural alignment of the layers names leave unpaired.")
 @click.option("--check-finite", is_flag=True, help="Refuse weights with NaN/Inf.")
 @click.option("--crc", is_flag=True, help="Append MindSpore's CRC trailer (ckpt).")
 @click.option("--show", type=click.Choice(["summary", "all"]), default="summary",
@@ -176,12 +178,13 @@ def _progress_bar(enabled: bool):
 def convert(source: str, arch: str | None, template: str | None, ms_model: str | None,
             output: str | None, maps: tuple[str, ...], fmt: str, dtype: str | None,
             force: bool, dry_run: bool, save_map: str | None, allow_missing: bool,
-            allow_unused: bool, allow_shape_match: bool, check_finite: bool, crc: bool,
-            show: str, as_json: bool, quiet: bool, key: str | None,
+            allow_unused: bool, allow_shape_match: bool, no_align: bool, check_finite: bool,
+            crc: bool, show: str, as_json: bool, quiet: bool, key: str | None,
             unsafe_pickle: bool) -> None:
     """Convert a PyTorch checkpoint SOURCE into a MindSpore checkpoint.
 
-    Every target tensor is matched (exact name, built-in rule, mapping table), written
+    Every target tensor is matched (mapping table, exact name, built-in rule, then the
+    networks' structure for what names leave unpaired: 'aligned'), written
     to a temporary file, read back bit for bit, then renamed into place. Strict by
     default: if anything is unfilled or unused, nothing is written and the exit code is 1.
     """
@@ -198,7 +201,7 @@ def convert(source: str, arch: str | None, template: str | None, ms_model: str |
             mapping=list(maps), format=fmt, dtype=dtype, force=force, dry_run=dry_run,
             save_map=save_map, allow_missing=allow_missing, allow_unused=allow_unused,
             allow_shape_match=allow_shape_match, check_finite=check_finite, crc=crc,
-            key=key, unsafe_pickle=unsafe_pickle, progress=progress)
+            key=key, unsafe_pickle=unsafe_pickle, progress=progress, align=not no_align)
     finally:
         stop()
     _finish(report, as_json=as_json, show=show)

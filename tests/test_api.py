@@ -131,9 +131,9 @@ def tiny(tiny_arch, tmp_path_factory):
         "plan": ms_port.plan(pth, arch=tiny_arch),
         "conversion": converted,
         "parity": ms_port.verify(pth, ckpt, arch=tiny_arch),
-        # no mapping: the names differ, so strict matching refuses
-        "plan-incomplete": ms_port.plan(pth, ms_model=ms_tiny()),
-        "conversion-refused": ms_port.convert(pth, ms_model=ms_tiny(),
+        # no mapping, names only: the names differ, so strict matching refuses
+        "plan-incomplete": ms_port.plan(pth, ms_model=ms_tiny(), align=False),
+        "conversion-refused": ms_port.convert(pth, ms_model=ms_tiny(), align=False,
                                               output=work / "refused.ckpt"),
         # mean and variance swapped in the source: converts fine, verify must fail
         "parity-fail": ms_port.verify(pth, broken_ckpt, arch=tiny_arch),
@@ -456,6 +456,17 @@ def test_ms_model_is_a_cell_a_factory_or_a_path_everywhere(tiny, model):
             "path": "test_api:ms_tiny"}[model]
     p = ms_port.plan(tiny["pth"], ms_model=spec, mapping=ms_port.get_arch(TINY).mapping)
     assert p.ok, p.problems()
+
+
+def test_structure_alone_converts_the_tiny_net(tiny, tmp_path):
+    """No mapping: names differ everywhere (features.0 vs stem.conv, classifier vs head),
+    yet the layers pair one to one by order, kind and shape — and verify agrees."""
+    out = tmp_path / "aligned.ckpt"
+    report = ms_port.convert(tiny["pth"], ms_model=ms_tiny, output=out)
+    assert report.ok and report.plan.counts["aligned"] == len(report.plan.matches) - \
+        report.plan.counts["exact"]
+    assert ms_port.verify(tiny["pth"], out, torch_model=torch_tiny, ms_model=ms_tiny,
+                          input_shape=SHAPE).verdict == "PASS"
 
 
 def test_mapping_is_a_path_a_dict_or_a_table(tiny):

@@ -238,17 +238,31 @@ def test_mint_target_matches_exactly(tmp_path):
 
 def test_strict_refusal_names_the_closest_candidate(src, tmp_path):
     out = tmp_path / "out.ckpt"
-    result = _cli("convert", src, "--ms-model", "tests.tiny_nets:build_ms_head", "-o", out)
+    result = _cli("convert", src, "--ms-model", "tests.tiny_nets:build_ms_head", "-o", out,
+                  "--no-align")
     assert result.exit_code == 1
     assert "no source tensor for 'head.weight'" in result.stdout
     assert "closest: 'fc.weight'" in result.stdout
     assert not out.exists() and not list(tmp_path.glob(".out.ckpt*"))
     data = json.loads(_cli("convert", src, "--ms-model", "tests.tiny_nets:build_ms_head",
-                           "-o", out, "--json").stdout)
+                           "-o", out, "--json", "--no-align").stdout)
     assert data["ok"] is False and data["filled"] == data["total"] - 2
     assert {m["name"] for m in data["missing"]} == {"head.weight", "head.bias"}
     assert data["missing"][0]["candidates"][0] == "fc.weight"
     assert {u["name"] for u in data["unused"]} == {"fc.weight", "fc.bias"}
+
+
+def test_alignment_pairs_what_names_cannot(src, tmp_path):
+    """The classifier is 'fc' in PyTorch and 'head' in MindSpore: the only unpaired layer
+    on each side, same kind and shapes — aligned, with the evidence, and bit-exact."""
+    out = tmp_path / "out.ckpt"
+    report = ms_port.convert(src, ms_model=tiny_nets.build_ms_head, output=out)
+    assert report.ok, report.plan.problems()
+    aligned = {m.target: m for m in report.plan.matches if m.how == "aligned"}
+    assert {t: m.source for t, m in aligned.items()} == {"head.weight": "fc.weight",
+                                                         "head.bias": "fc.bias"}
+    assert "fc -> head" in aligned["head.weight"].detail
+    assert report.plan.counts["aligned"] == 2 and report.written.readback == "bit-exact"
 
 
 MAPS = {
@@ -394,7 +408,7 @@ def test_claim_and_fan_out_conflicts(tmp_path):
 
 def test_shape_match_fallback_is_flagged(src, tmp_path):
     result = _cli("convert", src, "--ms-model", "tests.tiny_nets:build_ms_head", "-o",
-                  tmp_path / "o.ckpt", "--allow-shape-match", "--json")
+                  tmp_path / "o.ckpt", "--allow-shape-match", "--json", "--no-align")
     data = json.loads(result.stdout)
     assert result.exit_code == 0, data
     fallback = {t["target"]: t["source"] for t in data["tensors"] if t["how"] == "fallback"}
@@ -405,7 +419,7 @@ def test_shape_match_fallback_is_flagged(src, tmp_path):
 def test_save_map_edit_map_round_trip(src, tmp_path):
     saved = tmp_path / "plan.yaml"
     result = _cli("convert", src, "--ms-model", "tests.tiny_nets:build_ms_head",
-                  "--save-map", saved, "--dry-run")
+                  "--save-map", saved, "--dry-run", "--no-align")
     assert result.exit_code == 1 and saved.exists()
     text = saved.read_text()
     assert "# MISSING  no source tensor for 'head.weight'" in text
@@ -415,7 +429,7 @@ def test_save_map_edit_map_round_trip(src, tmp_path):
     saved.write_text(yaml.safe_dump(data))
     out = tmp_path / "fixed.ckpt"
     result = _cli("convert", src, "--ms-model", "tests.tiny_nets:build_ms_head", "-o", out,
-                  "--map", saved)
+                  "--map", saved, "--no-align")
     assert result.exit_code == 0, result.stdout
     _load_into(tiny_nets.build_ms_head(), out)
     assert parse_mapping(saved.read_text()).tensors["head.weight"].source == "fc.weight"

@@ -37,7 +37,7 @@ from .transforms import Transform, apply_all, shape_after
 
 #: how a target was filled; "initialised": a declared value where PyTorch has no
 #: counterpart; "restored": export only
-HOW = ("exact", "rule", "mapping", "fallback", "initialised", "restored")
+HOW = ("exact", "rule", "mapping", "aligned", "fallback", "initialised", "restored")
 
 
 @dataclass(frozen=True)
@@ -152,6 +152,7 @@ class Plan(Renderable):
         matches: one per filled target tensor, in target order.
         missing: target tensors nothing fills. unused: source tensors nothing uses.
         dropped: source tensors left out on purpose. conflicts: unresolvable clashes.
+        notes: what a stage could not do (an alignment too large to weigh, …).
     """
 
     source: Source = field(repr=False)
@@ -164,6 +165,7 @@ class Plan(Renderable):
     conflicts: list[Conflict]
     allow_missing: bool = False
     allow_unused: bool = False
+    notes: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -175,7 +177,8 @@ class Plan(Renderable):
     def counts(self) -> dict[str, int]:
         """Matches by how they were found."""
         c = Counter(m.how for m in self.matches)
-        return {how: c[how] for how in HOW if how not in ("restored", "initialised") or c[how]}
+        shown_if_any = ("aligned", "initialised", "restored")
+        return {how: c[how] for how in HOW if how not in shown_if_any or c[how]}
 
     @property
     def fallbacks(self) -> list[Match]:
@@ -333,6 +336,7 @@ def make_plan(
     allow_unused: bool = False,
     allow_shape_match: bool = False,
     dtype: str | None = None,
+    align: bool = True,
 ) -> Plan:
     """Match every target tensor to a source tensor (see the module docstring).
 
@@ -342,6 +346,8 @@ def make_plan(
         mapping: the mapping table(s) to apply on top of the built-in rules.
         allow_missing / allow_unused: accept leftovers (they are still reported).
         allow_shape_match: fill leftovers by equal shape in order; flagged ``fallback``.
+        align: pair the layers names leave unpaired by structure (order, kinds, shapes;
+            :mod:`ms_port.match.align`); only unambiguous pairs fill, as ``aligned``.
         dtype: cast floating-point tensors to this dtype (``float16``, ``bfloat16``,
             ``float32``); integer and bool tensors keep theirs.
 
@@ -420,6 +426,11 @@ def make_plan(
                            _cast(info.dtype, dtype), fitted)
 
     conflicted_targets = {t for c in conflicts for t in c.targets}
+    ambiguous: dict[str, tuple[str, ...]] = {}
+    notes: list[str] = []
+    if align:
+        ambiguous = _align_leftovers(source, target, matches, used, conflicted_targets,
+                                     proposals, dropped, layer_of, dtype, notes)
     for name, tt in target.tensors.items():
         # what PyTorch has no counterpart for: a declared value, never a silent default
         if name in matches or name in conflicted_targets or name in proposals:
@@ -468,7 +479,8 @@ def make_plan(
     s_index = NameIndex((i.name, i.shape) for i in pending_s)
     t_index = NameIndex((t.name, t.shape) for t in pending_t)
     missing = [Missing(t.name, t.shape, t.dtype,
-                       _closest(s_index, t.name, t.shape) if k < SUGGESTED else ())
+                       _aligned_candidates(source, ambiguous[t.name]) if t.name in ambiguous
+                       else _closest(s_index, t.name, t.shape) if k < SUGGESTED else ())
                for k, t in enumerate(pending_t)]
     unused = [Unused(i.name, i.shape, i.dtype,
                      _closest(t_index, i.name, i.shape) if k < SUGGESTED else (),
@@ -476,7 +488,7 @@ def make_plan(
               for k, i in enumerate(pending_s)]
     ordered = [matches[name] for name in target.tensors if name in matches]
     return Plan(source, target, mapping, ordered, missing, unused, dropped, conflicts,
-                allow_missing=allow_missing, allow_unused=allow_unused)
+                allow_missing=allow_missing, allow_unused=allow_unused, notes=notes)
 
 
 def _propose_one(s: str, mapping: MappingTable, target: Target,
@@ -530,6 +542,47 @@ def _shape_or_none(transforms: tuple[Transform, ...],
 
 def _cast(dtype: str, wanted: str | None) -> str:
     return wanted if wanted and dtype in FLOAT_DTYPES else dtype
+
+
+def _align_leftovers(source: Source, target: Target, matches: dict[str, Match],
+                     used: set[str], conflicted: set[str], proposals: dict[str, Any],
+                     dropped: list[Dropped], layer_of: dict[str, Any], dtype: str | None,
+                     notes: list[str]) -> dict[str, tuple[str, ...]]:
+    """Stage 5: fill unambiguous layer pairs by structure; the ambiguous targets' candidates."""
+    from .align import align
+
+    gone = used | {d.name for d in dropped}
+    pending_s = [(i.name, i.shape) for i in source if i.name not in gone]
+    pending_t = [(t.name, t.shape) for n, t in target.tensors.items()
+                 if n not in matches and n not in conflicted and n not in proposals]
+    if not pending_s or not pending_t:
+        return {}
+    result = align(pending_s, pending_t, list(source.tensors), list(target.tensors),
+                   [(m.target, m.source) for m in matches.values()], layer_of)
+    notes.extend(result.notes)
+    for pair in result.pairs:
+        rule = pair.target.rule
+        made = []
+        for suffix, name in pair.target.names.items():
+            torch_suffix = rule.params.get(suffix, suffix) if rule else suffix
+            info = source.tensors[pair.source.names[torch_suffix]]
+            tt = target.tensors[name]
+            fitted = _fit(info.shape, tt, rule.transforms.get(suffix, ()) if rule else ())
+            if fitted is None:
+                break
+            made.append(Match(name, info.name, "aligned", pair.evidence, info.shape,
+                              tt.shape, info.dtype, _cast(info.dtype, dtype), fitted))
+        else:
+            for m in made:
+                matches[m.target] = m
+                used.add(m.source)
+    return result.ambiguous
+
+
+def _aligned_candidates(source: Source, layers: tuple[str, ...]) -> tuple[Candidate, ...]:
+    prefixes = tuple(f"{p}." for p in layers)
+    return tuple(Candidate(i.name, i.shape) for i in source
+                 if i.name.startswith(prefixes))[:6]
 
 
 def _check_explicit(mapping: MappingTable, source: Source, target: Target) -> None:
