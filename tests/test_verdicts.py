@@ -136,6 +136,33 @@ def test_a_weightless_layer_that_differs_is_named(nets):
     div = report.first_divergence
     assert div.ms_name == "maxpool" and div.weightless, div
     assert "a layer without weights" in report.message
+    # and it is named for what it is: a network difference, with the fix
+    assert "known network difference" in report.message and "pad_mode='pad'" in report.message
+    assert report.known_differences
+
+
+def test_a_block_drawn_differently_is_not_a_verdict():
+    """torchvision's DenseNet applies its last ReLU after `features`, MindCV's inside it:
+    the block differs, every layer inside and the output agree — PASS, with a note."""
+    torch.manual_seed(0)
+    tnet = torch.nn.Sequential()
+    tnet.features = torch.nn.Sequential(torch.nn.Linear(6, 6))
+    tnet.head = torch.nn.Linear(6, 3)
+    tnet.forward = lambda x: tnet.head(torch.relu(tnet.features(x)))
+    mnet = ms.nn.SequentialCell([ms.nn.Dense(6, 6), ms.nn.ReLU()])
+    outer = ms.nn.Cell()
+    outer.features = mnet
+    outer.head = ms.nn.Dense(6, 3)
+    outer.construct = lambda x: outer.head(outer.features(x))
+    for (_, tp), (_, mp) in zip([*tnet.features.named_parameters(), *tnet.head.named_parameters()],
+                                [*mnet.parameters_and_names(), *outer.head.parameters_and_names()]):
+        mp.set_data(ms.Tensor(tp.detach().numpy()))
+    report = run_parity(tnet, outer, input_shape=(6,), batch=4,
+                        correspondence=[("features.0", "features.0"), ("features", "features"),
+                                        ("head", "head")])
+    assert report.verdict == "PASS", report.message
+    assert any("draw this block's boundary differently" in n for n in report.notes)
+    assert next(c for c in report.layers if c.ms == "features").status == "boundary"
 
 
 def test_a_missing_kernel_is_bad_input_naming_op_cell_and_device():

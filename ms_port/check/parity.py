@@ -37,6 +37,7 @@ from .compare import (
     torch_outputs,
     torch_to_numpy,
 )
+from .hints import explain
 from .layers import Measure, Pair, layer_error, pair_events, record_ms, record_torch
 from .pairing import (
     correspondence_from_pairs,
@@ -166,8 +167,29 @@ def _layer_comparisons(pairs: list[Pair], noise: dict[tuple[str, int], float],
         found.append(LayerComparison(
             index=len(found), ms=m.path, torch=t.path, call=t.call, ms_kind=m.kind,
             torch_kind=t.kind, paired_by=pair.how, shape=t.arrays[0].shape, error=error,
-            max_abs=max_abs, noise=n, bound=bound, sensitivity=s, status=status, note=why))
+            max_abs=max_abs, noise=n, bound=bound, sensitivity=s, status=status, note=why,
+            leaf=t.leaf and m.leaf))
     return found
+
+
+def _blocks_with_other_bounds(compared: list[LayerComparison],
+                              outputs: list[OutputComparison], notes: list[str]) -> None:
+    """A block (a layer with layers inside) that differs while every layer inside it and
+    every output agree holds different parts of the network on the two sides (torchvision's
+    DenseNet applies its last ReLU after ``features``, MindCV's inside): not a verdict."""
+    if not outputs or not all(o.ok for o in outputs):
+        return
+    bad_leaves = [c.torch for c in compared if c.leaf and c.status in ("fail", "nonfinite")]
+    for c in compared:
+        if c.leaf or c.status != "fail":
+            continue
+        if not any(b.startswith(c.torch + ".") for b in bad_leaves):
+            c.status = "boundary"
+            c.note = "differs while everything inside it and the outputs agree"
+            notes.append(f"block {c.name} differs ({fmt(c.error)}) while every layer inside "
+                         "it and the outputs agree: the two networks draw this block's "
+                         "boundary differently (an activation inside on one side, after it "
+                         "on the other); not counted")
 
 
 def _params_of(model: Any, path: str, torch_side: bool) -> list[str]:
@@ -381,9 +403,13 @@ def run_parity(
                      f"agreement proves little; their weights are compared directly), e.g. "
                      f"{insensitive[0].name}")
     compared = [c for c in compared if c.status != "skipped"]
+    _blocks_with_other_bounds(compared, outputs, notes)
     first_bad = next((c for c in compared if c.status in ("fail", "nonfinite")), None)
     divergence = (None if first_bad is None else
                   _divergence(first_bad, ms_model, torch_main, pairs_in, tensor_diff))
+    known = [] if first_bad is None else explain(
+        dict(torch_main.named_modules()).get(first_bad.torch),
+        dict(ms_model.cells_and_names()).get(first_bad.ms))
 
     problems = []
     if nonfinite_weights:
@@ -417,7 +443,8 @@ def run_parity(
         seed=seed, dtype=dtype, torch_device=torch_device, ms_device=ms_device,
         timings=timings, layers_checked=len(compared), nonfinite_weights=nonfinite_weights,
         notes=notes, verdict=verdict, k=K if scaled else 0.0, layers=compared,
-        inputs=[i.to_dict() for i in feed], reasons=reasons, tensors=tensor_diff)
+        inputs=[i.to_dict() for i in feed], reasons=reasons, tensors=tensor_diff,
+        known_differences=known)
     report.message = _message(report)
     return report
 
@@ -434,6 +461,8 @@ def _message(report: ParityReport) -> str:
         behind = [t for t in report.first_divergence.tensors if " " in t and t not in text]
         if behind:
             text += f"; {'; '.join(behind[:3])}"
+        if report.known_differences:
+            text += f" — a known network difference: {report.known_differences[0]}"
     elif report.layers_checked and any(not o.ok for o in report.outputs):
         text += (f"; the {report.layers_checked} layer outputs compared agree, so the "
                  "difference arises after or outside them")

@@ -88,8 +88,9 @@ class LayerComparison:
     noise: float | None
     bound: float
     sensitivity: float | None
-    status: str  # ok | fail | nonfinite | insensitive | skipped
+    status: str  # ok | fail | nonfinite | insensitive | skipped | boundary
     note: str | None = None
+    leaf: bool = True
 
     @property
     def name(self) -> str:
@@ -174,6 +175,9 @@ class ParityReport(Renderable):
         tensors: the tensor-level comparison made before any forward, or ``None``.
         inputs: what was fed (name, dtype, shape, origin).
         reasons: why the verdict is what it is, one line each.
+        known_differences: at the first divergence, settings that make the two networks
+            compute differently (padding, epsilon, GELU…): a network, not a conversion,
+            difference (:mod:`ms_port.check.hints`).
         exit_code: 0 PASS, 1 FAIL, 3 INCONCLUSIVE.
     """
 
@@ -201,6 +205,8 @@ class ParityReport(Renderable):
     inputs: list[dict[str, Any]] = field(default_factory=list)
     reasons: list[str] = field(default_factory=list)
     tensors: Any = None
+    #: at the first divergence, settings known to make the networks compute differently
+    known_differences: list[str] = field(default_factory=list)
 
     @property
     def exit_code(self) -> int:
