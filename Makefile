@@ -13,7 +13,7 @@ env: $(STAMP)
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade "pip>=23"
-	$(PY) -m pip install --quiet -c constraints.txt -e ".[torchvision,dev]"
+	$(PY) -m pip install --quiet -c constraints.txt -e ".[torchvision,dev,zoo]"
 	touch $(STAMP)
 
 demo: env
