@@ -4,10 +4,11 @@
 
 Writes into WORKDIR (default: a temporary directory, removed afterwards).
 
-The PyTorch checkpoint calls its classifier ``fc``; the MindSpore network calls it
-``logits``. No rule can know that, so the first conversion writes nothing: ``report.ok``
-is False and the plan names every tensor it could not place, with the closest
-candidates. ``save_map=`` wrote the plan as a mapping file; we add the missing pairs to
+The PyTorch checkpoint calls its classifier ``fc`` and registers it first; the MindSpore
+network calls it ``logits`` and defines it last. No rule can know the names, and the
+networks' order disagrees, so structural alignment will not guess either: the first
+conversion writes nothing, ``report.ok`` is False and the plan names every tensor it could
+not place, with the closest candidates. ``save_map=`` wrote the plan as a mapping file; we add the missing pairs to
 its ``tensors:`` section (by hand you would edit the YAML: the ``# MISSING`` comments at
 its top say what to add), convert again with ``mapping=``, and verify.
 """
@@ -29,9 +30,9 @@ import ms_port
 class TorchNet(torch.nn.Module):
     def __init__(self) -> None:
         super().__init__()
+        self.fc = torch.nn.Linear(16, 3)  # registered first: its state dict lists it first
         self.body = torch.nn.Linear(16, 16)
         self.norm = torch.nn.LayerNorm(16)
-        self.fc = torch.nn.Linear(16, 3)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.fc(self.norm(torch.relu(self.body(x))))
