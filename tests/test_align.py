@@ -138,3 +138,26 @@ def test_repeated_identical_blocks_align_one_to_one(tmp_path, extra):
         assert pairs == {(str(i), str(i)) for i in range(n)}
     else:
         assert all(t == s for t, s in pairs)  # nothing shifted by a guess
+
+
+def test_save_map_is_the_smallest_mapping_that_reproduces_the_plan(tmp_path):
+    """ResNet18 against its MindSpore names: two segment renames, no per-tensor line —
+    and the saved map alone, with names only, gives the same plan."""
+    import yaml
+
+    import ms_port
+    from ms_port.read.targets import from_arch
+    from ms_port.testing import save_reference_checkpoint
+
+    pth = save_reference_checkpoint("resnet18", tmp_path / "r18.pth")
+    plan = ms_port.plan(pth, arch="resnet18")
+    saved = yaml.safe_load(plan.to_yaml())
+    assert saved["rename"] == {"segments": {"downsample": "down_sample_layer",
+                                            "fc": "end_point"}}
+    assert saved["tensors"] == {} and "drop" not in saved  # num_batches_tracked: known
+    again = ms_port.plan(pth, target=from_arch("resnet18"), mapping=saved, align=False)
+    assert again.ok
+    assert {(m.target, m.source) for m in again.matches} == \
+        {(m.target, m.source) for m in plan.matches}
+    full = plan.to_mapping(full=True)
+    assert len(full["tensors"]) == len(plan.matches)  # everything pinned, on request

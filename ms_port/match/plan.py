@@ -213,12 +213,23 @@ class Plan(Renderable):
             return initial_array(m.init, m.shape, m.out_dtype)
         return materialize(m, self.source.tensors[m.source])
 
-    def to_mapping(self) -> dict[str, Any]:
-        """The Plan as a mapping table (``--save-map``), which ``--map`` accepts back."""
+    def to_mapping(self, *, full: bool = False) -> dict[str, Any]:
+        """The Plan as a mapping table (``--save-map``), which ``--map`` accepts back.
+
+        By default the smallest one (:mod:`ms_port.match.suggest`): segment renames that
+        explain many pairs, then one ``tensors:`` line per pair nothing else reproduces
+        (exact names and rules need none); declared values and deliberate drops always.
+        ``full=True`` pins every tensor as its own line.
+        """
+        from .suggest import minimal
+
+        segments, lines = ({}, self.matches) if full else minimal(self.matches)
         tensors: dict[str, Any] = {}
         for m in self.matches:
             if m.init is not None:
                 tensors[m.target] = {"init": m.init}
+        for m in lines:
+            if m.init is not None:
                 continue
             tensors[m.target] = (
                 {"source": m.source, "transforms": [t.to_data() for t in m.transforms]}
@@ -226,9 +237,11 @@ class Plan(Renderable):
         data: dict[str, Any] = {
             "version": 1,
             "description": f"plan: {self.source.path} -> {self.target.description}",
-            "tensors": tensors,
         }
-        drops = [d.name for d in self.dropped]
+        if segments:
+            data["rename"] = {"segments": segments}
+        data["tensors"] = tensors
+        drops = [d.name for d in self.dropped if full or not known_drop(d.name)]
         if drops:
             data["drop"] = [_literal(n) for n in drops]
         return data
@@ -241,6 +254,7 @@ class Plan(Renderable):
         head += [f"# MISSING  {_missing_line(m)}" for m in self.missing]
         head += [f"# UNUSED   {_unused_line(u)}" for u in self.unused]
         head += [f"# CONFLICT {c.message}" for c in self.conflicts]
+        head += ["# exact names and built-in rules need no line; the rest follows"]
         body = yaml.safe_dump(self.to_mapping(), sort_keys=False, width=120)
         return "\n".join(head) + "\n" + body
 
