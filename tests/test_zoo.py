@@ -70,3 +70,18 @@ def test_resnet50_into_mindcv_names_the_padding_then_passes_padded_alike(tmp_pat
     alike = ms_port.verify(pth, ckpt, torch_model=torchvision.models.resnet50,
                            ms_model=_resnet50_padded_like_torch, input_shape=SHAPE)
     assert alike.verdict == "PASS", alike.message
+
+
+def test_mindcv_is_a_known_target_by_name(tmp_path):
+    from click.testing import CliRunner
+
+    from ms_port.cli import main
+
+    pth = tmp_path / "m.pth"
+    torch.save(_torch("mobilenet_v2").state_dict(), pth)
+    result = CliRunner().invoke(main, ["convert", str(pth), "--ms-model",
+                                       "mindcv:mobilenet_v2_100", "--dry-run", "--json"])
+    assert result.exit_code == 0, result.output
+    result = CliRunner().invoke(main, ["convert", str(pth), "--ms-model",
+                                       "mindcv:mobilenet_v2_1OO", "--dry-run"])
+    assert result.exit_code == 2 and "mobilenet_v2_100" in result.stderr.split("did you mean")[1]

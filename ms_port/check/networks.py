@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ParityError
+from ..errors import ParityError, TargetError
 from ..read.sources import Source, read_source
 from .report import FAIL, ParityReport
 
@@ -34,8 +34,16 @@ def build_network(spec: Any, option: str, arch: Any, side: str) -> Any:
         from mindspore.nn.utils import no_init_parameters
     except ImportError:  # pragma: no cover - MindSpore < 2.5
         no_init_parameters = contextlib.nullcontext
-    with no_init_parameters():
+    def build() -> Any:
         return arch.build_mindspore() if spec is None else instantiate(spec, option)
+
+    try:
+        with no_init_parameters():
+            return build()
+    except TargetError:
+        # a factory that reads its parameters while building (MindCV's ConvNeXt) needs
+        # them initialised: build it the ordinary way
+        return build()
 
 
 def load_torch_weights(model: Any, src: Source) -> None:

@@ -135,8 +135,33 @@ def from_arch(name: str, **kwargs: Any) -> Target:
     return target
 
 
+def _mindcv_factory(name: str, option: str) -> Callable[..., Any]:
+    """``mindcv:NAME``: MindCV's ``create_model(NAME, pretrained=False)`` (no download)."""
+    try:
+        models = importlib.import_module("mindcv.models")
+    except ImportError:
+        raise TargetError(f"{option} 'mindcv:{name}': MindCV is not installed; "
+                          "pip install mindcv==0.3.0") from None
+    known = list(models.list_models())
+    if name not in known:
+        import difflib
+
+        close = difflib.get_close_matches(name, known, n=3)
+        hint = f"; did you mean {', '.join(close)}?" if close else f" ({len(known)} known)"
+        raise TargetError(f"{option} 'mindcv:{name}': MindCV has no model {name!r}{hint}")
+    return lambda **kw: models.create_model(name, pretrained=False, **kw)
+
+
+#: known zoo families: ``PREFIX:NAME`` builds the network without a user factory
+ZOOS: dict[str, Callable[[str, str], Callable[..., Any]]] = {"mindcv": _mindcv_factory}
+
+
 def import_callable(spec: str, option: str = "--ms-model") -> Callable[..., Any]:
-    """Import ``package.module:callable`` (the current directory is importable)."""
+    """Import ``package.module:callable`` (the current directory is importable), or a
+    known zoo's model: ``mindcv:resnet50``."""
+    zoo, _, zoo_name = spec.partition(":")
+    if zoo in ZOOS and zoo_name:
+        return ZOOS[zoo](zoo_name, option)
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
         raise TargetError(f"{option} {spec!r}: expected 'package.module:callable', "
