@@ -18,6 +18,8 @@ import pytest
 ms = pytest.importorskip("mindspore")
 torch = pytest.importorskip("torch")
 
+from verify_nets import MsBlock, TorchBlock  # noqa: E402  (the same residual block)
+
 from ms_port.check.parity import (  # noqa: E402
     ERROR_DEFINITION,
     Divergence,
@@ -39,22 +41,6 @@ BN_SUFFIX = {"weight": "gamma", "bias": "beta", "running_mean": "moving_mean",
 # --- the twin networks ------------------------------------------------------------------
 
 
-class TorchBlock(torch.nn.Module):
-    def __init__(self, ch: int):
-        super().__init__()
-        self.conv1 = torch.nn.Conv2d(ch, ch, 3, padding=1, bias=False)
-        self.bn1 = torch.nn.BatchNorm2d(ch)
-        self.relu = torch.nn.ReLU(inplace=True)  # shared: runs twice per block
-        self.conv2 = torch.nn.Conv2d(ch, ch, 3, padding=1, bias=False)
-        self.bn2 = torch.nn.BatchNorm2d(ch)
-
-    def forward(self, x):
-        out = self.relu(self.bn1(self.conv1(x)))
-        out = self.bn2(self.conv2(out))
-        out += x
-        return self.relu(out)
-
-
 class TorchNet(torch.nn.Module):
     def __init__(self, classes: int = CLASSES):
         super().__init__()
@@ -68,21 +54,6 @@ class TorchNet(torch.nn.Module):
     def forward(self, x):
         x = self.layer1(self.relu(self.bn1(self.conv1(x))))
         return self.fc(torch.flatten(self.pool(x), 1))
-
-
-class MsBlock(ms.nn.Cell):
-    def __init__(self, ch: int):
-        super().__init__()
-        self.conv1 = ms.nn.Conv2d(ch, ch, 3, pad_mode="pad", padding=1, has_bias=False)
-        self.bn1 = ms.nn.BatchNorm2d(ch)
-        self.relu = ms.nn.ReLU()
-        self.conv2 = ms.nn.Conv2d(ch, ch, 3, pad_mode="pad", padding=1, has_bias=False)
-        self.bn2 = ms.nn.BatchNorm2d(ch)
-
-    def construct(self, x):
-        out = self.relu(self.bn1(self.conv1(x)))
-        out = self.bn2(self.conv2(out))
-        return self.relu(out + x)
 
 
 class MsNet(ms.nn.Cell):
