@@ -8,9 +8,10 @@ The PyTorch checkpoint calls its classifier ``fc`` and registers it first; the M
 network calls it ``logits`` and defines it last. No rule can know the names, and the
 networks' order disagrees, so structural alignment will not guess either: the first
 conversion writes nothing, ``report.ok`` is False and the plan names every tensor it could
-not place, with the closest candidates. ``save_map=`` wrote the plan as a mapping file; we add the missing pairs to
-its ``tensors:`` section (by hand you would edit the YAML: the ``# MISSING`` comments at
-its top say what to add), convert again with ``mapping=``, and verify.
+not place, with the closest candidates. ``save_map=`` wrote the plan as a mapping file;
+we add the missing pairs to its ``tensors:`` section (by hand you would edit the YAML: the
+``# MISSING`` comments at its top say what to add), convert again with ``mapping=``, and
+verify.
 """
 
 from __future__ import annotations
