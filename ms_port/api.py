@@ -159,7 +159,7 @@ def plan(
     Example:
         >>> p = ms_port.plan("resnet50.pth", arch="resnet50")
         >>> p.ok, p.counts
-        (True, {'exact': 54, 'rule': 212, 'mapping': 55, 'fallback': 0})
+        (True, {'exact': 49, 'rule': 196, 'mapping': 22, 'fallback': 0})
     """
     src = _source(source, key=key, unsafe_pickle=unsafe_pickle)
     tgt = resolve_target(arch=arch, target=target, ms_model=ms_model)

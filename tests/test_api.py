@@ -404,7 +404,9 @@ def test_registered_arch_converts_and_verifies_by_name(tiny, tiny_arch):
     listed = ms_port.inspect(arch=tiny_arch)
     assert [t.name for t in listed.tensors][:2] == ["stem.conv.weight", "stem.bn.moving_mean"]
     plan = tiny["reports"]["plan"]
-    assert plan.counts["mapping"] == 3 and plan.counts["rule"] == 4
+    # the BatchNorm tensors reach their names through a regex rename, then the rule: the
+    # mapping made the match, and is counted for it
+    assert plan.counts["mapping"] == 7 and plan.counts["rule"] == 0
     parity = tiny["reports"]["parity"]
     assert parity.ok and parity.input_shape == SHAPE and parity.error < 1e-6
 

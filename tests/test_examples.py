@@ -39,7 +39,7 @@ def test_custom_model(tmp_path):
     out = _run("custom_model.py", tmp_path)
     assert "CONVERTED" in out and "matched: 10/10" in out and "bit-exact" in out
     for line in ("stem.conv.weight       <- features.0.weight      mapping (regex",
-                 "stem.bn.moving_variance <- features.1.running_var rule (batchnorm",
+                 "stem.bn.moving_variance <- features.1.running_var mapping (regex",
                  "pos.embedding_table    <- pos.weight             rule (embedding)",
                  "norm.gamma             <- norm.weight            rule (layernorm)",
                  "head.weight            <- classifier.weight      mapping (segment"):

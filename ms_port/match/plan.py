@@ -521,9 +521,10 @@ def _propose_one(s: str, mapping: MappingTable, target: Target,
                     None)
         return [(renamed, "mapping", f"{entries} ({mapping.origin})",
                  rule.transforms if rule else ())]
-    proposals = propose(renamed, layer_of, siblings) if fired else list(by_rule.values())
-    detail = f" after {entries}" if fired else ""
-    return [(p.target, "rule", p.rule + detail, p.transforms) for p in proposals]
+    if fired:  # the mapping's rename made the match possible: counted as the mapping's
+        return [(p.target, "mapping", f"{entries} ({mapping.origin}), then rule {p.rule}",
+                 p.transforms) for p in propose(renamed, layer_of, siblings)]
+    return [(p.target, "rule", p.rule, p.transforms) for p in by_rule.values()]
 
 
 def _fit(shape: tuple[int, ...], tt: TargetTensor,
