@@ -127,6 +127,12 @@ def _conversion(r: Any, *, limit: int | None, show: str) -> Any:
         parts.append(_plan_table(plan, limit=None))
     problems = plan.problems()
     if problems:
+        from .match.suggest import group_line, leftover_groups
+
+        groups = [] if plan.allow_unused else leftover_groups(plan.unused)
+        if groups:  # the pattern first: one rename can explain dozens of lines below
+            parts.append(Text.from_markup("\n".join(
+                f"[yellow]→[/] {escape(group_line(*g))}" for g in groups)))
         shown = problems if limit is None else problems[:limit]
         parts.append(Text.from_markup("\n".join(f"[red]✗[/] {escape(p)}" for p in shown)))
         if len(shown) < len(problems):

@@ -161,3 +161,27 @@ def test_save_map_is_the_smallest_mapping_that_reproduces_the_plan(tmp_path):
         {(m.target, m.source) for m in plan.matches}
     full = plan.to_mapping(full=True)
     assert len(full["tensors"]) == len(plan.matches)  # everything pinned, on request
+
+
+def test_leftovers_are_grouped_by_the_rename_that_explains_them(tmp_path):
+    """Names only, no mapping: dozens of leftover lines come down to two renames, which
+    the report and --save-map put first."""
+    import io
+
+    from rich.console import Console
+
+    import ms_port
+    from ms_port.read.targets import from_arch
+    from ms_port.testing import save_reference_checkpoint
+
+    pth = save_reference_checkpoint("resnet18", tmp_path / "r18.pth")
+    report = ms_port.convert(pth, target=from_arch("resnet18"), dry_run=True, align=False,
+                             save_map=tmp_path / "plan.yaml")
+    assert not report.ok and len(report.plan.problems()) > 10
+    out = io.StringIO()
+    Console(file=out, width=200, color_system=None).print(report)
+    text = out.getvalue()
+    assert "under *.downsample.*; MindSpore has *.down_sample_layer.*" in text
+    assert "'fc: end_point' under rename.segments" in text
+    assert text.index("under *.downsample.*") < text.index("no source tensor")
+    assert "# SUGGEST" in (tmp_path / "plan.yaml").read_text()

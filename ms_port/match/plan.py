@@ -254,6 +254,9 @@ class Plan(Renderable):
         head += [f"# MISSING  {_missing_line(m)}" for m in self.missing]
         head += [f"# UNUSED   {_unused_line(u)}" for u in self.unused]
         head += [f"# CONFLICT {c.message}" for c in self.conflicts]
+        from .suggest import group_line, leftover_groups
+
+        head += [f"# SUGGEST  {group_line(*g)}" for g in leftover_groups(self.unused)]
         head += ["# exact names and built-in rules need no line; the rest follows"]
         body = yaml.safe_dump(self.to_mapping(), sort_keys=False, width=120)
         return "\n".join(head) + "\n" + body

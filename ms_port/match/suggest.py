@@ -69,3 +69,27 @@ def minimal(matches: list[Any]) -> tuple[dict[str, str], list[Any]]:
         if all(_explained(m, trial) for m in touched):
             segments = trial
     return segments, [m for m in needed if not _explained(m, segments)]
+
+
+def leftover_groups(unused: list[Any], *, least: int = 2) -> list[tuple[int, str, str]]:
+    """Leftovers one segment rename would explain: ``(count, old, new)``, most first.
+
+    Each unused source tensor votes with its closest target candidate when their layer
+    paths differ in exactly one segment (``layer1.0.downsample.0`` vs
+    ``layer1.0.down_sample_layer.0``); a rename with at least ``least`` votes is a group.
+    """
+    votes: Counter = Counter()
+    for u in unused:
+        if not u.candidates:
+            continue
+        s_path, t_path = u.name.split(".")[:-1], u.candidates[0].name.split(".")[:-1]
+        if len(s_path) == len(t_path):
+            diffs = {(a, b) for a, b in zip(s_path, t_path) if a != b}
+            if len(diffs) == 1:
+                votes[diffs.pop()] += 1
+    return [(n, old, new) for (old, new), n in votes.most_common() if n >= least]
+
+
+def group_line(count: int, old: str, new: str) -> str:
+    return (f"{count} leftovers under *.{old}.*; MindSpore has *.{new}.* -> add "
+            f"'{old}: {new}' under rename.segments in a mapping file")
