@@ -353,6 +353,7 @@ def verify(
     if swapped:  # given MindSpore first (e.g. after an export): both directions work
         source, checkpoint = checkpoint, source
         src = read_source(source, key=key, unsafe_pickle=unsafe_pickle)
+        ckpt = read_source(checkpoint, strip_prefixes=False)
 
     step("building the PyTorch network")
     tnet = build_network(torch_model, "--torch-model", entry, "torch")
@@ -360,7 +361,7 @@ def verify(
     step("building the MindSpore network")
     mnet = build_network(ms_model, "--ms-model", entry, "mindspore")
     step(f"loading {checkpoint}")
-    not_loaded, unused = load_ms_weights(mnet, checkpoint)
+    not_loaded, unused = load_ms_weights(mnet, ckpt)  # the Source read above
 
     plan = make_plan(src, from_cell(mnet), resolve_mapping(mapping, arch=arch),
                      allow_missing=True, allow_unused=True)

@@ -68,7 +68,7 @@ def load_torch_weights(model: Any, src: Source) -> None:
             f"({', '.join(unexpected[:3])}); check --arch / --torch-model", path=source)
 
 
-def load_ms_weights(net: Any, checkpoint: str | Path) -> tuple[list[str], list[str]]:
+def load_ms_weights(net: Any, checkpoint: str | Path | Source) -> tuple[list[str], list[str]]:
     """Load a MindSpore checkpoint into ``net`` with MindSpore's ``load_param_into_net``.
 
     The file is read by ms-port's own reader, tensor by tensor. ``mindspore.load_checkpoint``
@@ -80,9 +80,11 @@ def load_ms_weights(net: Any, checkpoint: str | Path) -> tuple[list[str], list[s
     """
     import mindspore as ms
 
-    path = Path(checkpoint)
+    read = (checkpoint if isinstance(checkpoint, Source)
+            else read_source(checkpoint, strip_prefixes=False))
+    path = Path(read.path)
     params = {}
-    for info in read_source(path, strip_prefixes=False):
+    for info in read:
         array = info.load()
         tensor = (ms.Tensor(array.astype(np.float32), dtype=ms.bfloat16)
                   if info.dtype == "bfloat16" else ms.Tensor(np.array(array)))  # keeps 0-d shape
