@@ -174,8 +174,9 @@ def _parity(r: Any, *, limit: int | None, show: str) -> Any:
                      f"{_num(o.error)} (bound {_num(o.bound)}){noise}{sens}   max |Δ| "
                      f"{_num(o.max_abs)}{top1}{nan}")
     if r.noise_floor is not None:
-        lines.append(f"float32 noise floor (PyTorch float32 vs float64): {_num(r.noise_floor)}"
-                     f"; bound = max(tol {r.tol:g}, {r.k:g} × noise)" if r.k else "")
+        bound = f"; bound = max(tol {r.tol:g}, {r.k:g} × noise)" if r.k else "; bound = tol"
+        lines.append(f"float32 noise floor (PyTorch float32 vs float64): "
+                     f"{_num(r.noise_floor)}{bound}")
     if r.layers:
         by = {how: sum(c.paired_by == how for c in r.layers) for how in ("name", "order")}
         bad = sum(c.status in ("fail", "nonfinite") for c in r.layers)
@@ -209,7 +210,7 @@ def _parity(r: Any, *, limit: int | None, show: str) -> Any:
                  f"{r.ms_device}")
     if r.timings:
         lines.append("timings: " + ", ".join(f"{k} {v:.2f}s" for k, v in r.timings.items()))
-    return Panel("\n".join(line for line in lines if line is not None),
+    return Panel("\n".join(lines),
                  title=f"[bold {style}]{verdict}[/]", title_align="left", border_style=style)
 
 

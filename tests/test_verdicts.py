@@ -214,3 +214,66 @@ def test_html_report_is_written_and_never_clobbers(nets, tmp_path):
     with pytest.raises(ms_port.MsPortError, match="exists"):
         _verify(pth, ckpt, report=out)
     _verify(pth, ckpt, report=out, force=True)
+
+
+def test_html_report_of_a_failure_shows_the_layer_and_what_the_tensor_holds(nets, tmp_path):
+    """Built from the real report (not a hand-made dict): the first failure and the
+    tensor comparison's 'holds' name must reach the page."""
+    pth, ckpt = nets["realistic"]
+    bad = rewrite_checkpoint(ckpt, tmp_path / "bad.ckpt", WRONG["swapped-gamma-beta"][0])
+    report = _verify(pth, bad, report=tmp_path / "r.html")
+    assert report.verdict == "FAIL"
+    text = (tmp_path / "r.html").read_text()
+    assert "<h2>First failure</h2>" in text and "<code>bn1</code>" in text
+    assert "bn1.bias" in text.split("<h2>Tensors")[1]  # bn1.gamma holds bn1.bias
+    assert "Conv2d" in text  # the layer kinds column is filled
+
+
+def test_real_inputs_in_float64_or_bfloat16_run_in_float32(nets, tmp_path):
+    import ml_dtypes
+
+    pth, ckpt = nets["realistic"]
+    x = vn.rng_array((2, *vn.SHAPE), seed=7)
+    for name, array in (("x64.npy", x.astype(np.float64)),):
+        np.save(tmp_path / name, array)
+        report = ms_port.verify(pth, ckpt, torch_model=vn.TorchNet, ms_model=vn.MsNet,
+                                mapping="resnet", inputs=tmp_path / name)
+        assert report.verdict == "PASS", report.message
+    from ms_port.check.inputs import InputArray
+
+    bf16 = InputArray("input0", x.astype(ml_dtypes.bfloat16), "given array")
+    report = ms_port.verify(pth, ckpt, torch_model=vn.TorchNet, ms_model=vn.MsNet,
+                            mapping="resnet", inputs=[bf16])
+    assert report.verdict == "PASS", report.message
+
+
+def test_a_constant_output_is_never_a_pass_even_at_tol_0():
+    """tol=0 and no noise run: the bound is 0; a constant output must still be caught."""
+    tnet = torch.nn.Linear(4, 3)
+    with torch.no_grad():
+        tnet.weight.zero_()
+    mnet = ms.nn.Dense(4, 3)
+    mnet.weight.set_data(ms.Tensor(np.zeros((3, 4), np.float32)))
+    mnet.bias.set_data(ms.Tensor(tnet.bias.detach().numpy()))
+    report = run_parity(tnet, mnet, input_shape=(4,), batch=2, tol=0.0, noise_floor=False)
+    assert report.verdict == "INCONCLUSIVE", report.message
+
+
+def test_a_lone_output_pairs_with_its_shape_not_the_name_0():
+    """PyTorch returns (features, logits), MindSpore logits alone: both are named '0' by
+    position, but only the logits can be compared."""
+    class Two(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = torch.nn.Linear(4, 5)
+
+        def forward(self, x):
+            return x[:, :3], self.fc(x)
+
+    tnet = Two()
+    mnet = ms.nn.Dense(4, 5)
+    mnet.weight.set_data(ms.Tensor(tnet.fc.weight.detach().numpy()))
+    mnet.bias.set_data(ms.Tensor(tnet.fc.bias.detach().numpy()))
+    report = run_parity(tnet, mnet, input_shape=(4,), batch=4, correspondence=[])
+    assert report.verdict == "PASS", report.message
+    assert [(o.name, o.ms_name) for o in report.outputs] == [("1", "0")]

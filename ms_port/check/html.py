@@ -116,6 +116,15 @@ def _failing(layer: dict[str, Any], err: float | None, bound: float | None) -> b
     return status is None and err is not None and bound is not None and not err <= bound
 
 
+def _first_failure(report: dict[str, Any]) -> dict[str, Any] | None:
+    """verify's ``first_divergence`` (``ms_name``/``torch_name``), as the page shows it."""
+    div = report.get("first_divergence", report.get("first_failure"))
+    if not isinstance(div, dict):
+        return None
+    return {**div, "ms": div.get("ms", div.get("ms_name")),
+            "torch": div.get("torch", div.get("torch_name"))}
+
+
 def _ratio(err: float | None, bound: float | None) -> float | None:
     if err is not None and not math.isfinite(err):
         return math.inf
@@ -308,10 +317,18 @@ def _layer_rows(layers: list[dict[str, Any]], vals: list[Values], which: Iterabl
         status = str(layer.get("status", ""))
         cls = "bad" if _failing(layer, err, bound) else _ROW_CLASS.get(status, "")
         rows.append((cls, f"L{i}" if ids else "", [
-            _esc(layer.get("index", i)), *(_esc(layer.get(f)) for f in ("ms", "torch", "kind")),
+            _esc(layer.get("index", i)), _esc(layer.get("ms")), _esc(layer.get("torch")),
+            _esc(layer.get("kind", layer.get("torch_kind"))),
             _fmt(err), _fmt(noise), _fmt(bound), _fmt(_ratio(err, bound), ".3g"), _esc(status),
             _esc(layer.get("paired_by"))]))
     return rows
+
+
+def _holds(value: Any) -> str:
+    """The source tensor a differing target holds (a name), or yes/no, or a dash."""
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    return _esc(value) if value else "—"
 
 
 def _tensor_section(tensors: list[dict[str, Any]]) -> list[str]:
@@ -321,7 +338,7 @@ def _tensor_section(tensors: list[dict[str, Any]]) -> list[str]:
     def rows(ts: list[dict[str, Any]]) -> list[Row]:
         return [("" if t.get("status") in ("identical", "differs") else "warn", "", [
             *(_esc(t.get(f)) for f in ("target", "source", "status")), _fmt(t.get("max_abs")),
-            _fmt(t.get("cosine"), ".7f"), {True: "yes", False: "no"}.get(t.get("holds"), "—")
+            _fmt(t.get("cosine"), ".7f"), _holds(t.get("holds"))
             + (f" ({_esc(t['holds_how'])})" if t.get("holds_how") else "")]) for t in ts]
 
     same = [t for t in tensors if t.get("status") == "identical"]
@@ -355,8 +372,7 @@ def render_html(report: dict[str, Any]) -> str:
     vals = [_values(layer, tol, k) for layer in layers]
     bad = [i for i, (layer, v) in enumerate(zip(layers, vals)) if _failing(layer, v[0], v[2])]
     verdict = _esc(str(report.get("verdict") or "?").upper())
-    first = report.get("first_failure")
-    first = first if isinstance(first, dict) else None
+    first = _first_failure(report)
     parts = ['<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
              '<meta name="viewport" content="width=device-width,initial-scale=1">',
              f"<title>ms-port verify: {verdict}</title><style>{_CSS}</style></head><body>",
@@ -444,7 +460,9 @@ def terminal_curve(layers: list[dict[str, Any]], *, width: int = 72,
         raise ValueError(f"terminal_curve needs width >= 20 and height >= 2 "
                          f"(got width={width}, height={height})")
     layers = _dicts(layers)
-    ratios = [_ratio(*_values(layer, None, None)[::2]) for layer in layers]
+    # a block the two networks draw differently is not a failure (status "boundary")
+    ratios = [None if layer.get("status") == "boundary" else
+              _ratio(*_values(layer, None, None)[::2]) for layer in layers]
     if all(r is None for r in ratios):
         return []
     logs = [math.log10(r) for r in ratios if r is not None and 0 < r < math.inf]

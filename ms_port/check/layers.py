@@ -138,12 +138,24 @@ def record_ms(model: Any, run: Callable[[], Any]) -> tuple[Any, list[Event]]:
         return result, rec.finish()
 
 
+def distance(recorded: np.ndarray, new: np.ndarray, reference: str) -> float:
+    """Relative L2 distance of a second pass from the recorded one, against ``reference``:
+    ``"float64"`` (noise: the float32 result against the float64 one, whichever pass was
+    which) or ``"recorded"`` (sensitivity: the change against the main pass)."""
+    if reference == "recorded":
+        return relative_error(new, recorded)[0]
+    wide, narrow = (recorded, new) if recorded.dtype == np.float64 else (new, recorded)
+    return relative_error(narrow, wide)[0]
+
+
 class Measure:
     """Hooks for a second PyTorch pass: each layer's relative L2 distance from the
-    recorded float32 output of the same call (float64 pass: the float32 noise; another
-    input: the sensitivity)."""
+    recorded output of the same call (:func:`distance`; another dtype: the float32 noise;
+    another input: the sensitivity). A call whose outputs do not line up is not measured
+    (``None``), never counted as 0."""
 
-    def __init__(self, recorded: list[Event]):
+    def __init__(self, recorded: list[Event], reference: str):
+        self.reference = reference
         self.by_key = {(e.path, e.call): e for e in recorded}
         self.calls: dict[str, int] = {}
         self.values: dict[tuple[str, int], float] = {}
@@ -156,11 +168,11 @@ class Measure:
             if event is None:
                 return
             arrays = _float_arrays(torch_outputs(output))
-            worst = 0.0
-            for ref, other in zip(event.arrays, arrays):
-                if ref.shape == other.shape:
-                    worst = max(worst, relative_error(ref, other)[0])
-            self.values[(path, call)] = worst
+            if [a.shape for a in arrays] != [a.shape for a in event.arrays]:
+                return
+            self.values[(path, call)] = max(
+                (distance(ref, new, self.reference) for ref, new in zip(event.arrays, arrays)),
+                default=0.0)
         return measure
 
     def run(self, model: Any, run: Callable[[], Any]) -> tuple[Any, dict[tuple[str, int], float]]:

@@ -106,29 +106,25 @@ def enclosing_block(torch_name: str, pairs: list[tuple[str, str]]) -> tuple[str,
 
 def pair_outputs(torch_outs: list[tuple[str, np.ndarray]],
                   ms_outs: list[tuple[str, np.ndarray]]) -> list[tuple[int, int]]:
-    """Outputs paired by name, then by position among the same shapes, then by position."""
+    """Outputs paired by name (where the shapes agree), then by shape, then by position:
+    a lone output is named ``0``, like the first of a tuple, so a name alone proves little."""
+    free = list(range(len(ms_outs)))
     pairs: list[tuple[int, int]] = []
-    free_ms = list(range(len(ms_outs)))
-    ms_names = {n: i for i, (n, _) in enumerate(ms_outs)}
-    rest = []
-    for ti, (name, _) in enumerate(torch_outs):
-        mi = ms_names.get(name)
-        if mi is not None and mi in free_ms:
-            pairs.append((ti, mi))
-            free_ms.remove(mi)
-        else:
-            rest.append(ti)
-    for rule in ("shape", "position"):
+
+    def fits(ti: int, mi: int) -> bool:
+        return not isinstance(comparable(ms_outs[mi][1], torch_outs[ti][1]), str)
+
+    rules = (lambda ti, mi: ms_outs[mi][0] == torch_outs[ti][0] and fits(ti, mi), fits,
+             lambda ti, mi: True)
+    rest = list(range(len(torch_outs)))
+    for rule in rules:
         left = []
         for ti in rest:
-            shape = torch_outs[ti][1].shape
-            mi = next((m for m in free_ms if rule == "position"
-                       or not isinstance(comparable(ms_outs[m][1], torch_outs[ti][1]), str)),
-                      None)
-            if mi is None or (rule == "shape" and ms_outs[mi][1].size != int(np.prod(shape))):
+            mi = next((m for m in free if rule(ti, m)), None)
+            if mi is None:
                 left.append(ti)
-                continue
-            pairs.append((ti, mi))
-            free_ms.remove(mi)
+            else:
+                pairs.append((ti, mi))
+                free.remove(mi)
         rest = left
     return sorted(pairs)

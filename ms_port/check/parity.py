@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 import time
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
 import numpy as np
 
@@ -38,7 +38,15 @@ from .compare import (
     torch_to_numpy,
 )
 from .hints import explain
-from .layers import Measure, Pair, layer_error, pair_events, record_ms, record_torch
+from .layers import (
+    Measure,
+    Pair,
+    distance,
+    layer_error,
+    pair_events,
+    record_ms,
+    record_torch,
+)
 from .pairing import (
     correspondence_from_pairs,
     default_correspondence,
@@ -56,9 +64,6 @@ from .report import (
     ParityReport,
 )
 from .verdict import K, bound_for, decide, pass_message, status_of
-
-if TYPE_CHECKING:
-    pass
 
 __all__ = ["ERROR_DEFINITION", "FAIL", "INCONCLUSIVE", "PASS", "Divergence",
            "LayerComparison", "OutputComparison", "ParityReport", "correspondence_from_pairs",
@@ -106,8 +111,16 @@ def _as_inputs(inputs: Any, input_shape: tuple[int, ...] | None, batch: int,
         return generate_inputs([tuple(input_shape)], batch=batch, seed=seed)
     if isinstance(inputs, np.ndarray):
         inputs = [inputs]
+    if not len(inputs):
+        raise ParityError("no inputs given: pass at least one array (inputs=[...]), an "
+                          "--input file, or --input-shape")
     return [x if isinstance(x, InputArray) else
             InputArray(f"input{i}", np.asarray(x), "given array") for i, x in enumerate(inputs)]
+
+
+def _as_run_dtype(array: np.ndarray, dtype: Any) -> np.ndarray:
+    floating = array.dtype.kind == "f" or array.dtype.name == "bfloat16"
+    return array.astype(dtype) if floating and array.dtype != dtype else array
 
 
 def _validate(tol: float, dtype: str, batch: int) -> None:
@@ -179,11 +192,12 @@ def _blocks_with_other_bounds(compared: list[LayerComparison],
     DenseNet applies its last ReLU after ``features``, MindCV's inside): not a verdict."""
     if not outputs or not all(o.ok for o in outputs):
         return
-    bad_leaves = [c.torch for c in compared if c.leaf and c.status in ("fail", "nonfinite")]
+    leaves = [c for c in compared if c.leaf]
     for c in compared:
         if c.leaf or c.status != "fail":
             continue
-        if not any(b.startswith(c.torch + ".") for b in bad_leaves):
+        inside = [x for x in leaves if x.torch.startswith(c.torch + ".")]
+        if inside and all(x.status not in ("fail", "nonfinite") for x in inside):
             c.status = "boundary"
             c.note = "differs while everything inside it and the outputs agree"
             notes.append(f"block {c.name} differs ({fmt(c.error)}) while every layer inside "
@@ -319,10 +333,11 @@ def run_parity(
     main_dtype, alt_dtype = ((torch.float64, torch.float32) if wide
                              else (torch.float32, torch.float64))
     ms_dtype = mindspore.float64 if wide else mindspore.float32
-    x = [np.asarray(i.array) for i in feed]
-    x_main = [a.astype(np.float64) if wide and a.dtype.kind == "f" else a for a in x]
-    x2 = [np.asarray(i.array) for i in other]
-    x2 = [a.astype(np.float64) if wide and a.dtype.kind == "f" else a for a in x2]
+    # floating-point inputs (a float64 .npy, a bfloat16 .pt) compute in the run's dtype on
+    # both sides; integer inputs (token ids) stay as they are
+    run_np = np.float64 if wide else np.float32
+    x = x_main = [_as_run_dtype(np.asarray(i.array), run_np) for i in feed]
+    x2 = [_as_run_dtype(np.asarray(i.array), run_np) for i in other]
 
     torch_model.eval()
     ms_model.set_train(False)
@@ -347,12 +362,14 @@ def run_parity(
             try:
                 alt = devices.torch_variant(torch_model, alt_dtype, device)
                 alt_outs, noise = timed(f"torch {name} forward (noise)", lambda: Measure(
-                    t_events).run(alt, lambda: torch_run(alt, x, f"{name} forward", alt_dtype)))
+                    t_events, "float64").run(
+                        alt, lambda: torch_run(alt, x, f"{name} forward", alt_dtype)))
             except Exception as exc:  # optional; the comparison itself stands
                 notes.append(f"noise not measured: PyTorch {name} forward failed "
                              f"({devices.first_line(exc)}); the bound is tol")
         sens_outs, sens = timed("torch second-input forward (sensitivity)", lambda: Measure(
-            t_events).run(torch_main, lambda: torch_run(torch_main, x2, "second forward")))
+            t_events, "recorded").run(
+                torch_main, lambda: torch_run(torch_main, x2, "second forward")))
         if layers:
             m_outs, m_events = timed("mindspore forward", lambda: record_ms(
                 ms_model, lambda: devices.run_ms(ms_model, x_main, dtype, ms_outputs)))
@@ -365,18 +382,14 @@ def run_parity(
     m_float = [(n, a) for n, a in m_outs if a.dtype.kind == "f"]
     outputs = []
     output_pairs = pair_outputs(t_float, m_float)
+    alt_by_name, sens_by_name = dict(alt_outs or []), dict(sens_outs)
     for ti, mi in output_pairs:
         (tname, tarr), (mname, marr) = t_float[ti], m_float[mi]
-        n = s = None
-        if alt_outs is not None:
-            ref = dict(alt_outs).get(tname)
-            n = relative_error(tarr, ref)[0] if ref is not None and ref.shape == tarr.shape \
-                else None
-            if wide and n is not None:
-                n = relative_error(ref, tarr)[0]
-        ref2 = dict(sens_outs).get(tname)
-        if ref2 is not None and ref2.shape == tarr.shape:
-            s = relative_error(ref2, tarr)[0]
+        alt, other = alt_by_name.get(tname), sens_by_name.get(tname)
+        n = (distance(tarr, alt, "float64")
+             if alt is not None and alt.shape == tarr.shape else None)
+        s = (distance(tarr, other, "recorded")
+             if other is not None and other.shape == tarr.shape else None)
         outputs.append(_compare_output(len(outputs), tname, mname, marr, tarr, tol=tol,
                                        noise=n, sensitivity=s, scaled=scaled))
     paired_t = {t_float[ti][0] for ti, _ in output_pairs}

@@ -42,12 +42,17 @@ def bound_for(tol: float, noise: float | None, *, scaled: bool = True) -> float:
     return max(float(tol), K * noise)
 
 
+#: below this relative change between two inputs a tensor counts as constant, whatever its
+#: bound (with tol=0 and no measured noise the bound is 0: a constant must not PASS)
+CONSTANT = 1e-12
+
+
 def status_of(error: float, bound: float, sensitivity: float | None) -> str:
     if not math.isfinite(error):
         return "nonfinite"
     if not error <= bound:
         return "fail"
-    if sensitivity is not None and sensitivity < SENSITIVITY * bound:
+    if sensitivity is not None and sensitivity < max(SENSITIVITY * bound, CONSTANT):
         return "insensitive"
     return "ok"
 
