@@ -112,6 +112,7 @@ def _conversion(r: Any, *, limit: int | None, show: str) -> Any:
         lines.append(f"[yellow]missing (allowed): {len(plan.missing)}[/]")
     if plan.unused and plan.allow_unused:
         lines.append(f"[yellow]unused (allowed): {len(plan.unused)}[/]")
+    lines += [f"[yellow]note: {escape(n)}[/]" for n in getattr(plan, "notes", [])]
     if r.nonfinite:
         lines.append(f"[yellow]NaN/Inf in {len(r.nonfinite)} tensors: "
                      f"{escape(', '.join(list(r.nonfinite)[:3]))}[/]")

@@ -137,7 +137,7 @@ def test_repeated_identical_blocks_align_one_to_one(tmp_path, extra):
     if extra == 0:
         assert pairs == {(str(i), str(i)) for i in range(n)}
     else:
-        assert all(t == s for t, s in pairs)  # nothing shifted by a guess
+        assert pairs and all(t == s for t, s in pairs)  # the index tokens break the tie
 
 
 def test_save_map_is_the_smallest_mapping_that_reproduces_the_plan(tmp_path):
@@ -185,3 +185,60 @@ def test_leftovers_are_grouped_by_the_rename_that_explains_them(tmp_path):
     assert "'fc: end_point' under rename.segments" in text
     assert text.index("under *.downsample.*") < text.index("no source tensor")
     assert "# SUGGEST" in (tmp_path / "plan.yaml").read_text()
+
+
+def test_two_layers_in_swapped_order_are_not_guessed(tmp_path):
+    """x (4x4), y (3x3) against b (3x3), a (4x4): a<-x and b<-y are equally good
+    alignments of one pair each; neither is in every best alignment."""
+    src = _source(tmp_path, {"x.weight": (4, 4), "y.weight": (3, 3)})
+    tgt = _target({"b.weight": (3, 3), "a.weight": (4, 4)}, {"a": ("Dense",), "b": ("Dense",)})
+    plan = make_plan(src, tgt)
+    assert not plan.matches
+    assert {m.name for m in plan.missing} == {"a.weight", "b.weight"}
+
+
+def test_one_anchor_out_of_order_does_not_discard_the_others(tmp_path):
+    """'head' comes first in PyTorch and last in MindSpore; e1 and e2 still anchor the
+    layers between them."""
+    src = _source(tmp_path, {"head.weight": (2, 2), "e1.weight": (3, 3), "f0.weight": (5, 5),
+                             "e2.weight": (3, 3), "f1.weight": (6, 6)})
+    tgt = _target({"e1.weight": (3, 3), "g0.weight": (5, 5), "e2.weight": (3, 3),
+                   "g1.weight": (6, 6), "head.weight": (2, 2)},
+                  {p: ("Dense",) for p in ("e1", "g0", "e2", "g1", "head")})
+    plan = make_plan(src, tgt)
+    assert plan.ok, plan.problems()
+    got = {m.target: m.source for m in plan.matches if m.how == "aligned"}
+    assert got == {"g0.weight": "f0.weight", "g1.weight": "f1.weight"}
+
+
+def test_a_declared_value_is_never_overridden_by_alignment(tmp_path):
+    src = _source(tmp_path, {"x.weight": (4, 4)})
+    tgt = _target({"a.weight": (4, 4)}, {"a": ("Dense",)})
+    from ms_port.match.mapping import mapping_from_data
+
+    table = mapping_from_data({"tensors": {"a.weight": {"init": "zeros"}}})
+    plan = make_plan(src, tgt, table, allow_unused=True)
+    ((m,),) = [plan.matches]
+    assert (m.how, m.init) == ("initialised", "zeros")
+
+
+def test_saved_map_keeps_declared_transforms_and_never_renames_outside_the_plan(tmp_path):
+    """Round trips the review found broken: transforms from the mapping's transforms:
+    section, and a segment rename that would also rename an unused source."""
+    import yaml
+
+    from ms_port.match.mapping import mapping_from_data
+
+    src = _source(tmp_path, {"a.weight": (3, 4), "p.old.w": (2,), "q.old.w": (2,),
+                             "k.new.w": (2,), "k.old.w": (2,)})
+    tgt = _target({"a.weight": (4, 3), "p.new.w": (2,), "q.new.w": (2,), "k.new.w": (2,)})
+    table = mapping_from_data({"transforms": [{"match": "a\\.weight", "ops": [
+        {"transpose": [1, 0]}]}], "tensors": {"p.new.w": "p.old.w", "q.new.w": "q.old.w"}})
+    plan = make_plan(src, tgt, table, allow_unused=True, align=False)
+    assert plan.ok, plan.problems()
+    saved = yaml.safe_load(plan.to_yaml())
+    assert "rename" not in saved  # 'old: new' would also rename the unused k.old.w
+    again = make_plan(src, tgt, mapping_from_data(saved), allow_unused=True, align=False)
+    assert again.ok, again.problems()
+    assert {(m.target, m.source, str(m.transforms)) for m in again.matches} == \
+        {(m.target, m.source, str(m.transforms)) for m in plan.matches}

@@ -85,10 +85,14 @@ def test_renames_read_the_original_name_and_never_chain():
     assert table.rename("fc.weight") == ("end_point.weight", ["segment fc->end_point"])
     # a regex-renamed name keeps what the regex wrote: segments do not rename it again
     assert table.rename("features.0.fc.weight")[0] == "features.1.fc.weight"
-    # the dense-layer rule gives the same name whatever comes before it
-    alone = text.replace("    - {from: 'features\\.(", "    - {from: 'x(")
-    assert parse_mapping(alone, origin="m").rename("features.denselayer3.w")[0] == \
-        "cell_list.2.w"
+    # the first regex that matches the ORIGINAL name wins: put a broad one first and the
+    # dense-layer rule never sees a name the broad one already rewrote
+    broad_first = parse_mapping(r"""rename:
+  regex:
+    - {from: 'features\.(.*)', to: 'body.\1'}
+    - {from: 'body\.denselayer(\d+)\.(.*)', to: 'cell_list.{1-1}.\2'}
+""", origin="m")
+    assert broad_first.rename("features.denselayer3.w")[0] == "body.denselayer3.w"
 
 
 def test_index_arithmetic_is_validated_and_never_goes_negative():

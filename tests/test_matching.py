@@ -202,8 +202,9 @@ def test_declared_values_fill_targets_pytorch_lacks(tmp_path):
     assert plan.ok and plan.counts["initialised"] == 1
     ((_, array),) = [(m, a) for m, a in plan.arrays() if m.target == "temperature"]
     np.testing.assert_array_equal(array, np.full(1, 0.5, np.float32))
-    with pytest.raises(MappingError, match=r"tensors.temperature.*init"):
-        ms_port.plan(path, ms_model=Net, mapping={"tensors": {"temperature": {"init": "x"}}})
+    for bad in ("x", float("nan"), float("inf")):
+        with pytest.raises(MappingError, match=r"tensors.temperature.*init"):
+            ms_port.plan(path, ms_model=Net, mapping={"tensors": {"temperature": {"init": bad}}})
 
 
 def test_a_custom_gamma_is_not_a_norm(tmp_path):

@@ -20,15 +20,14 @@ named. Aligned tensors are reported as ``aligned`` with the evidence.
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from .closest import _tokens
 from .rules import RULES, LayerRule, known_drop
 
 #: the largest segment aligned (layers × layers): beyond it, leftovers stay leftovers
 MAX_CELLS = 250_000
-_TOKENS = re.compile(r"[A-Za-z]+|\d+")
 
 
 @dataclass
@@ -86,10 +85,6 @@ def _rule_for(layer: Layer) -> LayerRule | None:
     return None
 
 
-def _tokens(path: str) -> set[str]:
-    return set(_TOKENS.findall(path))
-
-
 def _similarity(a: Layer, b: Layer) -> float:
     ta, tb = _tokens(a.path), _tokens(b.path)
     return len(ta & tb) / len(ta | tb) if ta | tb else 0.0
@@ -144,14 +139,28 @@ def _first_indices(order: list[str]) -> dict[str, int]:
 
 def _anchors(matched: list[tuple[str, str]], s_first: dict[str, int],
              t_first: dict[str, int]) -> list[tuple[int, int]]:
-    """Layer pairs the earlier stages made, as positions, keeping an increasing chain."""
+    """Layer pairs the earlier stages made, as positions: their longest chain increasing on
+    both sides (one pair out of order must not discard every later anchor)."""
+    import bisect
+
     pairs = sorted({(s_first[s.rpartition(".")[0]], t_first[t.rpartition(".")[0]])
-                    for t, s in matched if s})
-    chain: list[tuple[int, int]] = []
-    for s, t in pairs:
-        if not chain or (s > chain[-1][0] and t > chain[-1][1]):
-            chain.append((s, t))
-    return chain
+                    for t, s in matched if s}, key=lambda p: (p[0], -p[1]))
+    tails: list[int] = []  # smallest target end of an increasing chain of each length
+    ends: list[int] = []   # index into pairs of that chain's last pair
+    back = [-1] * len(pairs)
+    for k, (_, t) in enumerate(pairs):
+        n = bisect.bisect_left(tails, t)
+        back[k] = ends[n - 1] if n else -1
+        if n == len(tails):
+            tails.append(t)
+            ends.append(k)
+        else:
+            tails[n], ends[n] = t, k
+    chain, k = [], ends[-1] if ends else -1
+    while k >= 0:
+        chain.append(pairs[k])
+        k = back[k]
+    return chain[::-1]
 
 
 def _align_segment(src: list[Layer], tgt: list[Layer], out: Alignment) -> None:
@@ -180,31 +189,52 @@ def _align_segment(src: list[Layer], tgt: list[Layer], out: Alignment) -> None:
     for i, j in on:
         by_s.setdefault(i, []).append(j)
         by_t.setdefault(j, []).append(i)
+    crossed = _crossed(on)
     chosen: list[tuple[int, int, str]] = []
     for i in sorted(by_s):
-        js = by_s[i]
-        if len(js) == 1 and len(by_t[js[0]]) == 1:
+        js = [j for j in by_s[i] if (i, j) not in crossed]  # a crossed pair has a rival
+        if not js:
+            continue
+        if len(by_s[i]) == 1 and len(by_t[js[0]]) == 1:
             chosen.append((i, js[0], "the only partner in every best alignment"))
             continue
         j = _strict_best(src[i], [tgt[k] for k in js], js)
         if j is not None and _strict_best(tgt[j], [src[k] for k in by_t[j]], by_t[j]) == i:
             chosen.append((i, j, "order and shapes allow several partners; the names decide"))
-    last = -1
+    last, kept = -1, set()
     for i, j, why in sorted(chosen):
         if j <= last:
             continue  # a tie-break may not cross another pair
         last = j
+        kept.add(j)
         s, t = src[i], tgt[j]
         kind = (t.kind or ("?",))[0]
         out.pairs.append(AlignedPair(s, t, (
             f"aligned {kind} {s.path} -> {t.path}: {len(t.params)} tensors with matching "
             f"shapes; unpaired layer {i + 1} of {a} (PyTorch) and {j + 1} of {b} (MindSpore) "
             f"between the same anchors; {why}")))
-    paired_t = {j for _, j, _ in chosen}
     for j, is_ in by_t.items():
-        if j not in paired_t:
+        if j not in kept:
             for name in tgt[j].names.values():
                 out.ambiguous[name] = tuple(src[i].path for i in is_)
+
+
+def _crossed(on: list[tuple[int, int]]) -> set[tuple[int, int]]:
+    """Pairs some other best-alignment pair crosses (one earlier on one side and later on
+    the other): then the two are alternatives, and neither is in every best alignment."""
+    from itertools import groupby
+
+    groups = [list(g) for _, g in groupby(sorted(on), key=lambda p: p[0])]
+    crossed: set[tuple[int, int]] = set()
+    most = -1  # the largest j among pairs with a smaller i
+    for group in groups:
+        crossed.update(p for p in group if most > p[1])
+        most = max(most, *(p[1] for p in group))
+    least = float("inf")  # the smallest j among pairs with a larger i
+    for group in reversed(groups):
+        crossed.update(p for p in group if least < p[1])
+        least = min(least, *(p[1] for p in group))
+    return crossed
 
 
 def _strict_best(layer: Layer, others: list[Layer], keys: list[int]) -> int | None:

@@ -31,6 +31,7 @@ edit one line and pass it back with ``--map``.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -297,8 +298,9 @@ def _tensor_entry(target: Any, value: Any, origin: str) -> TensorEntry:
     if isinstance(value, dict) and set(value) == {"init"}:
         init = value["init"]
         _expect(init in INIT_VALUES or (isinstance(init, (int, float))
-                                        and not isinstance(init, bool)), origin, entry,
-                "{init: zeros}, {init: ones} or {init: NUMBER}")
+                                        and not isinstance(init, bool)
+                                        and math.isfinite(init)), origin, entry,
+                "{init: zeros}, {init: ones} or {init: NUMBER} (a finite number)")
         return TensorEntry(target, "", init=init)
     _expect(isinstance(value, dict) and "source" in value
             and not set(value) - {"source", "transforms"}, origin, entry,

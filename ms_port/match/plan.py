@@ -223,7 +223,9 @@ class Plan(Renderable):
         """
         from .suggest import minimal
 
-        segments, lines = ({}, self.matches) if full else minimal(self.matches)
+        dropped = {d.name for d in self.dropped}  # dropped by their original names
+        segments, lines = ({}, self.matches) if full else minimal(
+            self.matches, [n for n in self.source.tensors if n not in dropped])
         tensors: dict[str, Any] = {}
         for m in self.matches:
             if m.init is not None:
@@ -257,6 +259,7 @@ class Plan(Renderable):
         from .suggest import group_line, leftover_groups
 
         head += [f"# SUGGEST  {group_line(*g)}" for g in leftover_groups(self.unused)]
+        head += [f"# NOTE     {n}" for n in self.notes]
         head += ["# exact names and built-in rules need no line; the rest follows"]
         body = yaml.safe_dump(self.to_mapping(), sort_keys=False, width=120)
         return "\n".join(head) + "\n" + body
@@ -275,6 +278,7 @@ class Plan(Renderable):
             "missing": [m.to_dict() for m in self.missing],
             "unused": [u.to_dict() for u in self.unused],
             "dropped": [d.to_dict() for d in self.dropped],
+            "notes": list(self.notes),
             "conflicts": [c.to_dict() for c in self.conflicts],
             "lossy_casts": [m.target for m in self.lossy_casts],
         }
@@ -446,7 +450,7 @@ def make_plan(
     ambiguous: dict[str, tuple[str, ...]] = {}
     notes: list[str] = []
     if align:
-        ambiguous = _align_leftovers(source, target, matches, used, conflicted_targets,
+        ambiguous = _align_leftovers(source, target, mapping, matches, used, conflicted_targets,
                                      proposals, dropped, layer_of, dtype, notes)
     for name, tt in target.tensors.items():
         # what PyTorch has no counterpart for: a declared value, never a silent default
@@ -562,17 +566,20 @@ def _cast(dtype: str, wanted: str | None) -> str:
     return wanted if wanted and dtype in FLOAT_DTYPES else dtype
 
 
-def _align_leftovers(source: Source, target: Target, matches: dict[str, Match],
-                     used: set[str], conflicted: set[str], proposals: dict[str, Any],
-                     dropped: list[Dropped], layer_of: dict[str, Any], dtype: str | None,
+def _align_leftovers(source: Source, target: Target, mapping: MappingTable,
+                     matches: dict[str, Match], used: set[str], conflicted: set[str],
+                     proposals: dict[str, Any], dropped: list[Dropped],
+                     layer_of: dict[str, Any], dtype: str | None,
                      notes: list[str]) -> dict[str, tuple[str, ...]]:
     """Stage 5: fill unambiguous layer pairs by structure; the ambiguous targets' candidates."""
     from .align import align
 
     gone = used | {d.name for d in dropped}
     pending_s = [(i.name, i.shape) for i in source if i.name not in gone]
+    declared = {n for n, e in mapping.tensors.items() if e.init is not None}
     pending_t = [(t.name, t.shape) for n, t in target.tensors.items()
-                 if n not in matches and n not in conflicted and n not in proposals]
+                 if n not in matches and n not in conflicted and n not in proposals
+                 and n not in declared]  # a declared value is the user's word
     if not pending_s or not pending_t:
         return {}
     result = align(pending_s, pending_t, list(source.tensors), list(target.tensors),
@@ -587,6 +594,10 @@ def _align_leftovers(source: Source, target: Target, matches: dict[str, Match],
             tt = target.tensors[name]
             fitted = _fit(info.shape, tt, rule.transforms.get(suffix, ()) if rule else ())
             if fitted is None:
+                notes.append(f"alignment paired {pair.source.path} with {pair.target.path} by "
+                             f"order and sizes, but {info.name} "
+                             f"({format_shape(info.shape)}) does not fit {name} "
+                             f"({format_shape(tt.shape)}): not filled")
                 break
             made.append(Match(name, info.name, "aligned", pair.evidence, info.shape,
                               tt.shape, info.dtype, _cast(info.dtype, dtype), fitted))

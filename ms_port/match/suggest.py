@@ -29,8 +29,10 @@ def _renamed(path: list[str], segments: dict[str, str]) -> list[str]:
 
 
 def _explained(m: Any, segments: dict[str, str]) -> bool:
-    """Whether exact names or a rule reproduce ``m`` once ``segments`` rename its source."""
-    if m.transforms and not _rule_transforms(m):
+    """Whether exact names or a rule reproduce ``m`` once ``segments`` rename its source.
+    A match with transforms keeps its line: they may come from the mapping's own
+    ``transforms:`` section, which a saved map does not repeat."""
+    if m.transforms:
         return False
     *s_path, s_leaf = m.source.split(".")
     *t_path, t_leaf = m.target.split(".")
@@ -39,30 +41,34 @@ def _explained(m: Any, segments: dict[str, str]) -> bool:
     return s_leaf == t_leaf or s_leaf in _RULE_SUFFIXES.get(t_leaf, ())
 
 
-def _rule_transforms(m: Any) -> bool:
-    leaf = m.target.rpartition(".")[2]
-    return any(tuple(r.transforms.get(leaf, ())) == tuple(m.transforms) for r in RULES)
+def _one_segment_diff(source: str, target: str) -> tuple[str, str] | None:
+    """``(old, new)`` when the two layer paths differ in exactly one segment."""
+    s_path, t_path = source.split(".")[:-1], target.split(".")[:-1]
+    if len(s_path) != len(t_path):
+        return None
+    diffs = {(a, b) for a, b in zip(s_path, t_path) if a != b}
+    return diffs.pop() if len(diffs) == 1 else None
 
 
-def minimal(matches: list[Any]) -> tuple[dict[str, str], list[Any]]:
+def minimal(matches: list[Any], source_names: Any = ()) -> tuple[dict[str, str], list[Any]]:
     """(segment renames, the matches they do not explain and that need a line).
 
     A candidate ``old: new`` comes from a pair whose layer paths differ in exactly one
     segment; candidates are tried most frequent first, and one is kept only if every match
-    whose source path holds ``old`` is still reproduced with it (nothing it renames would
-    then be lost).
+    whose source path holds ``old`` is still reproduced with it, and no source tensor
+    outside the plan holds it (renamed on loading, it could claim a target).
     """
-    needed = [m for m in matches if m.how in NEEDS_A_LINE and m.init is None]
-    votes: Counter = Counter()
-    for m in needed:
-        s_path, t_path = m.source.split(".")[:-1], m.target.split(".")[:-1]
-        if len(s_path) == len(t_path):
-            diffs = [(a, b) for a, b in zip(s_path, t_path) if a != b]
-            if len(set(diffs)) == 1:
-                votes[diffs[0]] += 1
+    needed = [m for m in matches if (m.how in NEEDS_A_LINE or m.transforms)
+              and m.init is None]
+    votes: Counter = Counter(d for m in needed
+                             if (d := _one_segment_diff(m.source, m.target)) is not None)
+    matched_sources = {m.source for m in matches}
+    outside = [n.split(".")[:-1] for n in source_names if n not in matched_sources]
     segments: dict[str, str] = {}
     for (old, new), _n in votes.most_common():
         if old in segments or new in segments.values():
+            continue
+        if any(old in path for path in outside):
             continue
         trial = {**segments, old: new}
         touched = [m for m in matches if m.init is None and old in m.source.split(".")[:-1]]
@@ -78,15 +84,8 @@ def leftover_groups(unused: list[Any], *, least: int = 2) -> list[tuple[int, str
     paths differ in exactly one segment (``layer1.0.downsample.0`` vs
     ``layer1.0.down_sample_layer.0``); a rename with at least ``least`` votes is a group.
     """
-    votes: Counter = Counter()
-    for u in unused:
-        if not u.candidates:
-            continue
-        s_path, t_path = u.name.split(".")[:-1], u.candidates[0].name.split(".")[:-1]
-        if len(s_path) == len(t_path):
-            diffs = {(a, b) for a, b in zip(s_path, t_path) if a != b}
-            if len(diffs) == 1:
-                votes[diffs.pop()] += 1
+    votes: Counter = Counter(d for u in unused if u.candidates and (
+        d := _one_segment_diff(u.name, u.candidates[0].name)) is not None)
     return [(n, old, new) for (old, new), n in votes.most_common() if n >= least]
 
 

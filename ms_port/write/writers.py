@@ -299,7 +299,7 @@ def _counting_nonfinite(arrays: Iterator, found: dict[str, int]) -> Iterator:
         if match.out_dtype in FLOAT_DTYPES:
             n = int(array.size - np.count_nonzero(np.isfinite(array)))
             if n:
-                found[match.source] = n
+                found[match.source or match.target] = n
         yield match, array
 
 
