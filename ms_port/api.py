@@ -76,8 +76,14 @@ def resolve_target(
     arch: str | None = None,
     target: str | Path | Target | None = None,
     ms_model: Any = None,
+    config: dict[str, Any] | None = None,
+    ms_options: dict[str, Any] | None = None,
 ) -> Target:
-    """One Target from exactly one of ``arch``, ``target`` (template) or ``ms_model``."""
+    """One Target from exactly one of ``arch``, ``target`` (template) or ``ms_model``.
+
+    A known family (``mindformers:llama``) is computed from ``config`` (the model's
+    ``config.json``) with ``ms_options`` (``{"qkv_concat": True}``), building nothing.
+    """
     given = [x is not None for x in (arch, target, ms_model)]
     if sum(given) != 1:
         raise TargetError("give exactly one target: --arch NAME, --target TEMPLATE.ckpt "
@@ -88,6 +94,13 @@ def resolve_target(
         return target
     if target is not None:
         return from_template(target)
+    from .read.targets import FAMILIES, from_family
+
+    if isinstance(ms_model, str) and ms_model in FAMILIES:
+        return from_family(ms_model, config, ms_options)
+    if ms_options:
+        raise TargetError(f"--ms-option is for the known families ({', '.join(FAMILIES)}); "
+                          "a factory takes its own arguments")
     if isinstance(ms_model, str):
         return from_factory(ms_model)
     from .read.targets import instantiate
@@ -96,13 +109,18 @@ def resolve_target(
     return from_cell(instantiate(ms_model, "--ms-model"))
 
 
-def resolve_mapping(mapping: Any, *, arch: str | None = None) -> MappingTable:
-    """The architecture's table (if any) with the user's tables layered on top."""
+def resolve_mapping(mapping: Any, *, arch: str | None = None,
+                    config: dict[str, Any] | None = None,
+                    target: Target | None = None) -> MappingTable:
+    """The architecture's table (if any), or the shipped table whose ``select:`` fits the
+    source's config and the target, with the user's tables layered on top."""
     table = MappingTable.empty()
     if arch is not None:
         from .archs import get_arch
 
         table = get_arch(arch).mapping_table()
+    elif config is not None and target is not None:
+        table = select_mapping(config, target) or table
     from .match.mapping import mapping_from_data
 
     items = mapping if isinstance(mapping, (list, tuple)) else [mapping]
@@ -122,8 +140,27 @@ def resolve_mapping(mapping: Any, *, arch: str | None = None) -> MappingTable:
     return table
 
 
-def _source(source: str | Path | Source, **kw: Any) -> Source:
-    return source if isinstance(source, Source) else read_source(source, **kw)
+def select_mapping(config: dict[str, Any], target: Target) -> MappingTable | None:
+    """The shipped table chosen by the source's config and the target, if one fits."""
+    from .match.mapping import builtin_mappings
+
+    for name in builtin_mappings():
+        table = load_mapping(name)
+        if any(table.selects(config, key) for key in target.keys):
+            return table
+    return None
+
+
+def _source(source: str | Path | Source, *, config: Any = None, **kw: Any) -> Source:
+    src = source if isinstance(source, Source) else read_source(source, **kw)
+    if config is not None:  # the user's config wins over one found beside the file
+        from .read.sources import read_config
+
+        if isinstance(config, dict):
+            src.config, src.config_path = config, "config (a dict)"
+        else:
+            src.config, src.config_path = read_config(config), str(config)
+    return src
 
 
 def plan(
@@ -140,6 +177,8 @@ def plan(
     key: str | None = None,
     unsafe_pickle: bool = False,
     align: bool = True,
+    config: str | Path | dict[str, Any] | None = None,
+    ms_options: dict[str, Any] | None = None,
 ) -> Plan:
     """Match a checkpoint against a MindSpore target without writing anything.
 
@@ -161,9 +200,10 @@ def plan(
         >>> p.ok, p.counts
         (True, {'exact': 49, 'rule': 196, 'mapping': 22, 'fallback': 0})
     """
-    src = _source(source, key=key, unsafe_pickle=unsafe_pickle)
-    tgt = resolve_target(arch=arch, target=target, ms_model=ms_model)
-    table = resolve_mapping(mapping, arch=arch)
+    src = _source(source, key=key, unsafe_pickle=unsafe_pickle, config=config)
+    tgt = resolve_target(arch=arch, target=target, ms_model=ms_model, config=src.config,
+                         ms_options=ms_options)
+    table = resolve_mapping(mapping, arch=arch, config=src.config, target=tgt)
     return make_plan(src, tgt, table, allow_missing=allow_missing, allow_unused=allow_unused,
                      allow_shape_match=allow_shape_match, dtype=dtype, align=align)
 
@@ -190,6 +230,8 @@ def convert(
     unsafe_pickle: bool = False,
     progress: Progress | None = None,
     align: bool = True,
+    config: str | Path | dict[str, Any] | None = None,
+    ms_options: dict[str, Any] | None = None,
 ) -> ConversionReport:
     """Convert a PyTorch checkpoint into a MindSpore one, proving every byte.
 
@@ -211,6 +253,7 @@ def convert(
         check_finite: refuse weights holding NaN/Inf (always reported).
         crc: append MindSpore's CRC trailer.
         progress: ``(phase, done, total)`` callback for long writes.
+        config / ms_options: see :func:`plan`.
 
     Returns:
         A :class:`~ms_port.reports.ConversionReport`; ``ok`` is False and nothing is
@@ -234,7 +277,7 @@ def convert(
     p = plan(source, arch=arch, target=target, ms_model=ms_model, mapping=mapping,
              allow_missing=allow_missing, allow_unused=allow_unused,
              allow_shape_match=allow_shape_match, dtype=dtype, key=key,
-             unsafe_pickle=unsafe_pickle, align=align)
+             unsafe_pickle=unsafe_pickle, align=align, config=config, ms_options=ms_options)
     saved = None
     if save_map is not None:  # the same rules as every output: no clobbering, atomic
         saved = str(write_text(save_map, p.to_yaml(), force=force))

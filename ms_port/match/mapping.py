@@ -21,6 +21,32 @@ Format (every section optional; names run PyTorch -> MindSpore)::
     transforms:                 # transforms by MindSpore-name regex
       - {match: '.*\\.conv1d\\.weight', ops: [{unsqueeze: 2}]}
 
+Tables for language models add numbers from the model's ``config.json``, fused and
+split tensors, and tied ones (see :mod:`ms_port.match.layouts`, :mod:`ms_port.match.params`)::
+
+    select:                     # picked automatically when the source's config says so
+      model_type: [llama, mistral, qwen2]
+      target: [mindformers:llama]
+    params:                     # integers from config.json (first alternative that is set)
+      kv_heads: [num_key_value_heads, num_attention_heads]
+      head_dim: [head_dim, hidden_size / num_attention_heads]
+    fuse:                       # one MindSpore tensor from several PyTorch ones
+      - target: 'model.layers.{i}.attention.w_qkv.weight'     # {i}: a number, same in all
+        sources: ['model.layers.{i}.self_attn.q_proj.weight', ...k_proj..., ...v_proj...]
+        layout: {grouped: kv_heads, sizes: ['num_attention_heads / kv_heads * head_dim',
+                                            head_dim, head_dim]}
+    split:                      # several MindSpore tensors from one PyTorch one
+      - source: 'h.{i}.attn.c_attn.weight'
+        targets: ['h.{i}.q.weight', 'h.{i}.k.weight', 'h.{i}.v.weight']
+        layout: {concat: 1}
+        transforms: [{transpose: [1, 0]}]                  # applied to each part
+    tied:                       # a PyTorch tensor that is another one (tied embeddings)
+      - {source: lm_head.weight, same_as: model.embed_tokens.weight, when: tie_word_embeddings}
+
+Layouts: ``concat`` / ``{concat: AXIS}``, ``interleave`` / ``{interleave: AXIS}`` (one row
+of each part in turn), ``{grouped: GROUPS, sizes: [...], axis: 0}`` (per group, ``sizes[i]``
+rows of part i). A fused target's ``transforms`` apply after fusing.
+
 Renames never chain: each one reads the original PyTorch name, so their order in the
 file only matters when two regexes match the same name (the first wins). A name no regex
 matches has its segments renamed.
@@ -32,6 +58,7 @@ edit one line and pass it back with ``--map``.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -40,10 +67,14 @@ from typing import Any
 import yaml
 
 from ..errors import MappingError
+from .layouts import KINDS, Layout, LayoutError
+from .params import ParamError, check_expression, evaluate
 from .patterns import Pattern, PatternError, compile_pattern
 from .transforms import Transform
 
-_SECTIONS = {"version", "description", "rename", "tensors", "drop", "transforms"}
+_SECTIONS = {"version", "description", "rename", "tensors", "drop", "transforms", "select",
+             "params", "fuse", "split", "tied"}
+_SELECT_KEYS = {"model_type", "architectures", "target"}
 _RENAME_KEYS = {"segments", "regex"}
 
 
@@ -77,6 +108,114 @@ class TransformEntry:
     ops: tuple[Transform, ...]
 
 
+class Template:
+    """A tensor name with ``{i}``-style placeholders, each standing for a number."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        pieces = re.split(r"\{([A-Za-z_][A-Za-z0-9_]*)\}", text)
+        self.literals, self.names = pieces[0::2], pieces[1::2]
+        if any(lit == "" for lit in self.literals[1:-1]):
+            raise ValueError(f"{text!r}: two placeholders must be separated by text")
+        if len(set(self.names)) != len(self.names):
+            raise ValueError(f"{text!r}: a placeholder appears twice")
+        # literal text escaped, placeholders digits only: linear-time matching
+        self._regex = re.compile("".join(
+            re.escape(lit) + ("([0-9]+)" if k < len(self.names) else "")
+            for k, lit in enumerate(self.literals)))
+
+    def match(self, name: str) -> dict[str, str] | None:
+        m = self._regex.fullmatch(name)
+        return dict(zip(self.names, m.groups())) if m else None
+
+    def fill(self, values: dict[str, str]) -> str:
+        out = self.literals[0]
+        for k, n in enumerate(self.names):
+            out += values[n] + self.literals[k + 1]
+        return out
+
+    def __str__(self) -> str:
+        return self.text
+
+
+@dataclass(frozen=True)
+class LayoutSpec:
+    """A layout as the table writes it; numbers are expressions over the config."""
+
+    kind: str
+    axis: int = 0
+    groups: Any = None
+    sizes: tuple[Any, ...] | None = None
+
+    def resolve(self, values: dict[str, int], lengths: list[int]) -> Layout:
+        """The concrete :class:`Layout` for parts of ``lengths`` rows on the axis.
+
+        Raises:
+            ParamError / LayoutError: the config lacks a value, or does not fit the parts.
+        """
+        sizes = [evaluate(e, values) for e in self.sizes] if self.sizes is not None else None
+        why = ""
+        if self.kind == "concat":
+            return Layout("concat", self.axis, 1, tuple(sizes or lengths))
+        if self.kind == "interleave":
+            if len(set(lengths)) != 1:
+                raise LayoutError(f"interleave needs parts of equal length, got {lengths}")
+            return Layout("interleave", self.axis, lengths[0], (1,) * len(lengths))
+        groups = evaluate(self.groups, values)
+        why = f"groups {self.groups} = {groups}"
+        if sizes is not None:
+            why += f", sizes {', '.join(f'{e} = {v}' for e, v in zip(self.sizes, sizes))}"
+        else:
+            bad = [n for n in lengths if n % groups]
+            if bad:
+                raise LayoutError(f"{bad[0]} rows do not split into {self.groups} = {groups} "
+                                  "groups — the config does not fit the tensors")
+            sizes = [n // groups for n in lengths]
+        return Layout("grouped", self.axis, groups, tuple(sizes), why)
+
+    def to_data(self) -> Any:
+        if self.kind == "grouped":
+            data: dict[str, Any] = {"grouped": self.groups}
+            if self.sizes is not None:
+                data["sizes"] = list(self.sizes)
+            if self.axis:
+                data["axis"] = self.axis
+            return data
+        return {self.kind: self.axis} if self.axis else self.kind
+
+
+@dataclass(frozen=True)
+class FuseEntry:
+    """``fuse:``: fill targets matching ``target`` from ``sources`` joined by ``layout``."""
+
+    target: Template
+    sources: tuple[Template, ...]
+    layout: LayoutSpec
+    transforms: tuple[Transform, ...]
+    where: str
+
+
+@dataclass(frozen=True)
+class SplitEntry:
+    """``split:``: fill ``targets`` from the parts of one source laid out by ``layout``."""
+
+    source: Template
+    targets: tuple[Template, ...]
+    layout: LayoutSpec
+    transforms: tuple[Transform, ...]
+    where: str
+
+
+@dataclass(frozen=True)
+class TiedEntry:
+    """``tied:``: ``source`` is the same tensor as ``same_as`` when config ``when`` is true."""
+
+    source: str
+    same_as: str
+    when: str | None
+    where: str
+
+
 @dataclass(frozen=True)
 class MappingTable:
     """One or more mapping files merged; see the module docstring for the format.
@@ -92,6 +231,11 @@ class MappingTable:
     tensors: dict[str, TensorEntry] = field(default_factory=dict)
     drop: tuple[Pattern, ...] = ()
     transforms: tuple[TransformEntry, ...] = ()
+    select: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    params: dict[str, tuple[Any, ...]] = field(default_factory=dict)
+    fuse: tuple[FuseEntry, ...] = ()
+    split: tuple[SplitEntry, ...] = ()
+    tied: tuple[TiedEntry, ...] = ()
 
     @classmethod
     def empty(cls) -> MappingTable:
@@ -142,7 +286,25 @@ class MappingTable:
             tensors={**self.tensors, **other.tensors},
             drop=self.drop + other.drop,
             transforms=other.transforms + self.transforms,
+            select=other.select or self.select,
+            params={**self.params, **other.params},
+            fuse=other.fuse + self.fuse,
+            split=other.split + self.split,
+            tied=other.tied + self.tied,
         )
+
+    def selects(self, config: dict[str, Any] | None, target: str) -> bool:
+        """Whether this table's ``select:`` fits a source config and a target family."""
+        if not self.select or not config:
+            return False
+        wanted = self.select
+        if "model_type" in wanted and config.get("model_type") not in wanted["model_type"]:
+            return False
+        archs = config.get("architectures") or []
+        if "architectures" in wanted and not (isinstance(archs, list) and set(
+                a for a in archs if isinstance(a, str)) & set(wanted["architectures"])):
+            return False
+        return "target" not in wanted or target in wanted["target"]
 
 
 def builtin_mappings() -> list[str]:
@@ -247,9 +409,142 @@ def mapping_from_data(data: Any, *, origin: str = "mapping=") -> MappingTable:
     tf_data = data.get("transforms") or []
     _expect(isinstance(tf_data, list), origin, "transforms", "a list of {match, ops}")
     transforms = tuple(_transform_entry(e, origin, i) for i, e in enumerate(tf_data))
+    select = _select(data.get("select"), origin)
+    params = _params(data.get("params"), origin)
+    fuse = tuple(_fuse_entry(e, origin, i) for i, e in enumerate(_list(data, "fuse", origin)))
+    split = tuple(_split_entry(e, origin, i)
+                  for i, e in enumerate(_list(data, "split", origin)))
+    tied = tuple(_tied_entry(e, origin, i) for i, e in enumerate(_list(data, "tied", origin)))
     return MappingTable(origin=origin, description=str(data.get("description") or ""),
                         segments=dict(segments), regex=regex, tensors=tensors, drop=drop,
-                        transforms=transforms)
+                        transforms=transforms, select=select, params=params, fuse=fuse,
+                        split=split, tied=tied)
+
+
+def _list(data: dict, key: str, origin: str) -> list:
+    value = data.get(key) or []
+    _expect(isinstance(value, list), origin, key, "a list of entries")
+    return value
+
+
+def _select(data: Any, origin: str) -> dict[str, tuple[str, ...]]:
+    if data is None:
+        return {}
+    _expect(isinstance(data, dict) and data and not set(data) - _SELECT_KEYS, origin, "select",
+            f"a mapping with some of {', '.join(sorted(_SELECT_KEYS))}")
+    out = {}
+    for key, value in data.items():
+        values = [value] if isinstance(value, str) else value
+        _expect(isinstance(values, list) and values and all(isinstance(v, str) for v in values),
+                origin, f"select.{key}", "a name or a list of names")
+        out[key] = tuple(values)
+    return out
+
+
+def _params(data: Any, origin: str) -> dict[str, tuple[Any, ...]]:
+    if data is None:
+        return {}
+    _expect(isinstance(data, dict), origin, "params", "a mapping name: expression")
+    out: dict[str, tuple[Any, ...]] = {}
+    for name, value in data.items():
+        entry = f"params.{name}"
+        _expect(isinstance(name, str) and name.isidentifier(), origin, entry,
+                "a name made of letters, digits and _")
+        alternatives = value if isinstance(value, list) else [value]
+        _expect(bool(alternatives), origin, entry, "an expression or a list of them")
+        for expr in alternatives:
+            try:
+                check_expression(expr)
+            except ParamError as exc:
+                raise MappingError(f"{origin}: {entry}: {exc}; fix the entry",
+                                   path=origin) from None
+        out[name] = tuple(alternatives)
+    return out
+
+
+def _template(text: Any, origin: str, entry: str) -> Template:
+    _expect(isinstance(text, str) and text, origin, entry, "a tensor name ({i} for a number)")
+    try:
+        return Template(text)
+    except ValueError as exc:
+        raise MappingError(f"{origin}: {entry}: {exc}", path=origin) from None
+
+
+def _layout(data: Any, origin: str, entry: str) -> LayoutSpec:
+    wanted = ("concat, interleave, {concat: AXIS}, {interleave: AXIS} or "
+              "{grouped: GROUPS, sizes: [...], axis: AXIS}")
+    if isinstance(data, str):
+        _expect(data in ("concat", "interleave"), origin, f"{entry}.layout", wanted)
+        return LayoutSpec(data)
+    _expect(isinstance(data, dict) and data, origin, f"{entry}.layout", wanted)
+    kind = next((k for k in KINDS if k in data), None)
+    _expect(kind is not None, origin, f"{entry}.layout", wanted)
+    allowed = {"grouped", "sizes", "axis"} if kind == "grouped" else {kind}
+    _expect(not set(data) - allowed, origin, f"{entry}.layout", wanted)
+    axis = data.get("axis", 0) if kind == "grouped" else data[kind]
+    _expect(isinstance(axis, int) and not isinstance(axis, bool) and 0 <= axis < 8, origin,
+            f"{entry}.layout axis", "an axis from 0 to 7")
+    if kind != "grouped":
+        return LayoutSpec(kind, axis)
+    sizes = data.get("sizes")
+    _expect(sizes is None or (isinstance(sizes, list) and sizes), origin,
+            f"{entry}.layout.sizes", "a list of expressions, one per part")
+    try:
+        for expr in [data["grouped"], *(sizes or [])]:
+            check_expression(expr)
+    except ParamError as exc:
+        raise MappingError(f"{origin}: {entry}.layout: {exc}; fix the entry",
+                           path=origin) from None
+    return LayoutSpec("grouped", axis, data["grouped"], tuple(sizes) if sizes else None)
+
+
+def _fuse_entry(data: Any, origin: str, i: int) -> FuseEntry:
+    entry = f"fuse[{i}]"
+    _expect(isinstance(data, dict) and {"target", "sources", "layout"} <= set(data)
+            and not set(data) - {"target", "sources", "layout", "transforms"}, origin, entry,
+            "{target: NAME, sources: [NAME, ...], layout: ..., transforms: [...]}")
+    target = _template(data["target"], origin, f"{entry}.target")
+    _expect(isinstance(data["sources"], list) and len(data["sources"]) >= 2, origin,
+            f"{entry}.sources", "a list of two or more source names")
+    sources = tuple(_template(s, origin, f"{entry}.sources") for s in data["sources"])
+    for s in sources:
+        _expect(set(s.names) == set(target.names), origin, f"{entry}.sources ({s})",
+                f"the same placeholders as the target ({', '.join(target.names) or 'none'})")
+    layout = _layout(data["layout"], origin, entry)
+    _expect(layout.sizes is None or len(layout.sizes) == len(sources), origin,
+            f"{entry}.layout.sizes", f"one size per source ({len(sources)})")
+    return FuseEntry(target, sources, layout,
+                     _ops(data.get("transforms") or [], origin, entry), f"{entry} in {origin}")
+
+
+def _split_entry(data: Any, origin: str, i: int) -> SplitEntry:
+    entry = f"split[{i}]"
+    _expect(isinstance(data, dict) and {"source", "targets", "layout"} <= set(data)
+            and not set(data) - {"source", "targets", "layout", "transforms"}, origin, entry,
+            "{source: NAME, targets: [NAME, ...], layout: ..., transforms: [...]}")
+    source = _template(data["source"], origin, f"{entry}.source")
+    _expect(isinstance(data["targets"], list) and len(data["targets"]) >= 2, origin,
+            f"{entry}.targets", "a list of two or more target names")
+    targets = tuple(_template(t, origin, f"{entry}.targets") for t in data["targets"])
+    for t in targets:
+        _expect(set(t.names) == set(source.names), origin, f"{entry}.targets ({t})",
+                f"the same placeholders as the source ({', '.join(source.names) or 'none'})")
+    layout = _layout(data["layout"], origin, entry)
+    _expect(layout.kind != "interleave" or layout.sizes is None, origin, f"{entry}.layout",
+            "no sizes for interleave")
+    _expect(layout.sizes is None or len(layout.sizes) == len(targets), origin,
+            f"{entry}.layout.sizes", f"one size per target ({len(targets)})")
+    return SplitEntry(source, targets, layout,
+                      _ops(data.get("transforms") or [], origin, entry), f"{entry} in {origin}")
+
+
+def _tied_entry(data: Any, origin: str, i: int) -> TiedEntry:
+    entry = f"tied[{i}]"
+    _expect(isinstance(data, dict) and {"source", "same_as"} <= set(data)
+            and not set(data) - {"source", "same_as", "when"}
+            and all(isinstance(v, str) and v for v in data.values()), origin, entry,
+            "{source: NAME, same_as: NAME, when: CONFIG_KEY}")
+    return TiedEntry(data["source"], data["same_as"], data.get("when"), f"{entry} in {origin}")
 
 
 def _expect(ok: bool, origin: str, entry: str, wanted: str) -> None:

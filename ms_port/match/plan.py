@@ -31,13 +31,16 @@ from ..read.sources import Source
 from ..read.targets import Target, TargetTensor
 from ..read.tensors import FLOAT_DTYPES, TensorInfo, format_shape, itemsize, numpy_dtype
 from .closest import NameIndex
+from .layouts import Layout, LayoutError
 from .mapping import MappingTable
+from .params import ParamError, resolve
 from .rules import initial_value, known_drop, propose
 from .transforms import Transform, apply_all, shape_after
 
 #: how a target was filled; "initialised": a declared value where PyTorch has no
 #: counterpart; "restored": export only
-HOW = ("exact", "rule", "mapping", "aligned", "fallback", "initialised", "restored")
+#: "tied": filled from the tensor a tied one is the same as (a tied LM head)
+HOW = ("exact", "rule", "mapping", "aligned", "fallback", "initialised", "tied", "restored")
 
 
 @dataclass(frozen=True)
@@ -63,6 +66,17 @@ class Match:
     transforms: tuple[Transform, ...] = ()
     #: for ``how == "initialised"``: the declared value (``zeros``, ``ones``, a number)
     init: str | float | None = None
+    #: a fused target: every source it is made of, joined by ``layout`` (``source`` is
+    #: the first); ``source_shape`` is then the joined shape
+    parts: tuple[str, ...] = ()
+    layout: Layout | None = None
+    #: a split source: this target is part ``part`` of ``source`` laid out by ``layout``
+    part: int | None = None
+
+    @property
+    def sources(self) -> tuple[str, ...]:
+        """Every source tensor this target is made from."""
+        return self.parts or ((self.source,) if self.source else ())
 
     @property
     def lossy(self) -> bool:
@@ -74,7 +88,10 @@ class Match:
                 "detail": self.detail, "shape": list(self.shape),
                 "source_shape": list(self.source_shape), "dtype": self.dtype,
                 "out_dtype": self.out_dtype,
-                "transforms": [t.to_data() for t in self.transforms]}
+                "transforms": [t.to_data() for t in self.transforms],
+                **({"parts": list(self.parts)} if self.parts else {}),
+                **({"layout": str(self.layout)} if self.layout else {}),
+                **({"part": self.part} if self.part is not None else {})}
 
 
 @dataclass(frozen=True)
@@ -166,6 +183,8 @@ class Plan(Renderable):
     allow_missing: bool = False
     allow_unused: bool = False
     notes: list[str] = field(default_factory=list)
+    #: numbers the mapping table took from the model's config: name -> (value, from what)
+    params: dict[str, tuple[int, str]] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -211,6 +230,8 @@ class Plan(Renderable):
         declared value of an ``initialised`` tensor."""
         if m.init is not None:
             return initial_array(m.init, m.shape, m.out_dtype)
+        if m.parts:
+            return materialize(m, [self.source.tensors[p] for p in m.parts])
         return materialize(m, self.source.tensors[m.source])
 
     def to_mapping(self, *, full: bool = False) -> dict[str, Any]:
@@ -279,6 +300,8 @@ class Plan(Renderable):
             "unused": [u.to_dict() for u in self.unused],
             "dropped": [d.to_dict() for d in self.dropped],
             "notes": list(self.notes),
+            "mapping": self.mapping.origin,
+            "params": {k: {"value": v, "from": w} for k, (v, w) in self.params.items()},
             "conflicts": [c.to_dict() for c in self.conflicts],
             "lossy_casts": [m.target for m in self.lossy_casts],
         }
@@ -319,9 +342,18 @@ def _widens(src: str, dst: str) -> bool:
     return src == dst
 
 
-def materialize(match: Match, info: TensorInfo) -> np.ndarray:
-    """The array written for ``match``: source data, transformed, then cast."""
-    array = apply_all(match.transforms, info.load())
+def materialize(match: Match, info: TensorInfo | list[TensorInfo]) -> np.ndarray:
+    """The array written for ``match``: source data (its parts joined, or its part taken),
+    transformed, then cast. A fused target reads only its own parts."""
+    if isinstance(info, list):
+        assert match.layout is not None
+        array = match.layout.join([i.load() for i in info])
+    elif match.part is not None:
+        assert match.layout is not None
+        array = match.layout.part(info.load(), match.part)
+    else:
+        array = info.load()
+    array = apply_all(match.transforms, array)
     if match.out_dtype != match.dtype:
         array = array.astype(numpy_dtype(match.out_dtype))
     return array
@@ -358,6 +390,7 @@ def make_plan(
     allow_shape_match: bool = False,
     dtype: str | None = None,
     align: bool = True,
+    config: dict[str, Any] | None = None,
 ) -> Plan:
     """Match every target tensor to a source tensor (see the module docstring).
 
@@ -371,6 +404,8 @@ def make_plan(
             :mod:`ms_port.match.align`); only unambiguous pairs fill, as ``aligned``.
         dtype: cast floating-point tensors to this dtype (``float16``, ``bfloat16``,
             ``float32``); integer and bool tensors keep theirs.
+        config: the model's config (``config.json``), for tables that take numbers from
+            it (fused layouts, tied tensors); defaults to the source's own.
 
     Returns:
         The :class:`Plan`; check ``plan.ok`` — this function never raises for
@@ -386,9 +421,16 @@ def make_plan(
     dropped: list[Dropped] = []
     explicit_sources = {e.source: e for e in mapping.tensors.values() if e.init is None}
     fan_out: list[Conflict] = []
+    config = config if config is not None else source.config
+    many = _Many(source, target, mapping, config, dtype)
+    many.run()
+    dropped += many.dropped
+    fan_out += many.conflicts
 
     for info in source:
         s = info.name
+        if s in many.consumed:
+            continue
         if s in explicit_sources:
             e = explicit_sources[s]
             proposals.setdefault(e.target, []).append(
@@ -406,13 +448,13 @@ def make_plan(
                                     "add a tensors: entry to say which"))
             continue
         for t, how, detail, tfs in found:
-            if t in mapping.tensors:  # an explicit entry owns this target
+            if t in mapping.tensors or t in many.matches:  # an explicit/fused entry owns it
                 continue
             proposals.setdefault(t, []).append((s, how, detail, tfs))
 
-    matches: dict[str, Match] = {}
+    matches: dict[str, Match] = dict(many.matches)
     conflicts: list[Conflict] = list(fan_out)
-    used: set[str] = set()
+    used: set[str] = set(many.consumed)
     for t, props in proposals.items():
         tt = target.tensors[t]
         if len(props) > 1:
@@ -509,7 +551,199 @@ def make_plan(
               for k, i in enumerate(pending_s)]
     ordered = [matches[name] for name in target.tensors if name in matches]
     return Plan(source, target, mapping, ordered, missing, unused, dropped, conflicts,
-                allow_missing=allow_missing, allow_unused=allow_unused, notes=notes)
+                allow_missing=allow_missing, allow_unused=allow_unused,
+                notes=many.notes + notes, params=many.params)
+
+
+class _Many:
+    """The table's ``fuse:``, ``split:`` and ``tied:`` entries: targets made of several
+    sources, sources that fill several targets, and tensors that are another one.
+
+    Runs before the one-to-one stages; what it fills and consumes they leave alone.
+    Numbers come from the config through the table's ``params:``; a config that does not
+    fit the tensors is a :class:`~ms_port.errors.MappingError` (bad input), never a guess.
+    """
+
+    def __init__(self, source: Source, target: Target, mapping: MappingTable,
+                 config: dict[str, Any] | None, dtype: str | None) -> None:
+        self.source, self.target, self.mapping = source, target, mapping
+        self.config, self.dtype = config, dtype
+        self.matches: dict[str, Match] = {}
+        self.consumed: set[str] = set()
+        self.dropped: list[Dropped] = []
+        self.conflicts: list[Conflict] = []
+        self.notes: list[str] = []
+        self.params: dict[str, tuple[int, str]] = {}
+        self._values: dict[str, Any] | None = None
+
+    def values(self) -> dict[str, Any]:
+        """Config scalars and the table's params, computed once, on first need."""
+        if self._values is None:
+            if self.config is None:
+                raise MappingError(
+                    f"{self.mapping.origin} takes numbers from the model's config "
+                    f"({', '.join(self.mapping.params) or 'layout sizes'}), and no config.json "
+                    f"was found for {self.source.path} — put config.json beside the "
+                    "checkpoint or pass --config FILE", path=self.mapping.origin)
+            try:
+                self.params = resolve(dict(self.mapping.params), self.config)
+            except ParamError as exc:
+                raise MappingError(f"{self.mapping.origin}: {exc} — check config.json",
+                                   path=self.mapping.origin) from None
+            self._values = {**self.config, **{k: v for k, (v, _) in self.params.items()}}
+        return self._values
+
+    def run(self) -> None:
+        if self.mapping.params and self.config is not None:
+            self.values()  # report the numbers even where no entry fires
+        for entry in self.mapping.fuse:
+            self._fuse(entry)
+        for entry in self.mapping.split:
+            self._split(entry)
+        for entry in self.mapping.tied:
+            self._tied(entry)
+
+    def _layout(self, entry: Any, lengths: list[int], what: str) -> Layout:
+        spec = entry.layout
+        needs_config = spec.groups is not None or spec.sizes is not None
+        try:
+            return spec.resolve(self.values() if needs_config else {}, lengths)
+        except (LayoutError, ParamError) as exc:
+            raise MappingError(f"{self.mapping.origin}: {entry.where}: {what}: {exc}",
+                               path=self.mapping.origin) from None
+
+    def _fuse(self, entry: Any) -> None:
+        axis = entry.layout.axis
+        for t, tt in self.target.tensors.items():
+            got = entry.target.match(t)
+            if got is None or t in self.matches or t in self.mapping.tensors:
+                continue
+            names = [s.fill(got) for s in entry.sources]
+            present = [n for n in names if n in self.source and n not in self.consumed]
+            if not present:
+                continue
+            self.consumed.update(present)
+            if len(present) < len(names):
+                lacking = [n for n in names if n not in present]
+                self.conflicts.append(Conflict(
+                    "parts", (t,), tuple(present),
+                    f"{t!r} is fused from {', '.join(map(repr, names))} ({entry.where}), but "
+                    f"the source has no {', '.join(map(repr, lacking))} — check the "
+                    "checkpoint is complete"))
+                continue
+            infos = [self.source.tensors[n] for n in names]
+            what = f"cannot fuse {t!r} from {', '.join(names)}"
+            if any(len(i.shape) <= axis for i in infos):
+                raise MappingError(f"{self.mapping.origin}: {entry.where}: {what}: a part "
+                                   f"has no axis {axis}", path=self.mapping.origin)
+            layout = self._layout(entry, [i.shape[axis] for i in infos], what)
+            try:
+                joined = layout.fused_shape([i.shape for i in infos])
+            except LayoutError as exc:
+                raise MappingError(f"{self.mapping.origin}: {entry.where}: {what}: {exc}",
+                                   path=self.mapping.origin) from None
+            dtypes = {i.dtype for i in infos}
+            made = _shape_or_none(entry.transforms, joined)
+            if made != tt.shape or len(dtypes) > 1:
+                why = (f"its parts have dtypes {sorted(dtypes)}" if len(dtypes) > 1 else
+                       f"{layout} makes {format_shape(joined)}"
+                       + (f", then {format_shape(made)}" if entry.transforms else ""))
+                self.conflicts.append(Conflict(
+                    "shape", (t,), tuple(names),
+                    f"{t!r} ({format_shape(tt.shape)}) cannot be fused from "
+                    f"{', '.join(map(repr, names))} ({entry.where}): {why}"))
+                continue
+            self.matches[t] = Match(
+                t, names[0], "mapping", f"fuse: {layout} of {len(names)} ({entry.where})",
+                joined, tt.shape, infos[0].dtype, _cast(infos[0].dtype, self.dtype),
+                entry.transforms, parts=tuple(names), layout=layout)
+
+    def _split(self, entry: Any) -> None:
+        axis = entry.layout.axis
+        for info in self.source:
+            got = entry.source.match(info.name)
+            if got is None or info.name in self.consumed:
+                continue
+            names = [t.fill(got) for t in entry.targets]
+            present = [n for n in names if n in self.target and n not in self.matches
+                       and n not in self.mapping.tensors]
+            if not present:
+                continue
+            self.consumed.add(info.name)
+            what = f"cannot split {info.name!r} into {', '.join(names)}"
+            if len(present) < len(names):
+                lacking = [n for n in names if n not in present]
+                self.conflicts.append(Conflict(
+                    "parts", tuple(present), (info.name,),
+                    f"{info.name!r} splits into {', '.join(map(repr, names))} "
+                    f"({entry.where}), but the target has no (free) "
+                    f"{', '.join(map(repr, lacking))} — check the target network"))
+                continue
+            shapes = [_before(entry.transforms, self.target.tensors[n].shape) for n in names]
+            if any(s is None or len(s) <= axis for s in shapes):
+                raise MappingError(f"{self.mapping.origin}: {entry.where}: {what}: the "
+                                   "transforms cannot be undone to find each part's shape; "
+                                   "declare the layout's sizes", path=self.mapping.origin)
+            layout = self._layout(entry, [s[axis] for s in shapes], what)
+            try:
+                joined = layout.fused_shape(shapes)
+            except LayoutError as exc:
+                raise MappingError(f"{self.mapping.origin}: {entry.where}: {what}: {exc}",
+                                   path=self.mapping.origin) from None
+            if joined != info.shape:
+                self.conflicts.append(Conflict(
+                    "shape", tuple(names), (info.name,),
+                    f"{info.name!r} ({format_shape(info.shape)}) cannot be split into "
+                    f"{', '.join(map(repr, names))} ({entry.where}): their parts make "
+                    f"{format_shape(joined)}"))
+                continue
+            for k, n in enumerate(names):
+                self.matches[n] = Match(
+                    n, info.name, "mapping",
+                    f"split: part {k + 1} of {layout} ({entry.where})", info.shape,
+                    self.target.tensors[n].shape, info.dtype, _cast(info.dtype, self.dtype),
+                    entry.transforms, layout=layout, part=k)
+
+    def _tied(self, entry: Any) -> None:
+        if entry.when is not None and not (self.config or {}).get(entry.when):
+            return
+        why = f"tied ({entry.when}, {entry.where})" if entry.when else f"tied ({entry.where})"
+        partner = self.source.tensors.get(entry.same_as)
+        if partner is None:
+            return
+        if entry.source in self.source:
+            info = self.source.tensors[entry.source]
+            if info.shape == partner.shape and np.array_equal(info.load(), partner.load()):
+                self.consumed.add(entry.source)
+                self.dropped.append(Dropped(entry.source,
+                                            f"{why}: the same tensor as {entry.same_as}"))
+            else:
+                self.notes.append(f"{entry.source} should be tied to {entry.same_as} "
+                                  f"({why}) but holds other values; it is matched on its own")
+            return
+        renamed, _ = self.mapping.rename(entry.source)
+        for name in dict.fromkeys((entry.source, renamed)):
+            if name in self.target and name not in self.matches:
+                tt = self.target.tensors[name]
+                if tt.shape != partner.shape:
+                    continue
+                self.matches[name] = Match(
+                    name, entry.same_as, "tied", f"{entry.source} is {entry.same_as}: {why}",
+                    partner.shape, tt.shape, partner.dtype, _cast(partner.dtype, self.dtype))
+                return
+
+
+def _before(transforms: tuple[Transform, ...], shape: tuple[int, ...]) -> tuple[int, ...] | None:
+    """The shape that ``transforms`` turn into ``shape``, where it can be known."""
+    for t in reversed(transforms):
+        if t.op == "reshape":
+            return None
+        try:
+            undo = t.inverse(())
+            shape = undo.shape(shape)
+        except ValueError:
+            return None
+    return shape
 
 
 def _propose_one(s: str, mapping: MappingTable, target: Target,

@@ -89,6 +89,9 @@ class Source:
     metadata: dict[str, str] = field(default_factory=dict)
     #: bytes on disk of every shard of a sharded set (0 for a single file)
     shard_bytes: int = 0
+    #: the model's ``config.json`` (a Hugging Face directory), and where it was read
+    config: dict[str, Any] | None = None
+    config_path: str | None = None
 
     def __len__(self) -> int:
         return len(self.tensors)
@@ -106,13 +109,55 @@ class Source:
 # -- format detection ---------------------------------------------------------------
 
 
+#: what a Hugging Face model directory holds its weights in, most preferred first
+HF_WEIGHTS = ("model.safetensors.index.json", "model.safetensors",
+              "pytorch_model.bin.index.json", "pytorch_model.bin")
+#: the largest config.json read
+MAX_CONFIG_BYTES = 4 << 20
+
+
+def resolve_directory(path: Path) -> Path:
+    """The weights file of a Hugging Face model directory (see :data:`HF_WEIGHTS`)."""
+    for name in HF_WEIGHTS:
+        if (path / name).is_file():
+            return path / name
+    raise SourceError(f"{path} is a directory without model weights (none of "
+                      f"{', '.join(HF_WEIGHTS)}); pass a checkpoint file or a Hugging Face "
+                      "model directory", path=path)
+
+
+def read_config(path: str | Path) -> dict[str, Any]:
+    """A ``config.json``: a JSON object of at most :data:`MAX_CONFIG_BYTES`."""
+    path = Path(path)
+    try:
+        size = path.stat().st_size
+        if size > MAX_CONFIG_BYTES:
+            raise SourceError(f"{path}: {size} bytes is too large for a config.json (at most "
+                              f"{MAX_CONFIG_BYTES}); refused", path=path)
+        data = json.loads(path.read_text())
+    except OSError as exc:
+        raise SourceError(f"{path}: cannot read config ({exc.strerror})", path=path) from None
+    except (ValueError, RecursionError) as exc:
+        raise SourceError(f"{path}: not a JSON config ({str(exc)[:80]}); fix or re-download "
+                          "it", path=path) from None
+    if not isinstance(data, dict):
+        raise SourceError(f"{path}: a config.json holds a JSON object, this holds a "
+                          f"{type(data).__name__}", path=path)
+    return data
+
+
+def _find_config(path: Path) -> Path | None:
+    candidate = path.parent / "config.json"
+    return candidate if candidate.is_file() else None
+
+
 def _check_file(path: Path) -> None:
     if not path.exists():
         raise SourceError(f"{path}: no such file; check the path", path=path)
     if path.is_dir():
         raise SourceError(
             f"{path} is a directory; pass a checkpoint file (or the *.index.json "
-            "for a sharded set)", path=path)
+            "for a sharded set, or a Hugging Face model directory)", path=path)
     if not os.access(path, os.R_OK):
         raise SourceError(f"{path}: permission denied; make the file readable", path=path)
     if path.stat().st_size == 0:
@@ -176,8 +221,13 @@ def read_source(
         (64, 3, 7, 7)
     """
     path = Path(path)
+    if path.is_dir():
+        path = resolve_directory(path)
     source = _read(path, key=key, strip_prefixes=strip_prefixes, unsafe_pickle=unsafe_pickle)
     _check_sizes(source, path)
+    config = _find_config(path)
+    if config is not None:
+        source.config, source.config_path = read_config(config), str(config)
     return source
 
 

@@ -50,6 +50,15 @@ class Target:
     description: str
     tensors: dict[str, TargetTensor]
     cell: Any = field(default=None, repr=False)
+    #: a known model family (``mindformers:llama``), for choosing a mapping table
+    family: str | None = None
+    #: the network's class (``module.Class``), where built from a Cell
+    cls: str | None = None
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        """What a mapping table's ``select.target`` may name to choose this target."""
+        return tuple(k for k in (self.family, self.cls, self.description) if k)
 
     def __len__(self) -> int:
         return len(self.tensors)
@@ -96,7 +105,8 @@ def from_cell(cell: Any, description: str | None = None) -> Target:
                                            _ms_dtype_name(param.dtype),
                                            None if owner is None else type(owner).__name__,
                                            _lineage(owner))
-    return Target("cell", description or type(cell).__name__, tensors, cell=cell)
+    return Target("cell", description or type(cell).__name__, tensors, cell=cell,
+                  cls=f"{type(cell).__module__}.{type(cell).__qualname__}")
 
 
 def _lineage(cell: Any) -> tuple[str, ...]:
@@ -206,6 +216,52 @@ def from_factory(spec: str, **kwargs: Any) -> Target:
     """Build a network from ``module:callable`` and describe it."""
     cell = _call(import_callable(spec), f"--ms-model {spec!r}", **kwargs)
     return from_cell(cell, spec)
+
+
+#: model families built from the source's config.json: spec -> module with
+#: ``target(config, **options)``, ``build(config, **options)`` and ``OPTIONS``
+FAMILIES = {"mindformers:llama": "ms_port.archs.mindformers"}
+
+
+def family_module(spec: str) -> Any:
+    return importlib.import_module(FAMILIES[spec])
+
+
+def family_options(spec: str, options: dict[str, Any] | None) -> dict[str, Any]:
+    """Options for a family, checked against what it takes (``qkv_concat=true``)."""
+    allowed = family_module(spec).OPTIONS
+    out: dict[str, Any] = {}
+    for key, value in (options or {}).items():
+        if key not in allowed:
+            raise TargetError(f"{spec} takes no option {key!r}; it takes "
+                              f"{', '.join(sorted(allowed))}")
+        kind = allowed[key]
+        if isinstance(value, str):
+            if kind is bool:
+                if value.lower() not in ("true", "false", "1", "0", "yes", "no"):
+                    raise TargetError(f"{spec} option {key}={value!r}: expected true or false")
+                value = value.lower() in ("true", "1", "yes")
+            else:
+                try:
+                    value = kind(value)
+                except ValueError:
+                    raise TargetError(f"{spec} option {key}={value!r}: expected "
+                                      f"{kind.__name__}") from None
+        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+            raise TargetError(f"{spec} option {key}={value!r}: expected {kind.__name__}")
+        out[key] = value
+    return out
+
+
+def from_family(spec: str, config: dict[str, Any] | None,
+                options: dict[str, Any] | None = None) -> Target:
+    """A known family's target computed from the model's config (no network is built)."""
+    if config is None:
+        raise TargetError(f"--ms-model {spec} builds the network from the model's config.json, "
+                          "and none was found beside the source — give a Hugging Face model "
+                          "directory, put config.json beside the file, or pass --config")
+    opts = {k: v for k, v in family_options(spec, options).items() if k != "seq_length"}
+    return family_module(spec).target(config, **opts)
 
 
 def from_template(path: str | Path) -> Target:

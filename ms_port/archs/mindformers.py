@@ -1,0 +1,198 @@
+"""MindFormers' ``LlamaForCausalLM`` as a target, from a Hugging Face ``config.json``.
+
+``--ms-model mindformers:llama`` needs no factory: the network's sizes come from the
+source's config. For convert, the names and shapes are computed here without importing
+MindFormers (``import mindformers`` alone takes 5-11 s and 1.2 GB); a test holds this
+manifest against the real network, per variant. verify builds the real network with the
+same settings (:func:`build_llama`), its import contained: its log folder goes to a
+cache directory, its log lines to stderr, so ``--json`` stays parseable.
+
+LLaMA, Mistral and Qwen2 all load into this one class (Qwen2: q/k/v biases). Options:
+``qkv_concat`` (fused ``w_qkv`` and ``w_gate_hidden``), ``seq_length`` (verify's input
+length).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import tempfile
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import TargetError
+from ..read.targets import Target, TargetTensor
+
+#: the Hugging Face model types this class holds
+MODEL_TYPES = ("llama", "mistral", "qwen2")
+
+
+@dataclass(frozen=True)
+class LlamaSizes:
+    """What MindFormers' LlamaConfig needs, read from a Hugging Face config."""
+
+    vocab: int
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    intermediate: int
+    eps: float
+    theta: float
+    qkv_bias: bool
+    o_bias: bool
+    tied: bool
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+
+def _int(config: dict[str, Any], key: str, default: int | None = None) -> int:
+    value = config.get(key, default)
+    if value is None:
+        value = default
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise TargetError(f"config.json: {key} is {value!r}; mindformers:llama needs a "
+                          "positive integer there")
+    return value
+
+
+def llama_sizes(config: dict[str, Any]) -> LlamaSizes:
+    """Read the sizes; refuse what MindFormers' LlamaForCausalLM cannot hold."""
+    model_type = config.get("model_type")
+    if model_type not in MODEL_TYPES:
+        raise TargetError(f"config.json: model_type {model_type!r} is not one mindformers:llama "
+                          f"holds ({', '.join(MODEL_TYPES)})")
+    heads = _int(config, "num_attention_heads")
+    hidden = _int(config, "hidden_size")
+    kv_heads = _int(config, "num_key_value_heads", heads)
+    head_dim = config.get("head_dim") or hidden // heads
+    if head_dim * heads != hidden or heads % kv_heads:
+        raise TargetError(f"config.json: {heads} heads of {head_dim} with {kv_heads} KV heads "
+                          f"and hidden_size {hidden}: MindFormers' LlamaForCausalLM needs "
+                          "heads x head_dim = hidden_size and heads divisible by KV heads")
+    if config.get("mlp_bias"):
+        raise TargetError("config.json: mlp_bias is set; MindFormers' LlamaForCausalLM has no "
+                          "MLP biases")
+    act = config.get("hidden_act", "silu")
+    if act != "silu":
+        raise TargetError(f"config.json: hidden_act {act!r}; MindFormers' LlamaForCausalLM "
+                          "computes SiLU")
+    rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
+    if isinstance(rope, dict) and rope.get("rope_type", rope.get("type", "default")) \
+            not in ("default", None):
+        raise TargetError(f"config.json: RoPE scaling {rope.get('rope_type') or rope.get('type')!r}"
+                          " is not supported by mindformers:llama; only plain RoPE")
+    theta = config.get("rope_theta") or (rope.get("rope_theta") if isinstance(rope, dict)
+                                         else None) or 10000.0
+    bias = bool(config.get("attention_bias"))
+    return LlamaSizes(
+        vocab=_int(config, "vocab_size"), hidden=hidden, layers=_int(config, "num_hidden_layers"),
+        heads=heads, kv_heads=kv_heads, intermediate=_int(config, "intermediate_size"),
+        eps=float(config.get("rms_norm_eps") or 1e-6), theta=float(theta),
+        qkv_bias=model_type == "qwen2" or bias, o_bias=bias,
+        tied=bool(config.get("tie_word_embeddings", False)))
+
+
+def llama_tensors(sizes: LlamaSizes, *, qkv_concat: bool = False) -> list[TargetTensor]:
+    """The network's parameters in its own order (as ``parameters_and_names`` gives them)."""
+    h, kv = sizes.hidden, sizes.kv_heads * sizes.head_dim
+    out = [TargetTensor("model.tok_embeddings.embedding_weight", (sizes.vocab, h), "float32",
+                        "LlamaEmbedding", ("LlamaEmbedding",))]
+
+    def add(name: str, shape: tuple[int, ...], layer: str) -> None:
+        out.append(TargetTensor(name, shape, "float32", layer, (layer,)))
+
+    for i in range(sizes.layers):
+        p = f"model.layers.{i}"
+        add(f"{p}.ffn_norm.weight", (h,), "LlamaRMSNorm")
+        add(f"{p}.attention_norm.weight", (h,), "LlamaRMSNorm")
+        if qkv_concat:
+            add(f"{p}.attention.w_qkv.weight", (h + 2 * kv, h), "Linear")
+            if sizes.qkv_bias:
+                add(f"{p}.attention.w_qkv.bias", (h + 2 * kv,), "Linear")
+        else:
+            for w, rows in (("wq", h), ("wk", kv), ("wv", kv)):
+                add(f"{p}.attention.{w}.weight", (rows, h), "Linear")
+                if sizes.qkv_bias:
+                    add(f"{p}.attention.{w}.bias", (rows,), "Linear")
+        add(f"{p}.attention.wo.weight", (h, h), "Linear")
+        if sizes.o_bias:
+            add(f"{p}.attention.wo.bias", (h,), "Linear")
+        if qkv_concat:
+            add(f"{p}.feed_forward.w_gate_hidden.weight", (2 * sizes.intermediate, h), "Linear")
+            add(f"{p}.feed_forward.w2.weight", (h, sizes.intermediate), "Linear")
+        else:
+            add(f"{p}.feed_forward.w1.weight", (sizes.intermediate, h), "Linear")
+            add(f"{p}.feed_forward.w2.weight", (h, sizes.intermediate), "Linear")
+            add(f"{p}.feed_forward.w3.weight", (sizes.intermediate, h), "Linear")
+    add("model.norm_out.weight", (h,), "LlamaRMSNorm")
+    if not sizes.tied:
+        add("lm_head.weight", (sizes.vocab, h), "Linear")
+    return out
+
+
+#: options ``mindformers:llama`` takes (``--ms-option KEY=VALUE``)
+OPTIONS = {"qkv_concat": bool, "seq_length": int}
+
+
+def llama_target(config: dict[str, Any], *, qkv_concat: bool = False) -> Target:
+    """The target's names and shapes from a Hugging Face config, without MindFormers."""
+    sizes = llama_sizes(config)
+    tensors = llama_tensors(sizes, qkv_concat=qkv_concat)
+    variant = "fused qkv" if qkv_concat else "separate q/k/v"
+    return Target("family", f"mindformers:llama ({variant})", {t.name: t for t in tensors},
+                  family="mindformers:llama")
+
+
+@contextlib.contextmanager
+def contained() -> Any:
+    """Import MindFormers without it writing ``./output/log`` or logging to stdout."""
+    os.environ.setdefault("LOCAL_DEFAULT_PATH",
+                          os.path.join(tempfile.gettempdir(), "ms-port-mindformers-log"))
+    with contextlib.redirect_stdout(sys.stderr):
+        yield
+
+
+def llama_config(config: dict[str, Any], *, qkv_concat: bool = False,
+                 seq_length: int = 128) -> Any:
+    """MindFormers' ``LlamaConfig`` for CPU float32 inference of this model."""
+    sizes = llama_sizes(config)
+    with contained():
+        try:
+            from mindformers.models.llama import LlamaConfig
+        except ImportError:
+            raise TargetError("mindformers:llama needs MindFormers to build the network: pip "
+                              "install --no-deps mindformers==2.1.0 (see the README)") from None
+        return LlamaConfig(
+            batch_size=1, seq_length=seq_length, hidden_size=sizes.hidden,
+            num_layers=sizes.layers, num_heads=sizes.heads, n_kv_heads=sizes.kv_heads,
+            vocab_size=sizes.vocab, intermediate_size=sizes.intermediate,
+            rms_norm_eps=sizes.eps, theta=sizes.theta, qkv_has_bias=sizes.qkv_bias,
+            attn_proj_has_bias=sizes.o_bias, qkv_concat=qkv_concat,
+            tie_word_embeddings=sizes.tied, use_past=False, use_flash_attention=False,
+            fused_rms_norm=False, use_rope_slice=True, compute_dtype="float32",
+            layernorm_compute_type="float32", softmax_compute_type="float32",
+            rotary_dtype="float32", param_init_type="float32", embedding_init_type="float32",
+            max_position_embedding=max(seq_length, 2))
+
+
+def build_llama(config: dict[str, Any], *, qkv_concat: bool = False,
+                seq_length: int = 128) -> Any:
+    """The real MindFormers network (verify's MindSpore side)."""
+    cfg = llama_config(config, qkv_concat=qkv_concat, seq_length=seq_length)
+    with contained():
+        from mindformers.models.llama import LlamaForCausalLM
+
+        net = LlamaForCausalLM(cfg)
+    net.set_train(False)
+    return net
+
+
+target = llama_target
+build = build_llama
+
+__all__ = ["MODEL_TYPES", "OPTIONS", "LlamaSizes", "build_llama", "contained", "llama_config",
+           "llama_sizes", "llama_target", "llama_tensors"]

@@ -1,0 +1,145 @@
+"""Fused tensors as data: how several tensors are laid out inside one.
+
+One family covers every layout LLM checkpoints use. A fused tensor is its parts
+concatenated along ``axis`` **per group**: the fused axis holds ``groups`` blocks, and
+each block holds ``sizes[0]`` rows of part 0, then ``sizes[1]`` rows of part 1, …
+
+- ``concat`` is one group: ``[q; k; v]``;
+- ``grouped`` is one block per KV head: for each head g, its ``R·d`` query rows, then
+  ``d`` key rows, then ``d`` value rows (MindFormers' ``w_qkv``);
+- ``interleave`` is one block per row: ``gate₀, up₀, gate₁, up₁, …`` (MindFormers'
+  ``w_gate_hidden``).
+
+:meth:`Layout.join` builds the fused array from its parts (convert), :meth:`Layout.part`
+takes one part back out (split on convert, or export's inverse). Both reshape, so a
+round trip is bit-exact in any dtype.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+#: the layouts a mapping file may name
+KINDS = ("concat", "grouped", "interleave")
+
+
+class LayoutError(ValueError):
+    """Parts and layout do not agree (a config that does not fit the tensors)."""
+
+
+@dataclass(frozen=True)
+class Layout:
+    """A resolved layout: ``groups`` blocks along ``axis``, ``sizes[i]`` rows of part i each.
+
+    Attributes:
+        kind: ``concat``, ``grouped`` or ``interleave`` (for reports; the numbers decide).
+        axis: the fused axis (non-negative).
+        groups: blocks along the axis.
+        sizes: rows of each part per block.
+        why: where ``groups``/``sizes`` came from (``kv_heads=2 (num_key_value_heads)``).
+    """
+
+    kind: str
+    axis: int
+    groups: int
+    sizes: tuple[int, ...]
+    why: str = ""
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise LayoutError(f"unknown layout {self.kind!r}; known: {', '.join(KINDS)}")
+        if self.groups < 1 or not self.sizes or min(self.sizes) < 1 or self.axis < 0:
+            raise LayoutError(f"layout {self.kind} needs a positive number of groups and "
+                              f"sizes, got groups={self.groups}, sizes={list(self.sizes)}")
+
+    @property
+    def block(self) -> int:
+        return sum(self.sizes)
+
+    def part_shape(self, fused: tuple[int, ...], i: int) -> tuple[int, ...]:
+        """The shape of part ``i`` inside a fused tensor of shape ``fused``."""
+        self._check_fused(fused)
+        return (*fused[:self.axis], self.groups * self.sizes[i], *fused[self.axis + 1:])
+
+    def fused_shape(self, parts: list[tuple[int, ...]]) -> tuple[int, ...]:
+        """The fused shape of ``parts``; raises :class:`LayoutError` naming the part that
+        does not fit."""
+        if len(parts) != len(self.sizes):
+            raise LayoutError(f"{self} has {len(self.sizes)} parts, got {len(parts)}")
+        first = parts[0]
+        if len(first) <= self.axis:
+            raise LayoutError(f"{self}: part 1 has shape {list(first)}, no axis {self.axis}")
+        for i, (shape, size) in enumerate(zip(parts, self.sizes)):
+            others = (*shape[:self.axis], *shape[self.axis + 1:])
+            if len(shape) != len(first) or others != (*first[:self.axis],
+                                                      *first[self.axis + 1:]):
+                raise LayoutError(f"{self}: part {i + 1} has shape {list(shape)}, which "
+                                  f"differs from part 1 ({list(first)}) off axis {self.axis}")
+            if shape[self.axis] != self.groups * size:
+                raise LayoutError(
+                    f"{self}: part {i + 1} has {shape[self.axis]} rows on axis {self.axis}, "
+                    f"the layout says {self.groups} x {size} = {self.groups * size}"
+                    + (f" ({self.why})" if self.why else "")
+                    + " — the config does not fit the tensors")
+        return (*first[:self.axis], self.groups * self.block, *first[self.axis + 1:])
+
+    def join(self, parts: list[np.ndarray]) -> np.ndarray:
+        """The fused array of ``parts`` (convert)."""
+        self.fused_shape([tuple(p.shape) for p in parts])
+        a = self.axis
+        blocks = [p.reshape(*p.shape[:a], self.groups, size, *p.shape[a + 1:])
+                  for p, size in zip(parts, self.sizes)]
+        joined = np.concatenate(blocks, axis=a + 1)
+        first = parts[0].shape
+        return joined.reshape(*first[:a], self.groups * self.block, *first[a + 1:])
+
+    def part(self, fused: np.ndarray, i: int) -> np.ndarray:
+        """Part ``i`` of ``fused`` (split, or the way back)."""
+        self._check_fused(tuple(fused.shape))
+        a = self.axis
+        blocks = fused.reshape(*fused.shape[:a], self.groups, self.block, *fused.shape[a + 1:])
+        start = sum(self.sizes[:i])
+        index = (slice(None),) * (a + 1) + (slice(start, start + self.sizes[i]),)
+        out = blocks[index]
+        return np.ascontiguousarray(out.reshape(*fused.shape[:a], self.groups * self.sizes[i],
+                                                *fused.shape[a + 1:]))
+
+    def _check_fused(self, fused: tuple[int, ...]) -> None:
+        if len(fused) <= self.axis or fused[self.axis] != self.groups * self.block:
+            raise LayoutError(f"{self} needs {self.groups * self.block} rows on axis "
+                              f"{self.axis}; the fused tensor has shape {list(fused)}")
+
+    def to_data(self) -> dict[str, Any]:
+        """As a mapping file writes it, with the numbers resolved."""
+        if self.kind == "concat":
+            return {"concat": self.axis}
+        if self.kind == "interleave":
+            return {"interleave": self.axis}
+        return {"grouped": self.groups, "sizes": list(self.sizes), "axis": self.axis}
+
+    def __str__(self) -> str:
+        if self.kind == "grouped":
+            return (f"grouped(axis={self.axis}, groups={self.groups}, "
+                    f"sizes={list(self.sizes)})")
+        return f"{self.kind}(axis={self.axis})"
+
+
+def concat(sizes: list[int], axis: int = 0) -> Layout:
+    """Plain concatenation of parts with ``sizes`` rows."""
+    return Layout("concat", axis, 1, tuple(sizes))
+
+
+def interleave(rows: int, parts: int, axis: int = 0) -> Layout:
+    """``parts`` tensors of ``rows`` rows each, one row of each in turn."""
+    return Layout("interleave", axis, rows, (1,) * parts)
+
+
+def grouped(groups: int, sizes: list[int], axis: int = 0, why: str = "") -> Layout:
+    """``groups`` blocks, each with ``sizes[i]`` rows of part i."""
+    return Layout("grouped", axis, groups, tuple(sizes), why)
+
+
+__all__ = ["KINDS", "Layout", "LayoutError", "concat", "grouped", "interleave"]
