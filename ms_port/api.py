@@ -9,6 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable
 
+import numpy as np
+
 from .errors import MsPortError, TargetError
 from .match.mapping import MappingTable, load_mapping
 from .match.patterns import Pattern, PatternError, compile_pattern
@@ -315,6 +317,8 @@ def verify(
     progress: Callable[[str], None] | None = None,
     report: str | Path | None = None,
     force: bool = False,
+    config: str | Path | dict[str, Any] | None = None,
+    ms_options: dict[str, Any] | None = None,
 ) -> Any:
     """Is the conversion right? Compare every tensor, then every layer and output.
 
@@ -341,6 +345,10 @@ def verify(
             ``ms_device`` override per side.
         noise_floor: also run PyTorch in float64 for the per-tensor noise.
         report: also write a self-contained HTML report there (``force`` to replace one).
+        config / ms_options: the model's config and a known family's options (see
+            :func:`plan`). For a Hugging Face language model, ``ms_model`` alone is enough:
+            the PyTorch side is built with transformers from the config, and inputs default
+            to 16 token ids drawn from the vocabulary.
 
     Returns:
         A :class:`~ms_port.check.report.ParityReport`: ``verdict`` (PASS, FAIL,
@@ -352,6 +360,7 @@ def verify(
         ('PASS', None)
     """
     from .check.inputs import generate_inputs, load_inputs
+    from .check.language import family_builder, is_language_model, token_defaults, torch_from_config
     from .check.networks import (
         build_network,
         load_ms_weights,
@@ -360,6 +369,7 @@ def verify(
     )
     from .check.parity import correspondence_from_pairs, run_parity
     from .check.tensors import compare_through_plan
+    from .read.targets import FAMILIES
 
     torch_device, ms_device = torch_device or device, ms_device or device
     if report is not None:
@@ -371,14 +381,30 @@ def verify(
         from .archs import get_arch
 
         entry = get_arch(arch)
-    elif torch_model is None or ms_model is None:
-        raise MsPortError("give arch=..., or both torch_model and ms_model")
+    # read and validate both files before building anything heavy
+    src = _source(source, key=key, unsafe_pickle=unsafe_pickle, config=config)
+    ckpt = read_source(checkpoint, strip_prefixes=False)
+    swapped = src.format == "mindspore-ckpt" and ckpt.format != "mindspore-ckpt"
+    if swapped:  # given MindSpore first (e.g. after an export): both directions work
+        source, checkpoint = checkpoint, source
+        src = _source(source, key=key, unsafe_pickle=unsafe_pickle, config=config)
+        ckpt = read_source(checkpoint, strip_prefixes=False)
+    language = arch is None and is_language_model(src.config)
+    if arch is None and (ms_model is None or (torch_model is None and not language)):
+        raise MsPortError("give arch=..., or both torch_model and ms_model (for a Hugging "
+                          "Face model directory, ms_model alone: the PyTorch side is built "
+                          "from its config.json)")
     if isinstance(inputs, (str, Path)):
         feed = load_inputs(inputs)
     elif inputs is not None:
         feed = inputs
     else:
         shapes = input_shape or (entry.input_shape if entry else None)
+        if language:  # token ids from the vocabulary unless told otherwise
+            default_shapes, default_dtypes, default_ranges = token_defaults(src.config)
+            shapes = shapes or default_shapes
+            input_dtype = input_dtype or default_dtypes
+            input_range = input_range or default_ranges
         if shapes is None:
             raise MsPortError("no input: pass --input FILE or --input-shape C,H,W "
                               "(inputs=... or input_shape=...) for custom networks")
@@ -388,15 +414,16 @@ def verify(
                                dtypes=input_dtype or ("float32",),
                                ranges=input_range or (None,))
     step = progress or (lambda _msg: None)
-
-    # read and validate both files before building anything heavy
-    src = read_source(source, key=key, unsafe_pickle=unsafe_pickle)
-    ckpt = read_source(checkpoint, strip_prefixes=False)
-    swapped = src.format == "mindspore-ckpt" and ckpt.format != "mindspore-ckpt"
-    if swapped:  # given MindSpore first (e.g. after an export): both directions work
-        source, checkpoint = checkpoint, source
-        src = read_source(source, key=key, unsafe_pickle=unsafe_pickle)
-        ckpt = read_source(checkpoint, strip_prefixes=False)
+    family = ms_model if isinstance(ms_model, str) and ms_model in FAMILIES else None
+    if family is not None:
+        first = np.asarray(feed[0].array)
+        ms_model = family_builder(family, src.config or {}, ms_options,
+                                  int(first.shape[1]) if first.ndim > 1 else 1)
+    elif ms_options:
+        raise MsPortError(f"ms_options are for the known families ({', '.join(FAMILIES)})")
+    if torch_model is None and language:
+        where = src.config_path or str(source)
+        torch_model = lambda: torch_from_config(src.config, where)  # noqa: E731
 
     step("building the PyTorch network")
     tnet = build_network(torch_model, "--torch-model", entry, "torch")
@@ -406,9 +433,14 @@ def verify(
     step(f"loading {checkpoint}")
     not_loaded, unused = load_ms_weights(mnet, ckpt)  # the Source read above
 
-    plan = make_plan(src, from_cell(mnet), resolve_mapping(mapping, arch=arch),
+    tgt = from_cell(mnet)
+    tgt.family = family
+    plan = make_plan(src, tgt, resolve_mapping(mapping, arch=arch, config=src.config,
+                                               target=tgt),
                      allow_missing=True, allow_unused=True)
-    correspondence = correspondence_from_pairs((m.target, m.source) for m in plan.matches)
+    # a fused or split tensor's layer computes several of the other side's layers at once
+    correspondence = correspondence_from_pairs((m.target, m.source) for m in plan.matches
+                                               if not m.parts and m.part is None)
     if not_loaded:
         return not_loaded_report(checkpoint, not_loaded, unused, tol=tol, feed=feed,
                                  seed=seed, dtype=dtype, torch_device=torch_device,

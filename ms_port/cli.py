@@ -80,6 +80,27 @@ def _source_options(f: Any) -> Any:
     return f
 
 
+def _model_options(f: Any) -> Any:
+    """What a language-model conversion needs beside the weights."""
+    f = click.option("--config", "config", metavar="config.json",
+                     help="The model's config (default: config.json beside SOURCE, or in "
+                          "a Hugging Face model directory).")(f)
+    f = click.option("--ms-option", "ms_options", multiple=True, metavar="KEY=VALUE",
+                     help="Option of a known --ms-model family, repeatable (mindformers:llama:"
+                          " qkv_concat=true for fused q/k/v and gate/up).")(f)
+    return f
+
+
+def _options(pairs: tuple[str, ...]) -> dict[str, str]:
+    out = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise click.BadParameter(f"{pair!r}: expected KEY=VALUE", param_hint="--ms-option")
+        out[key.strip()] = value.strip()
+    return out
+
+
 @main.command()
 @click.argument("file", required=False, type=click.Path(dir_okay=True))
 @click.option("--arch", metavar="NAME", help=f"Instead of a file, list what {ARCH_HELP} "
@@ -149,7 +170,8 @@ def _progress_bar(enabled: bool):
 @click.option("--target", "template", metavar="FILE",
               help="Target: a template MindSpore checkpoint (names and shapes are read).")
 @click.option("--ms-model", metavar="MODULE:CALLABLE",
-              help="Target: a function returning a mindspore.nn.Cell.")
+              help="Target: a function returning a mindspore.nn.Cell, or a known family "
+                   "built from the model's config.json (mindformers:llama).")
 @click.option("-o", "--output", metavar="FILE", help="The MindSpore checkpoint to write.")
 @click.option("--map", "maps", multiple=True, metavar="YAML",
               help="Extra mapping table (repeatable); see the README, 'Mapping files'.")
@@ -174,13 +196,14 @@ def _progress_bar(enabled: bool):
               show_default=True, help="'all' adds the per-tensor table.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
+@_model_options
 @_source_options
 def convert(source: str, arch: str | None, template: str | None, ms_model: str | None,
             output: str | None, maps: tuple[str, ...], fmt: str, dtype: str | None,
             force: bool, dry_run: bool, save_map: str | None, allow_missing: bool,
             allow_unused: bool, allow_shape_match: bool, no_align: bool, check_finite: bool,
             crc: bool, show: str, as_json: bool, quiet: bool, key: str | None,
-            unsafe_pickle: bool) -> None:
+            unsafe_pickle: bool, config: str | None, ms_options: tuple[str, ...]) -> None:
     """Convert a PyTorch checkpoint SOURCE into a MindSpore checkpoint.
 
     Every target tensor is matched (mapping table, exact name, built-in rule, then the
@@ -201,7 +224,8 @@ def convert(source: str, arch: str | None, template: str | None, ms_model: str |
             mapping=list(maps), format=fmt, dtype=dtype, force=force, dry_run=dry_run,
             save_map=save_map, allow_missing=allow_missing, allow_unused=allow_unused,
             allow_shape_match=allow_shape_match, check_finite=check_finite, crc=crc,
-            key=key, unsafe_pickle=unsafe_pickle, progress=progress, align=not no_align)
+            key=key, unsafe_pickle=unsafe_pickle, progress=progress, align=not no_align,
+            config=config, ms_options=_options(ms_options) or None)
     finally:
         stop()
     _finish(report, as_json=as_json, show=show)
@@ -251,6 +275,7 @@ def convert(source: str, arch: str | None, template: str | None, ms_model: str |
               show_default=True, help="'all' lists every compared layer.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress messages.")
+@_model_options
 @_source_options
 def verify(source: str, checkpoint: str, arch: str | None, torch_model: str | None,
            ms_model: str | None, maps: tuple[str, ...], tol: float, input_file: str | None,
@@ -258,7 +283,8 @@ def verify(source: str, checkpoint: str, arch: str | None, torch_model: str | No
            input_ranges: tuple[str, ...], seed: int, batch: int, dtype: str, device: str,
            torch_device: str | None, ms_device: str | None, no_noise_floor: bool,
            report_path: str | None, force: bool, show: str, as_json: bool, quiet: bool,
-           key: str | None, unsafe_pickle: bool) -> None:
+           key: str | None, unsafe_pickle: bool, config: str | None,
+           ms_options: tuple[str, ...]) -> None:
     """Is the conversion right? Run PyTorch (with SOURCE) and MindSpore (with CHECKPOINT)
     on the same inputs and compare every tensor, layer and output.
 
@@ -267,12 +293,17 @@ def verify(source: str, checkpoint: str, arch: str | None, torch_model: str | No
     differs from its source — the first layer in execution order is named, with the tensors
     behind it. INCONCLUSIVE: the outputs barely depend on the input, so agreement proves
     nothing. Exit 0 PASS, 1 FAIL, 2 bad input, 3 INCONCLUSIVE.
+
+    For a Hugging Face language model (a model directory, or a file beside its
+    config.json), --ms-model alone is enough (e.g. mindformers:llama): the PyTorch side is
+    built with transformers from the config, and the inputs are token ids.
     """
     from . import api
     from .check.inputs import parse_range, parse_shape
 
-    if arch is None and (torch_model is None or ms_model is None):
-        raise click.UsageError("give --arch NAME, or both --torch-model and --ms-model")
+    if arch is None and ms_model is None:
+        raise click.UsageError("give --arch NAME, or --ms-model (with --torch-model unless "
+                               "SOURCE is a Hugging Face model with its config.json)")
     if input_file and (input_shapes or input_dtypes or input_ranges):
         raise click.UsageError("--input feeds a file's arrays; --input-shape/--input-dtype/"
                                "--input-range describe generated ones: give one or the other")
@@ -294,7 +325,7 @@ def verify(source: str, checkpoint: str, arch: str | None, torch_model: str | No
                         dtype=dtype, device=device, torch_device=torch_device,
                         ms_device=ms_device, noise_floor=not no_noise_floor, key=key,
                         unsafe_pickle=unsafe_pickle, progress=steps, report=report_path,
-                        force=force)
+                        force=force, config=config, ms_options=_options(ms_options) or None)
     _finish(report, as_json=as_json, show=show)
 
 

@@ -96,6 +96,19 @@ def _conversion(r: Any, *, limit: int | None, show: str) -> Any:
         f"{len(plan.target)} tensors)",
         f"matched: {len(plan.matches)}/{len(plan.target)} — {counts}",
     ]
+    if plan.mapping.origin != "<empty>":
+        lines.append(f"mapping: {escape(plan.mapping.origin)}")
+    fused = [m for m in plan.matches if m.parts]
+    split = [m for m in plan.matches if m.part is not None]
+    if fused or split:
+        lines.append(escape(f"layouts: {len(fused)} fused from {sum(len(m.parts) for m in fused)}"
+                            f" sources, {len(split)} split out"
+                            + "".join(f"; {lay}" for lay in sorted(
+                                {str(m.layout) for m in fused + split}))))
+    if plan.params:
+        config = getattr(plan.source, "config_path", None) or "config"
+        lines.append(escape(f"config:  {config}: " + ", ".join(
+            f"{k}={v} ({how})" for k, (v, how) in plan.params.items())))
     if plan.source.unwrapped or plan.source.stripped:
         lines.append(escape(f"source unwrapped {plan.source.unwrapped or '-'}, "
                             f"stripped {plan.source.stripped or '-'}"))

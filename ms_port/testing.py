@@ -101,3 +101,48 @@ def rewrite_checkpoint(src: str | Path, dst: str | Path, edit: Any) -> Path:
         for name, array in arrays.items():
             writer.write(name, array)
     return Path(dst)
+
+
+#: tiny Hugging Face causal LMs for tests: model_type -> (config class, model class, sizes)
+TINY_LMS = {
+    "llama": ("LlamaConfig", "LlamaForCausalLM", {"num_key_value_heads": 2}),
+    "mistral": ("MistralConfig", "MistralForCausalLM", {"num_key_value_heads": 4}),
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", {"num_key_value_heads": 2}),
+}
+
+
+def tiny_hf_lm(kind: str, path: str | Path, *, tied: bool = False, dtype: str = "float32",
+               shard: str | None = None, seed: int = 0, layers: int = 2) -> Path:
+    """Save a seeded tiny Hugging Face causal LM directory (``save_pretrained``).
+
+    GQA (8 heads, fewer KV heads), hidden 64, vocab 128. Every RMSNorm weight is moved off
+    1 and every bias off 0, so a swapped norm or bias changes the logits.
+
+    Args:
+        kind: ``llama``, ``mistral`` or ``qwen2`` (q/k/v biases).
+        tied: tie the LM head to the embedding.
+        dtype: ``float32`` or ``bfloat16`` on disk.
+        shard: a ``max_shard_size`` (``"40KB"``) for a sharded set with an index.
+    """
+    import torch
+    import transformers
+
+    config_cls, model_cls, extra = TINY_LMS[kind]
+    config = getattr(transformers, config_cls)(
+        vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=layers,
+        num_attention_heads=8, max_position_embeddings=64, tie_word_embeddings=tied,
+        rms_norm_eps=1e-6, **extra)
+    torch.manual_seed(seed)
+    model = getattr(transformers, model_cls)(config)
+    gen = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("norm.weight"):
+                param.copy_(1 + 0.2 * torch.randn(param.shape, generator=gen))
+            elif name.endswith(".bias"):
+                param.copy_(0.1 * torch.randn(param.shape, generator=gen))
+    model = model.to(getattr(torch, dtype))
+    path = Path(path)
+    kwargs = {"max_shard_size": shard} if shard else {}
+    model.save_pretrained(path, **kwargs)
+    return path

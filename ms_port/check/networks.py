@@ -59,13 +59,23 @@ def load_torch_weights(model: Any, src: Source) -> None:
         else:
             state[info.name] = torch.from_numpy(array.copy())
     result = model.load_state_dict(state, strict=False)
-    missing = list(result.missing_keys)
+    tied = tied_names(model)
+    # a tied parameter (an LM head that is the embedding) is filled through its twin
+    missing = [k for k in result.missing_keys if not (tied.get(k, set()) & set(state))]
     unexpected = list(result.unexpected_keys)
     if missing or unexpected:
         raise ParityError(
             f"{source} does not fit the PyTorch reference network: "
             f"{len(missing)} missing ({', '.join(missing[:3])}), {len(unexpected)} unexpected "
             f"({', '.join(unexpected[:3])}); check --arch / --torch-model", path=source)
+
+
+def tied_names(model: Any) -> dict[str, set[str]]:
+    """Parameter name -> the other names of the very same parameter (tied weights)."""
+    by_id: dict[int, list[str]] = {}
+    for name, param in model.named_parameters(remove_duplicate=False):
+        by_id.setdefault(id(param), []).append(name)
+    return {n: set(names) - {n} for names in by_id.values() if len(names) > 1 for n in names}
 
 
 def load_ms_weights(net: Any, checkpoint: str | Path | Source) -> tuple[list[str], list[str]]:

@@ -206,6 +206,29 @@ def _blocks_with_other_bounds(compared: list[LayerComparison],
                          "on the other); not counted")
 
 
+def _leaves_drawn_differently(compared: list[LayerComparison],
+                              outputs: list[OutputComparison], notes: list[str]) -> None:
+    """A layer that differs while the block around it, and every output, agree computes a
+    different share of that block on each side (MindFormers' ``w1`` applies SiLU inside
+    the Linear; transformers' ``gate_proj`` leaves it to the MLP). A wrong weight or
+    layout would carry into the block's output, so this is not a verdict either."""
+    if not outputs or not all(o.ok for o in outputs):
+        return
+    for c in compared:
+        # innermost on the PyTorch side (MindFormers' Linear holds its activation cell)
+        if c.status != "fail" or any(x.torch.startswith(c.torch + ".") for x in compared):
+            continue
+        around = [b for b in compared if c.torch.startswith(b.torch + ".") and b.call == c.call]
+        nearest = max(around, key=lambda b: len(b.torch), default=None)
+        if nearest is not None and nearest.status == "ok":
+            c.status = "boundary"
+            c.note = f"differs while its block {nearest.name} and the outputs agree"
+            notes.append(f"layer {c.name} differs ({fmt(c.error)}) while its block "
+                         f"{nearest.name} and the outputs agree: the two networks split that "
+                         "block's work differently (e.g. an activation inside the layer on "
+                         "one side); not counted")
+
+
 def _params_of(model: Any, path: str, torch_side: bool) -> list[str]:
     layers = dict(model.named_modules() if torch_side else model.cells_and_names())
     layer = layers.get(path)
@@ -417,6 +440,7 @@ def run_parity(
                      f"{insensitive[0].name}")
     compared = [c for c in compared if c.status != "skipped"]
     _blocks_with_other_bounds(compared, outputs, notes)
+    _leaves_drawn_differently(compared, outputs, notes)
     first_bad = next((c for c in compared if c.status in ("fail", "nonfinite")), None)
     divergence = (None if first_bad is None else
                   _divergence(first_bad, ms_model, torch_main, pairs_in, tensor_diff))

@@ -1,0 +1,294 @@
+"""Hugging Face LLaMA / Mistral / Qwen2 -> MindFormers LlamaForCausalLM, with no mapping file.
+
+Seeded tiny models (GQA, norms and biases off their defaults), float32 and bf16, tied and
+untied, single file and sharded. Every converted tensor must equal what MindFormers' own
+``LlamaForCausalLM.convert_weight_dict`` produces, the computed target must equal the real
+network's parameters, and verify must PASS the right conversion and FAIL each classic
+wrong one. Skipped where transformers / mindformers (the test extra) are absent.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import multiprocessing
+import shutil
+
+import numpy as np
+import pytest
+
+transformers = pytest.importorskip("transformers")
+
+import ms_port  # noqa: E402
+from ms_port.archs.mindformers import llama_target  # noqa: E402
+from ms_port.errors import MappingError, TargetError  # noqa: E402
+from ms_port.read.sources import read_source  # noqa: E402
+from ms_port.testing import rewrite_checkpoint, tiny_hf_lm  # noqa: E402
+
+needs_mindformers = pytest.mark.skipif(importlib.util.find_spec("mindformers") is None,
+                                       reason="mindformers not installed (test extra)")
+
+#: (model_type, tied, dtype, shard size)
+VARIANTS = {
+    "llama-f32": ("llama", False, "float32", None),
+    "llama-tied-bf16-sharded": ("llama", True, "bfloat16", "40KB"),
+    "mistral-bf16": ("mistral", False, "bfloat16", None),
+    "qwen2-tied-f32-sharded": ("qwen2", True, "float32", "40KB"),
+    "qwen2-bf16": ("qwen2", False, "bfloat16", None),
+}
+
+
+@pytest.fixture
+def cli():
+    from click.testing import CliRunner
+
+    from ms_port.cli import main
+
+    return lambda args: CliRunner().invoke(main, args, env={"COLUMNS": "250"})
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    root = tmp_path_factory.mktemp("hf")
+    made = {}
+
+    def get(name: str):
+        if name not in made:
+            kind, tied, dtype, shard = VARIANTS[name]
+            made[name] = tiny_hf_lm(kind, root / name, tied=tied, dtype=dtype, shard=shard)
+        return made[name]
+
+    return get
+
+
+def _convert(models, tmp_path, name, qkv, **kw):
+    out = tmp_path / f"{name}-{qkv}.ckpt"
+    report = ms_port.convert(models(name), ms_model="mindformers:llama",
+                             ms_options={"qkv_concat": qkv}, output=out, **kw)
+    assert report.ok, report.plan.problems()[:5]
+    return out, report.plan
+
+
+@pytest.mark.parametrize("qkv", [False, True], ids=["separate", "fused"])
+@pytest.mark.parametrize("name", list(VARIANTS))
+def test_convert_without_mapping_chooses_the_table(models, tmp_path, name, qkv):
+    out, plan = _convert(models, tmp_path, name, qkv)
+    kind, tied, dtype, _ = VARIANTS[name]
+    assert plan.mapping.origin == "mappings/hf_llama_mindformers.yaml"
+    assert plan.params["kv_heads"][0] == {"llama": 2, "mistral": 4, "qwen2": 2}[kind]
+    assert ("lm_head.weight" in plan.target) is (not tied)
+    written = read_source(out)
+    assert {i.dtype for i in written} == {dtype}  # bf16 kept bit for bit
+    fused = [m for m in plan.matches if m.parts]
+    assert len(fused) == (2 * (3 if kind == "qwen2" else 2) if qkv else 0)
+
+
+@needs_mindformers
+@pytest.mark.parametrize("qkv", [False, True], ids=["separate", "fused"])
+@pytest.mark.parametrize("name", list(VARIANTS))
+def test_every_tensor_equals_mindformers_converter(models, tmp_path, name, qkv):
+    from ms_port.archs.mindformers import contained, llama_config
+
+    out, _ = _convert(models, tmp_path, name, qkv)
+    source = read_source(models(name))
+    hf = {i.name: np.asarray(i.load()) for i in source}
+    with contained():
+        from mindformers.models.llama import LlamaForCausalLM
+    cfg = llama_config(source.config, qkv_concat=qkv)
+    with multiprocessing.Manager() as manager:
+        theirs = LlamaForCausalLM.convert_weight_dict(
+            hf, model_config=cfg, qkv_dict=manager.dict(), condition=multiprocessing.Condition())
+    ours = read_source(out)
+    assert sorted(ours.tensors) == sorted(theirs)
+    for name_, info in ours.tensors.items():
+        mine, ref = info.load(), np.asarray(theirs[name_])
+        assert mine.dtype == ref.dtype and mine.shape == ref.shape, name_
+        assert mine.tobytes() == ref.tobytes(), name_
+
+
+@needs_mindformers
+@pytest.mark.parametrize("qkv", [False, True], ids=["separate", "fused"])
+@pytest.mark.parametrize("kind,tied", [("llama", False), ("qwen2", True), ("mistral", True)])
+def test_computed_target_equals_the_real_network(kind, tied, qkv):
+    from ms_port.archs.mindformers import build_llama
+    from ms_port.read.targets import from_cell
+
+    config = {"model_type": kind, "vocab_size": 128, "hidden_size": 64,
+              "intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": 8,
+              "num_key_value_heads": 2, "tie_word_embeddings": tied}
+    computed = llama_target(config, qkv_concat=qkv)
+    real = from_cell(build_llama(config, qkv_concat=qkv, seq_length=8))
+    assert [(t.name, t.shape) for t in computed.tensors.values()] == \
+        [(t.name, t.shape) for t in real.tensors.values()]
+    assert [t.layer for t in computed.tensors.values()] == \
+        [t.layer for t in real.tensors.values()]
+
+
+@needs_mindformers
+@pytest.mark.parametrize("name,qkv", [("llama-f32", True), ("qwen2-bf16", True),
+                                      ("qwen2-tied-f32-sharded", False),
+                                      ("mistral-bf16", False)])
+def test_verify_passes_on_token_inputs(models, tmp_path, name, qkv):
+    out, _ = _convert(models, tmp_path, name, qkv)
+    report = ms_port.verify(models(name), out, ms_model="mindformers:llama",
+                            ms_options={"qkv_concat": qkv})
+    assert report.verdict == "PASS", report.message
+    assert report.outputs[0].name == "logits"  # found in HF's CausalLMOutputWithPast
+    assert report.layers_checked >= 10
+    assert report.inputs[0]["dtype"] == "int64"
+
+
+def _rope_permuted(w, heads):  # the classic Meta <-> HF q/k row permutation
+    rows, cols = w.shape
+    return w.reshape(heads, 2, rows // heads // 2, cols).transpose(0, 2, 1, 3).reshape(rows, cols)
+
+
+def _plain_fused(parts_of):
+    """Undo MindFormers' per-KV-group layout into a plain [q; k; v] concatenation."""
+    def edit(tensors):
+        for name in [n for n in tensors if n.endswith(("w_qkv.weight", "w_qkv.bias"))]:
+            w = tensors[name]
+            q, k, v = parts_of(w)
+            tensors[name] = np.concatenate([q, k, v])
+        return tensors
+    return edit
+
+
+def _groups(w, kv=2, q_rows=32, d=8):
+    blocks = w.reshape(kv, q_rows + 2 * d, *w.shape[1:])
+    return (blocks[:, :q_rows].reshape(-1, *w.shape[1:]),
+            blocks[:, q_rows:q_rows + d].reshape(-1, *w.shape[1:]),
+            blocks[:, q_rows + d:].reshape(-1, *w.shape[1:]))
+
+
+def _swap_gate_up(tensors):
+    for name in [n for n in tensors if n.endswith("w_gate_hidden.weight")]:
+        w = tensors[name]
+        tensors[name] = w.reshape(-1, 2, w.shape[1])[:, ::-1].reshape(w.shape).copy()
+    return tensors
+
+
+def _swap_kv_bias(tensors):
+    for name in [n for n in tensors if n.endswith("attention.wk.bias")]:
+        other = name.replace("wk.bias", "wv.bias")
+        tensors[name], tensors[other] = tensors[other], tensors[name]
+    return tensors
+
+
+def _rope_wk(tensors):
+    for name in [n for n in tensors if n.endswith("attention.wk.weight")]:
+        tensors[name] = _rope_permuted(tensors[name], 2)
+    return tensors
+
+
+WRONG = {  # case: (model, fused, edit, the tensor it must name)
+    "rope-permuted-wk": ("llama-f32", False, _rope_wk, "model.layers.0.attention.wk.weight"),
+    "plain-qkv-fusion": ("llama-f32", True, _plain_fused(_groups),
+                         "model.layers.0.attention.w_qkv.weight"),
+    "gate-up-swapped": ("llama-f32", True, _swap_gate_up,
+                        "model.layers.0.feed_forward.w_gate_hidden.weight"),
+    "kv-biases-swapped": ("qwen2-bf16", False, _swap_kv_bias, "model.layers.0.attention.wk.bias"),
+    "plain-fused-bias": ("qwen2-bf16", True, _plain_fused(_groups),
+                         "model.layers.0.attention.w_qkv.bias"),
+}
+
+
+@needs_mindformers
+@pytest.mark.parametrize("case", list(WRONG))
+def test_wrong_conversions_fail_naming_layer_and_tensor(models, tmp_path, case):
+    name, qkv, edit, tensor = WRONG[case]
+    out, _ = _convert(models, tmp_path, name, qkv)
+    wrong = rewrite_checkpoint(out, tmp_path / "wrong.ckpt", edit)
+    report = ms_port.verify(models(name), wrong, ms_model="mindformers:llama",
+                            ms_options={"qkv_concat": qkv})
+    assert report.verdict == "FAIL"
+    differing = {d.target for d in report.tensors.deltas if d.status == "differs"}
+    assert tensor in differing
+    assert report.first_divergence is not None  # the forward names the first layer
+    assert report.first_divergence.ms_name.startswith("model.layers.0")
+
+
+@needs_mindformers
+def test_wrong_conversion_fails_in_the_forward_alone(models, tmp_path):
+    """The same swap judged by the layers alone (the tensor check knows the plan, so a
+    mapping table with the swap built in would pass it): the layer is still named."""
+    from ms_port.archs.mindformers import build_llama
+    from ms_port.check.language import torch_from_config
+    from ms_port.check.networks import load_ms_weights, load_torch_weights
+    from ms_port.check.pairing import correspondence_from_pairs
+    from ms_port.check.parity import run_parity
+
+    out, plan = _convert(models, tmp_path, "llama-f32", True)
+    wrong = rewrite_checkpoint(out, tmp_path / "wrong.ckpt", _swap_gate_up)
+    source = read_source(models("llama-f32"))
+    tnet = torch_from_config(source.config, "config.json")
+    load_torch_weights(tnet, source)
+    mnet = build_llama(source.config, qkv_concat=True, seq_length=16)
+    load_ms_weights(mnet, wrong)
+    ids = np.random.default_rng(0).integers(0, 128, (1, 16))
+    pairs = correspondence_from_pairs((m.target, m.source) for m in plan.matches
+                                      if not m.parts)
+    report = run_parity(tnet, mnet, inputs=[ids], tol=1e-5, correspondence=pairs)
+    assert report.verdict == "FAIL"
+    assert "feed_forward" in report.first_divergence.ms_name
+
+
+def test_tied_head_in_a_bin_is_dropped_as_tied(tmp_path):
+    import torch
+
+    src = tiny_hf_lm("qwen2", tmp_path / "m", tied=True)
+    model = transformers.AutoModelForCausalLM.from_pretrained(src)
+    state = model.state_dict()
+    assert "lm_head.weight" in state  # torch.save keeps both names of a tied weight
+    torch.save(state, tmp_path / "m" / "pytorch_model.bin")
+    (tmp_path / "m" / "model.safetensors").unlink()
+    plan = ms_port.plan(tmp_path / "m", ms_model="mindformers:llama")
+    assert plan.ok, plan.problems()
+    assert any(d.name == "lm_head.weight" and "tied" in d.reason for d in plan.dropped)
+
+
+def test_untied_target_of_a_tied_model_fills_the_head_from_the_embedding(tmp_path):
+    src = tiny_hf_lm("llama", tmp_path / "m", tied=True)
+    config = json.loads((src / "config.json").read_text())
+    untied = ms_port.api.resolve_target(ms_model="mindformers:llama",
+                                        config={**config, "tie_word_embeddings": False})
+    plan = ms_port.plan(src, target=untied, mapping="hf_llama_mindformers")
+    assert plan.ok, plan.problems()
+    head = next(m for m in plan.matches if m.target == "lm_head.weight")
+    assert head.how == "tied" and head.source == "model.embed_tokens.weight"
+
+
+def test_config_that_does_not_fit_the_tensors_is_one_line_exit_2(tmp_path, cli):
+    src = tiny_hf_lm("llama", tmp_path / "m")
+    config = json.loads((src / "config.json").read_text())
+    config["num_key_value_heads"] = 4  # the tensors were made with 2
+    (src / "config.json").write_text(json.dumps(config))
+    with pytest.raises((MappingError, TargetError)):
+        ms_port.plan(src, ms_model="mindformers:llama", ms_options={"qkv_concat": True})
+    result = cli(["convert", str(src), "--ms-model", "mindformers:llama", "--ms-option",
+                  "qkv_concat=true", "-o", str(tmp_path / "o.ckpt")])
+    assert result.exit_code == 2
+    assert "num_key_value_heads" in result.output or "kv_heads" in result.output
+    assert "Traceback" not in result.output
+    assert not (tmp_path / "o.ckpt").exists()
+
+
+def test_family_without_config_says_where_to_put_it(tmp_path, cli):
+    src = tiny_hf_lm("llama", tmp_path / "m")
+    alone = tmp_path / "alone"
+    alone.mkdir()
+    shutil.copy(src / "model.safetensors", alone / "model.safetensors")
+    result = cli(["convert", str(alone / "model.safetensors"), "--ms-model",
+                  "mindformers:llama", "-o", str(tmp_path / "o.ckpt")])
+    assert result.exit_code == 2 and "config.json" in result.output
+    result = cli(["convert", str(alone / "model.safetensors"), "--ms-model",
+                  "mindformers:llama", "--config", str(src / "config.json"),
+                  "-o", str(tmp_path / "o.ckpt")])
+    assert result.exit_code == 0, result.output
+
+
+def test_unknown_family_option_is_refused(tmp_path, cli):
+    src = tiny_hf_lm("llama", tmp_path / "m")
+    result = cli(["convert", str(src), "--ms-model", "mindformers:llama", "--ms-option",
+                  "qkv=true", "-o", str(tmp_path / "o.ckpt")])
+    assert result.exit_code == 2 and "qkv_concat" in result.output
