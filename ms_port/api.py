@@ -234,6 +234,7 @@ def convert(
     align: bool = True,
     config: str | Path | dict[str, Any] | None = None,
     ms_options: dict[str, Any] | None = None,
+    max_shard_size: str | int | None = None,
 ) -> ConversionReport:
     """Convert a PyTorch checkpoint into a MindSpore one, proving every byte.
 
@@ -256,6 +257,9 @@ def convert(
         crc: append MindSpore's CRC trailer.
         progress: ``(phase, done, total)`` callback for long writes.
         config / ms_options: see :func:`plan`.
+        max_shard_size: write ``output`` as a directory of MindSpore safetensors shards of
+            at most this size (``"2GB"``) with ``param_name_map.json`` (name -> shard), the
+            layout MindSpore's and MindFormers' safetensors loaders read.
 
     Returns:
         A :class:`~ms_port.reports.ConversionReport`; ``ok`` is False and nothing is
@@ -271,7 +275,13 @@ def convert(
     inputs = [source if isinstance(source, (str, Path)) else getattr(source, "path", None),
               target if isinstance(target, (str, Path)) else None]
     if output is not None and not dry_run:
-        check_output(output, force=force)
+        if max_shard_size is not None:
+            from .write.directory import check_directory, parse_size
+
+            parse_size(max_shard_size)
+            check_directory(output, force=force, inputs=inputs)
+        else:
+            check_output(output, force=force)
         check_not_input(output, *inputs)
     if save_map is not None:
         check_output(save_map, force=force)
@@ -286,8 +296,17 @@ def convert(
     out = None if output is None else str(output)
     if not p.ok or dry_run:
         return ConversionReport(p.ok, p, out, dry_run=dry_run, saved_map=saved)
-    written = write_plan(p, output, format=format, force=force, crc=crc,
-                         check_finite=check_finite, progress=progress)
+    if max_shard_size is not None:
+        from .write.directory import write_directory
+
+        if crc:
+            raise MsPortError("sharded output is MindSpore safetensors, which has no CRC "
+                              "trailer; drop --crc")
+        written = write_directory(p, output, layout="mindspore", max_shard_size=max_shard_size,
+                                  force=force, check_finite=check_finite, progress=progress)
+    else:
+        written = write_plan(p, output, format=format, force=force, crc=crc,
+                             check_finite=check_finite, progress=progress)
     return ConversionReport(True, p, out, written=written, saved_map=saved,
                             nonfinite=written.nonfinite)
 
@@ -480,6 +499,8 @@ def export(
     allow_missing: bool = False,
     allow_unused: bool = False,
     progress: Progress | None = None,
+    config: str | Path | dict[str, Any] | None = None,
+    max_shard_size: str | int | None = None,
 ) -> Any:
     """Convert a MindSpore checkpoint back to PyTorch, through the conversion plan inverted.
 
@@ -495,6 +516,12 @@ def export(
         format: ``pth`` or ``safetensors`` (default: from the output's suffix).
         dtype: cast floating-point tensors; by default dtypes are kept bit for bit.
         force / dry_run / allow_missing / allow_unused / progress: as for :func:`convert`.
+        config: a Hugging Face model's ``config.json`` (path, or dict): the PyTorch side is
+            that model (its names from transformers, no weights allocated), fused tensors
+            are split, a tied head stays tied, and ``output`` is a model directory
+            (``config.json`` carried over) that ``from_pretrained`` loads.
+        max_shard_size: write that directory as shards of at most this size with
+            ``model.safetensors.index.json``.
 
     Returns:
         An :class:`~ms_port.match.inversion.ExportReport` (``ok``, ``plan``, ``written``);
@@ -506,22 +533,45 @@ def export(
         (True, 53)
     """
     from .match.inversion import FORMATS, ExportReport, export_plan
+    from .read.sources import read_config
 
     if output is None and not dry_run:
         raise TargetError("no output given; pass -o FILE (output=...) or --dry-run")
-    fmt = format or ("safetensors" if str(output).endswith(".safetensors") else "pth")
+    cfg, cfg_path = (config, "config (a dict)") if isinstance(config, dict) else (
+        (read_config(config), str(config)) if config is not None else (None, None))
+    if cfg is None and target is not None and Path(target).is_dir():
+        found = Path(target) / "config.json"
+        cfg, cfg_path = (read_config(found), str(found)) if found.is_file() else (None, None)
+    to_directory = cfg is not None or max_shard_size is not None
+    fmt = "safetensors" if to_directory else (
+        format or ("safetensors" if str(output).endswith(".safetensors") else "pth"))
     if fmt not in FORMATS:
         raise TargetError(f"unknown export format {fmt!r}; choose pth or safetensors")
+    if to_directory and cfg is None:
+        raise TargetError("a sharded export writes a Hugging Face model directory; pass the "
+                          "model's --config config.json")
     if output is not None and not dry_run:
-        check_output(output, force=force)
+        if to_directory:
+            from .write.directory import check_directory
+
+            check_directory(output, force=force, inputs=[checkpoint])
+        else:
+            check_output(output, force=force)
         check_not_input(output, checkpoint)
     p = export_plan(checkpoint, arch=arch, torch_model=torch_model, target=target,
                     ms_model=ms_model, mapping=mapping, dtype=dtype,
-                    allow_missing=allow_missing, allow_unused=allow_unused)
+                    allow_missing=allow_missing, allow_unused=allow_unused, config=cfg,
+                    config_path=cfg_path)
     out = None if output is None else str(output)
     if not p.ok or dry_run:
         return ExportReport(p.ok, p, out, dry_run=dry_run)
-    written = write_plan(p, output, format=fmt, force=force, progress=progress)
+    if to_directory:
+        from .write.directory import write_directory
+
+        written = write_directory(p, output, layout="hf", max_shard_size=max_shard_size,
+                                  force=force, config=cfg, progress=progress)
+    else:
+        written = write_plan(p, output, format=fmt, force=force, progress=progress)
     return ExportReport(True, p, out, written=written, nonfinite=written.nonfinite)
 
 

@@ -192,6 +192,9 @@ def _progress_bar(enabled: bool):
               help="Names only: no structural alignment of the layers names leave unpaired.")
 @click.option("--check-finite", is_flag=True, help="Refuse weights with NaN/Inf.")
 @click.option("--crc", is_flag=True, help="Append MindSpore's CRC trailer (ckpt).")
+@click.option("--max-shard-size", metavar="SIZE",
+              help="Write -o DIR as MindSpore safetensors shards of at most SIZE (2GB, "
+                   "500MB) plus param_name_map.json (name -> shard).")
 @click.option("--show", type=click.Choice(["summary", "all"]), default="summary",
               show_default=True, help="'all' adds the per-tensor table.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
@@ -203,7 +206,8 @@ def convert(source: str, arch: str | None, template: str | None, ms_model: str |
             force: bool, dry_run: bool, save_map: str | None, allow_missing: bool,
             allow_unused: bool, allow_shape_match: bool, no_align: bool, check_finite: bool,
             crc: bool, show: str, as_json: bool, quiet: bool, key: str | None,
-            unsafe_pickle: bool, config: str | None, ms_options: tuple[str, ...]) -> None:
+            unsafe_pickle: bool, config: str | None, ms_options: tuple[str, ...],
+            max_shard_size: str | None) -> None:
     """Convert a PyTorch checkpoint SOURCE into a MindSpore checkpoint.
 
     Every target tensor is matched (mapping table, exact name, built-in rule, then the
@@ -225,7 +229,8 @@ def convert(source: str, arch: str | None, template: str | None, ms_model: str |
             save_map=save_map, allow_missing=allow_missing, allow_unused=allow_unused,
             allow_shape_match=allow_shape_match, check_finite=check_finite, crc=crc,
             key=key, unsafe_pickle=unsafe_pickle, progress=progress, align=not no_align,
-            config=config, ms_options=_options(ms_options) or None)
+            config=config, ms_options=_options(ms_options) or None,
+            max_shard_size=max_shard_size)
     finally:
         stop()
     _finish(report, as_json=as_json, show=show)
@@ -355,11 +360,20 @@ def verify(source: str, checkpoint: str, arch: str | None, torch_model: str | No
               show_default=True, help="'all' adds the per-tensor table.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
+@click.option("--config", metavar="config.json",
+              help="PyTorch side: a Hugging Face model's config; -o is then a model "
+                   "directory (config.json carried over) that from_pretrained loads.")
+@click.option("--max-shard-size", metavar="SIZE",
+              help="With --config: write shards of at most SIZE (2GB) plus "
+                   "model.safetensors.index.json.")
+
 def export(checkpoint: str, arch: str | None, torch_model: str | None, template: str | None,
            ms_model: str | None, output: str | None, maps: tuple[str, ...], fmt: str | None,
            dtype: str | None, force: bool, dry_run: bool, allow_missing: bool,
-           allow_unused: bool, show: str, as_json: bool, quiet: bool) -> None:
-    """Convert a MindSpore CHECKPOINT back to PyTorch (.pth or .safetensors).
+           allow_unused: bool, show: str, as_json: bool, quiet: bool, config: str | None,
+           max_shard_size: str | None) -> None:
+    """Convert a MindSpore CHECKPOINT back to PyTorch (.pth or .safetensors), or to a
+    Hugging Face model directory (--config; fused tensors split, a tied head kept tied).
 
     The conversion's own rules and mapping tables, inverted: every rename swaps sides
     and every transform is undone. BatchNorm's num_batches_tracked is restored as 0.
@@ -367,9 +381,10 @@ def export(checkpoint: str, arch: str | None, torch_model: str | None, template:
     """
     from . import api
 
-    if sum(x is not None for x in (arch, torch_model, template)) != 1:
-        raise click.UsageError("give exactly one PyTorch side: --arch, --torch-model or "
-                               "--target")
+    if sum(x is not None for x in (arch, torch_model, template, config)) != 1 and not (
+            config and template):
+        raise click.UsageError("give exactly one PyTorch side: --arch, --torch-model, "
+                               "--target or --config")
     if output is None and not dry_run:
         raise click.UsageError("give -o/--output FILE, or --dry-run")
     progress, stop = _progress_bar(not (quiet or as_json))
@@ -378,7 +393,8 @@ def export(checkpoint: str, arch: str | None, torch_model: str | None, template:
                             target=template, ms_model=ms_model, mapping=list(maps),
                             format=fmt, dtype=dtype,
                             force=force, dry_run=dry_run, allow_missing=allow_missing,
-                            allow_unused=allow_unused, progress=progress)
+                            allow_unused=allow_unused, progress=progress, config=config,
+                            max_shard_size=max_shard_size)
     finally:
         stop()
     _finish(report, as_json=as_json, show=show)

@@ -106,8 +106,8 @@ def _conversion(r: Any, *, limit: int | None, show: str) -> Any:
                             + "".join(f"; {lay}" for lay in sorted(
                                 {str(m.layout) for m in fused + split}))))
     if plan.params:
-        config = getattr(plan.source, "config_path", None) or "config"
-        lines.append(escape(f"config:  {config}: " + ", ".join(
+        where = getattr(plan.source, "config_path", None)
+        lines.append(escape("config:  " + (f"{where}: " if where else "") + ", ".join(
             f"{k}={v} ({how})" for k, (v, how) in plan.params.items())))
     if plan.source.unwrapped or plan.source.stripped:
         lines.append(escape(f"source unwrapped {plan.source.unwrapped or '-'}, "
@@ -131,7 +131,11 @@ def _conversion(r: Any, *, limit: int | None, show: str) -> Any:
                      f"{escape(', '.join(list(r.nonfinite)[:3]))}[/]")
     if r.written:
         w = r.written
-        lines.append(f"output:  {escape(w.path)} ({w.format}, {_size(w.nbytes)}"
+        shards = getattr(w, "shards", None)
+        what = (f"{len(shards)} safetensors file{'s' * (len(shards) > 1)}"
+                + (f" + {w.index}" if w.index else "")
+                + (f" + {w.config}" if w.config else "")) if shards else w.format
+        lines.append(f"output:  {escape(w.path)} ({escape(what)}, {_size(w.nbytes)}"
                      f"{', CRC' if w.crc else ''}{', replaced' if w.replaced else ''})")
         lines.append(f"readback: {w.tensors} tensors {w.readback}")
     if r.saved_map:

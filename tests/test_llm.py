@@ -292,3 +292,94 @@ def test_unknown_family_option_is_refused(tmp_path, cli):
     result = cli(["convert", str(src), "--ms-model", "mindformers:llama", "--ms-option",
                   "qkv=true", "-o", str(tmp_path / "o.ckpt")])
     assert result.exit_code == 2 and "qkv_concat" in result.output
+
+
+@pytest.mark.parametrize("name,qkv,shard", [
+    ("llama-tied-bf16-sharded", True, None), ("qwen2-bf16", True, "60KB"),
+    ("mistral-bf16", False, None), ("qwen2-tied-f32-sharded", False, "60KB")])
+def test_export_round_trip_is_bit_identical_and_loads_in_transformers(models, tmp_path, name,
+                                                                      qkv, shard):
+    out, _ = _convert(models, tmp_path, name, qkv)
+    back = tmp_path / "back"
+    report = ms_port.export(out, ms_model="mindformers:llama",
+                            config=models(name) / "config.json", output=back,
+                            max_shard_size=shard)
+    assert report.ok, report.plan.problems()[:5]
+    files = sorted(p.name for p in back.iterdir())
+    assert "config.json" in files
+    assert ("model.safetensors.index.json" in files) is (shard is not None)
+    original, again = read_source(models(name)), read_source(back)
+    assert sorted(original.tensors) == sorted(again.tensors)  # a tied head stays tied
+    for key, info in original.tensors.items():
+        mine = again.tensors[key]
+        assert (mine.dtype, mine.shape) == (info.dtype, info.shape), key
+        assert mine.load().tobytes() == info.load().tobytes(), key
+    model, loading = transformers.AutoModelForCausalLM.from_pretrained(
+        back, output_loading_info=True)
+    assert not loading["missing_keys"] and not loading["unexpected_keys"]
+    assert not loading["mismatched_keys"]
+
+
+def test_export_refuses_a_non_empty_directory_without_force(models, tmp_path):
+    out, _ = _convert(models, tmp_path, "llama-f32", True)
+    back = tmp_path / "back"
+    back.mkdir()
+    (back / "notes.txt").write_text("mine")
+    with pytest.raises(ms_port.errors.OutputExistsError):
+        ms_port.export(out, ms_model="mindformers:llama",
+                       config=models("llama-f32") / "config.json", output=back)
+    assert (back / "notes.txt").read_text() == "mine"
+
+
+@needs_mindformers
+def test_sharded_output_loads_in_mindspore(models, tmp_path):
+    import mindspore as ms
+    from mindspore.parallel import load_distributed_checkpoint
+
+    from ms_port.archs.mindformers import build_llama
+
+    shards = tmp_path / "shards"
+    report = ms_port.convert(models("qwen2-bf16"), ms_model="mindformers:llama",
+                             ms_options={"qkv_concat": True}, output=shards,
+                             max_shard_size="60KB")
+    assert report.ok and len(report.written.shards) > 2
+    index = json.loads((shards / "param_name_map.json").read_text())["weight_map"]
+    assert set(index) == {m.target for m in report.plan.matches}
+    source = read_source(models("qwen2-bf16"))
+    net = build_llama(source.config, qkv_concat=True, seq_length=8)
+    loaded = load_distributed_checkpoint(net, format="safetensors",
+                                         unified_safetensors_dir=str(shards),
+                                         return_param_dict=True)
+    assert set(loaded) == set(index)
+    for m in report.plan.matches:  # MindSpore reads back what the plan says, bit for bit
+        want = report.plan.expected(m)
+        got = loaded[m.target]
+        got = got.float().asnumpy() if got.dtype == ms.bfloat16 else got.asnumpy()
+        assert np.array_equal(got, want.astype(np.float32)), m.target
+    assert read_source(shards).format == "safetensors-sharded"  # ms-port reads it too
+
+
+def test_output_directory_holding_the_source_is_refused(models, tmp_path):
+    src = tmp_path / "m"
+    shutil.copytree(models("llama-f32"), src)
+    with pytest.raises(ms_port.errors.WriteError, match="holds an input"):
+        ms_port.convert(src, ms_model="mindformers:llama", output=src, max_shard_size="60KB",
+                        force=True)
+
+
+@needs_mindformers
+def test_mindformers_is_contained_json_parses_and_nothing_lands_in_cwd(models, tmp_path):
+    import subprocess
+    import sys
+
+    out, _ = _convert(models, tmp_path, "llama-f32", False)
+    work = tmp_path / "cwd"
+    work.mkdir()
+    run = subprocess.run([sys.executable, "-m", "ms_port.cli", "verify",
+                          str(models("llama-f32")), str(out), "--ms-model",
+                          "mindformers:llama", "--json"],
+                         cwd=work, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert json.loads(run.stdout)["verdict"] == "PASS"
+    assert list(work.iterdir()) == []  # no ./output/log
+    assert " - INFO - " not in run.stderr

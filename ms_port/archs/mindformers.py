@@ -15,6 +15,7 @@ length).
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import sys
 import tempfile
@@ -154,6 +155,10 @@ def contained() -> Any:
                           os.path.join(tempfile.gettempdir(), "ms-port-mindformers-log"))
     with contextlib.redirect_stdout(sys.stderr):
         yield
+        # its INFO lines (pipeline stages, recompute settings) tell a converter's user nothing
+        get_logger = getattr(sys.modules.get("mindformers.tools.logger"), "get_logger", None)
+        if get_logger is not None:
+            get_logger().setLevel(logging.WARNING)
 
 
 def llama_config(config: dict[str, Any], *, qkv_concat: bool = False,

@@ -44,15 +44,46 @@ class ExportReport(ConversionReport):
         return super().__repr__().replace("ConversionReport", "ExportReport", 1)
 
 
-def _torch_side(arch: str | None, torch_model: Any, target: Any) -> tuple[Source, str]:
+def _from_config(config: dict[str, Any], where: str) -> tuple[Source, str]:
+    """A Hugging Face model's names, shapes and dtypes from its config, built on the meta
+    device (no weights allocated); a tied weight is listed once, as transformers saves it."""
+    import torch
+
+    from ..check.language import torch_from_config
+    from ..check.networks import tied_names
+    from ..read.sources import _TORCH_DTYPE_NAMES
+
+    with torch.device("meta"):
+        module = torch_from_config(config, where)
+    dtype = config.get("dtype") or config.get("torch_dtype") or "float32"
+    if dtype not in _TORCH_DTYPE_NAMES.values():
+        dtype = "float32"
+    tied = tied_names(module)
+    infos: dict[str, TensorInfo] = {}
+    for name, tensor in module.state_dict().items():
+        if tied.get(name, set()) & set(infos):  # the twin is already listed
+            continue
+        infos[name] = TensorInfo(name, tuple(tensor.shape), dtype)
+    what = f"transformers {type(module).__name__} ({where})"
+    return Source(what, "torch-module", infos, config=config, config_path=where), what
+
+
+def _torch_side(arch: str | None, torch_model: Any, target: Any,
+                config: dict[str, Any] | None = None,
+                config_path: str | None = None) -> tuple[Source, str]:
     """The PyTorch names, shapes and dtypes wanted, as a metadata-only Source."""
+    if sum(x is not None for x in (arch, torch_model, target)) == 0 and config is not None:
+        return _from_config(config, config_path or "config")
     if sum(x is not None for x in (arch, torch_model, target)) != 1:
         raise TargetError("give exactly one PyTorch target: --arch NAME, --torch-model "
-                          "module:callable or --target FILE.pth")
+                          "module:callable, --target FILE.pth, or --config config.json "
+                          "(a Hugging Face model)")
     if target is not None:
         src = read_source(target)
         return Source(src.path, src.format, {n: replace(i, loader=None)
-                                             for n, i in src.tensors.items()}), str(target)
+                                             for n, i in src.tensors.items()},
+                      config=config or src.config,
+                      config_path=config_path or src.config_path), str(target)
     if arch is not None:
         from ..archs import get_arch
 
@@ -89,14 +120,41 @@ def invert_plan(forward: Plan, checkpoint: Source, torch_side: Source) -> Plan:
     """Turn a PyTorch -> MindSpore plan around; restore what MindSpore cannot hold."""
     matches: dict[str, Match] = {}
     initialised = []
+    conflicts = [Conflict(c.kind, c.sources, c.targets, c.message) for c in forward.conflicts]
+    split: dict[str, list[Match]] = {}
     for m in forward.matches:
         if m.init is not None:  # made on conversion: nothing in PyTorch to restore
             initialised.append(Dropped(m.target, f"initialised on conversion ({m.detail})"))
             continue
+        dtype = checkpoint.tensors[m.target].dtype
+        if m.how == "tied":  # PyTorch holds it once, as the tensor it is tied to
+            initialised.append(Dropped(m.target, f"tied: {m.detail}"))
+            continue
+        if (m.parts or m.part is not None) and m.transforms:
+            conflicts.append(Conflict("shape", (m.source,), (m.target,), (
+                f"{m.target!r} was {m.detail} with transforms "
+                f"{', '.join(map(str, m.transforms))}; export cannot undo a layout with "
+                "transforms yet — export without that entry")))
+            continue
+        if m.parts:  # fused on conversion: each PyTorch part is taken back out
+            for i, part in enumerate(m.parts):
+                shape = torch_side.tensors[part].shape
+                matches[part] = Match(part, m.target, m.how, f"part {i + 1} of {m.detail}",
+                                      m.shape, shape, dtype, dtype, layout=m.layout, part=i)
+            continue
+        if m.part is not None:  # split on conversion: fused again below
+            split.setdefault(m.source, []).append(m)
+            continue
         matches[m.source] = Match(
             m.source, m.target, m.how, f"inverse of {m.detail}", m.shape, m.source_shape,
-            checkpoint.tensors[m.target].dtype, checkpoint.tensors[m.target].dtype,
-            invert(m.transforms, m.source_shape))
+            dtype, dtype, invert(m.transforms, m.source_shape))
+    for name, parts in split.items():
+        parts.sort(key=lambda p: p.part)
+        dtype = checkpoint.tensors[parts[0].target].dtype
+        matches[name] = Match(name, parts[0].target, "mapping",
+                              f"{parts[0].layout} of {len(parts)} (inverse of a split)",
+                              parts[0].source_shape, parts[0].source_shape, dtype, dtype,
+                              parts=tuple(p.target for p in parts), layout=parts[0].layout)
     restored: dict[str, TensorInfo] = {}
     for d in forward.dropped:
         info = torch_side.tensors[d.name]
@@ -113,25 +171,32 @@ def invert_plan(forward: Plan, checkpoint: Source, torch_side: Source) -> Plan:
     missing = [Missing(u.name, u.shape, u.dtype, u.candidates) for u in forward.unused]
     missing += [Missing(d.name, torch_side.tensors[d.name].shape,
                         torch_side.tensors[d.name].dtype)
-                for d in forward.dropped if d.name not in matches]
+                for d in forward.dropped if d.name not in matches
+                and not d.reason.startswith("tied")]
     unused = [Unused(m.name, m.shape, m.dtype, m.candidates) for m in forward.missing]
-    conflicts = [Conflict(c.kind, c.sources, c.targets, c.message) for c in forward.conflicts]
     ordered = [matches[n] for n in target.tensors if n in matches]
     return Plan(source, target, forward.mapping, ordered, missing, unused, initialised,
                 conflicts,
-                allow_missing=forward.allow_unused, allow_unused=forward.allow_missing)
+                allow_missing=forward.allow_unused, allow_unused=forward.allow_missing,
+                notes=list(forward.notes), params=dict(forward.params))
 
 
 def export_plan(checkpoint: str | Path, *, arch: str | None, torch_model: Any,
                 target: Any, ms_model: Any, mapping: Any, dtype: str | None,
-                allow_missing: bool, allow_unused: bool) -> Plan:
+                allow_missing: bool, allow_unused: bool,
+                config: dict[str, Any] | None = None, config_path: str | None = None) -> Plan:
     """The inverted plan for :func:`ms_port.export` (see the module docstring)."""
     from ..api import resolve_mapping
+    from ..read.targets import FAMILIES
 
     ckpt = read_source(checkpoint, strip_prefixes=False)
-    torch_side, _ = _torch_side(arch, torch_model, target)
-    forward = make_plan(torch_side, _ms_side(ckpt, arch, ms_model),
-                        resolve_mapping(mapping, arch=arch),
+    torch_side, _ = _torch_side(arch, torch_model, target, config, config_path)
+    family = ms_model if isinstance(ms_model, str) and ms_model in FAMILIES else None
+    ms_side = _ms_side(ckpt, arch, None if family else ms_model)
+    ms_side.family = family
+    forward = make_plan(torch_side, ms_side,
+                        resolve_mapping(mapping, arch=arch, config=torch_side.config,
+                                        target=ms_side),
                         allow_missing=allow_unused, allow_unused=allow_missing)
     plan = invert_plan(forward, ckpt, torch_side)
     if dtype is not None:

@@ -111,7 +111,8 @@ class Source:
 
 #: what a Hugging Face model directory holds its weights in, most preferred first
 HF_WEIGHTS = ("model.safetensors.index.json", "model.safetensors",
-              "pytorch_model.bin.index.json", "pytorch_model.bin")
+              "pytorch_model.bin.index.json", "pytorch_model.bin",
+              "param_name_map.json")  # the last: MindSpore shards (ms-port --max-shard-size)
 #: the largest config.json read
 MAX_CONFIG_BYTES = 4 << 20
 
@@ -174,7 +175,7 @@ def detect_format(path: str | Path) -> str:
     _check_file(path)
     with open(path, "rb") as f:
         head = f.read(16)
-    if path.name.endswith(".index.json"):
+    if path.name.endswith(".index.json") or path.name == "param_name_map.json":
         return "sharded"
     if head.startswith(b"PK"):
         return "torch-zip"

@@ -245,6 +245,7 @@ def write_plan(
     crc: bool = False,
     check_finite: bool = False,
     progress: Progress | None = None,
+    metadata: dict[str, str] | None = None,
 ) -> WriteResult:
     """Write ``plan`` to ``output`` atomically and verify it bit for bit.
 
@@ -260,6 +261,8 @@ def write_plan(
         crc: append MindSpore's ``crc_check`` trailer (``ckpt`` only).
         check_finite: refuse (NonFiniteError) weights holding NaN or Inf.
         progress: called with (phase, bytes done, bytes total) while writing/reading back.
+        metadata: a safetensors header's ``__metadata__`` (transformers wants
+            ``{"format": "pt"}``); default ``{"format": "ms-port"}``.
 
     Raises:
         OutputExistsError, WriteError, ReadbackError, NonFiniteError.
@@ -279,7 +282,7 @@ def write_plan(
             elif format == "pth":
                 _write_pth(arrays, f)
             else:
-                _write_safetensors(plan, arrays, f, progress=progress)
+                _write_safetensors(plan, arrays, f, progress=progress, metadata=metadata)
             fsynced(f)
         if nonfinite and check_finite:
             names = ", ".join(f"{k} ({v})" for k, v in list(nonfinite.items())[:5])
@@ -333,9 +336,10 @@ def _write_pth(arrays: Iterator, f: BinaryIO) -> None:
 
 
 def _write_safetensors(plan: Plan, arrays: Iterator, f: BinaryIO, *,
-                       progress: Progress | None) -> None:
+                       progress: Progress | None,
+                       metadata: dict[str, str] | None = None) -> None:
     """Stream a safetensors file: the header is known from the Plan before any data."""
-    header: dict[str, Any] = {"__metadata__": {"format": "ms-port"}}
+    header: dict[str, Any] = {"__metadata__": dict(metadata or {"format": "ms-port"})}
     offset = 0
     for m in plan.matches:
         size = int(np.prod(m.shape, dtype=np.int64)) * itemsize(m.out_dtype)

@@ -1,0 +1,189 @@
+"""Write a Plan as a directory: safetensors shards plus a name -> file index.
+
+Two layouts, one writer:
+
+- ``mindspore``: ``model-00001-of-00003.safetensors``… and ``param_name_map.json``
+  (``{"metadata": {"total_size"}, "weight_map": {name: shard}}``), what MindSpore's
+  ``load_parallel_checkpoint`` and MindFormers' safetensors loading read from a folder;
+  each shard also loads on its own with ``mindspore.load_checkpoint(f, format="safetensors")``.
+- ``hf``: ``model.safetensors`` (or shards and ``model.safetensors.index.json``) with
+  ``{"format": "pt"}`` metadata and the model's ``config.json``: a directory
+  ``transformers.AutoModelForCausalLM.from_pretrained`` loads.
+
+Every shard is written like any output (temporary file, fsync, read back bit for bit,
+rename). A new directory is assembled under a temporary name and renamed into place, so
+it appears whole or not at all; into an existing one (``force``), the index is written
+last and stale shards of ours are removed after it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import OutputExistsError, WriteError
+from ..match.plan import Match, Plan
+from ..read.tensors import itemsize
+from .writers import Progress, write_plan, write_text
+
+LAYOUTS = ("mindspore", "hf")
+_SHARD = re.compile(r"model-\d{5}-of-\d{5}\.safetensors")
+_UNITS = {"": 1, "B": 1, "KB": 1000, "MB": 1000**2, "GB": 1000**3, "KIB": 2**10,
+          "MIB": 2**20, "GIB": 2**30}
+
+
+def parse_size(text: str | int) -> int:
+    """``"2GB"`` -> 2_000_000_000 (``KB/MB/GB`` decimal, ``KiB/MiB/GiB`` binary)."""
+    if isinstance(text, int) and not isinstance(text, bool):
+        size = text
+    else:
+        m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*", str(text))
+        unit = m.group(2).upper() if m else None
+        if m is None or unit not in _UNITS:
+            raise WriteError(f"shard size {text!r}: expected a number with KB, MB, GB, KiB, "
+                             "MiB or GiB (e.g. 2GB)")
+        size = int(float(m.group(1)) * _UNITS[unit])
+    if size < 1:
+        raise WriteError(f"shard size {text!r} must be positive")
+    return size
+
+
+@dataclass(frozen=True)
+class DirectoryResult:
+    """A written directory: its shards, index and how they were checked."""
+
+    path: str
+    layout: str
+    shards: list[str]
+    index: str | None
+    tensors: int
+    nbytes: int
+    readback: str
+    replaced: bool
+    seconds: float
+    config: str | None = None
+    nonfinite: dict[str, int] = field(default_factory=dict)
+    format: str = "safetensors"
+    crc: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**self.__dict__, "nonfinite": dict(self.nonfinite)}
+
+
+def _nbytes(m: Match) -> int:
+    return int(np.prod(m.shape, dtype=np.int64)) * itemsize(m.out_dtype)
+
+
+def shard_groups(matches: list[Match], max_bytes: int | None) -> list[list[Match]]:
+    """Consecutive groups of at most ``max_bytes`` (a larger tensor gets a shard alone)."""
+    if max_bytes is None:
+        return [list(matches)]
+    groups: list[list[Match]] = [[]]
+    size = 0
+    for m in matches:
+        n = _nbytes(m)
+        if groups[-1] and size + n > max_bytes:
+            groups.append([])
+            size = 0
+        groups[-1].append(m)
+        size += n
+    return groups
+
+
+def check_directory(output: str | Path, *, force: bool,
+                    inputs: list[Any] | tuple[Any, ...] = ()) -> Path:
+    """Fail early if ``output`` cannot become the output directory (or holds an input:
+    writing shards beside a source's own could replace them)."""
+    path = Path(output)
+    for given in inputs:
+        if given is None or not path.is_dir():
+            continue
+        inside = Path(given).resolve()
+        if inside == path.resolve() or path.resolve() in inside.parents:
+            raise WriteError(f"{path} holds an input of this run ({given}); write the "
+                             "output into another directory", path=path)
+    if path.exists() and not path.is_dir():
+        raise WriteError(f"{path} is a file; a sharded or Hugging Face output is a directory "
+                         "— give a directory name", path=path)
+    if not path.parent.is_dir():
+        raise WriteError(f"{path.parent}: no such directory for the output; create it first",
+                         path=path)
+    if path.is_dir() and any(path.iterdir()) and not force:
+        raise OutputExistsError(f"{path} exists and is not empty; pass --force (force=True) "
+                                "to write into it", path=path)
+    return path
+
+
+def write_directory(plan: Plan, output: str | Path, *, layout: str = "mindspore",
+                    max_shard_size: str | int | None = None, force: bool = False,
+                    config: dict[str, Any] | None = None, check_finite: bool = False,
+                    progress: Progress | None = None) -> DirectoryResult:
+    """Write ``plan`` as a directory of safetensors shards with an index (see module doc).
+
+    Args:
+        layout: ``mindspore`` (``param_name_map.json``) or ``hf`` (transformers' names,
+            ``config.json`` written from ``config``).
+        max_shard_size: bytes per shard (``"2GB"``); ``None``: one file.
+    """
+    if layout not in LAYOUTS:
+        raise WriteError(f"unknown directory layout {layout!r}; choose {' or '.join(LAYOUTS)}")
+    start = time.perf_counter()
+    final = check_directory(output, force=force)
+    groups = shard_groups(plan.matches, None if max_shard_size is None
+                          else parse_size(max_shard_size))
+    names = (["model.safetensors"] if len(groups) == 1 and layout == "hf" else
+             [f"model-{i + 1:05d}-of-{len(groups):05d}.safetensors" for i in range(len(groups))])
+    index_name = ("param_name_map.json" if layout == "mindspore" else
+                  None if len(groups) == 1 else "model.safetensors.index.json")
+    metadata = {"format": "pt"} if layout == "hf" else None
+    fresh = not final.exists()
+    work = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".ms-port-{os.getpid()}-")) \
+        if fresh else final
+    replaced = not fresh and any(final.iterdir())
+    nonfinite: dict[str, int] = {}
+    try:
+        total = sum(_nbytes(m) for m in plan.matches)
+        done = 0
+        for name, group in zip(names, groups):
+            def step(phase: str, d: int, _t: int, base: int = done) -> None:
+                if progress:
+                    progress(phase, base + d, total)
+
+            part = replace(plan, matches=group)
+            written = write_plan(part, work / name, format="safetensors", force=force,
+                                 check_finite=check_finite, progress=step, metadata=metadata)
+            nonfinite.update(written.nonfinite)
+            done += sum(_nbytes(m) for m in group)
+        if config is not None:
+            write_text(work / "config.json", json.dumps(config, indent=2) + "\n", force=force)
+        if index_name is not None:
+            weight_map = {m.target: name for name, group in zip(names, groups) for m in group}
+            index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+            write_text(work / index_name, json.dumps(index, indent=2) + "\n", force=force)
+        if fresh:
+            os.rename(work, final)  # the directory appears whole, or not at all
+        else:
+            for stale in final.iterdir():  # shards of ours a previous, larger run left
+                if _SHARD.fullmatch(stale.name) and stale.name not in names:
+                    stale.unlink()
+    except BaseException:
+        if fresh:
+            shutil.rmtree(work, ignore_errors=True)
+        raise
+    nbytes = sum((final / n).stat().st_size for n in names)
+    return DirectoryResult(str(final), layout, names, index_name, len(plan.matches), nbytes,
+                           "bit-exact", replaced, time.perf_counter() - start,
+                           "config.json" if config is not None else None, nonfinite)
+
+
+__all__ = ["LAYOUTS", "DirectoryResult", "check_directory", "parse_size", "shard_groups",
+           "write_directory"]
