@@ -314,7 +314,7 @@ def test_export_round_trip_is_bit_identical_and_loads_in_transformers(models, tm
         mine = again.tensors[key]
         assert (mine.dtype, mine.shape) == (info.dtype, info.shape), key
         assert mine.load().tobytes() == info.load().tobytes(), key
-    model, loading = transformers.AutoModelForCausalLM.from_pretrained(
+    _, loading = transformers.AutoModelForCausalLM.from_pretrained(
         back, output_loading_info=True)
     assert not loading["missing_keys"] and not loading["unexpected_keys"]
     assert not loading["mismatched_keys"]
@@ -383,3 +383,52 @@ def test_mindformers_is_contained_json_parses_and_nothing_lands_in_cwd(models, t
     assert json.loads(run.stdout)["verdict"] == "PASS"
     assert list(work.iterdir()) == []  # no ./output/log
     assert " - INFO - " not in run.stderr
+
+
+def _gpt2(tmp_path):
+    import torch
+
+    from gpt2_ms import SIZES
+
+    config = transformers.GPT2Config(
+        vocab_size=SIZES["vocab"], n_positions=SIZES["positions"], n_embd=SIZES["hidden"],
+        n_head=SIZES["heads"], n_layer=SIZES["layers"], activation_function="gelu_new")
+    torch.manual_seed(0)
+    model = transformers.GPT2LMHeadModel(config)
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith(("ln_1.weight", "ln_2.weight", "ln_f.weight")):
+                param.copy_(1 + 0.2 * torch.randn(param.shape, generator=gen))
+            elif name.endswith(".bias"):
+                param.copy_(0.1 * torch.randn(param.shape, generator=gen))
+    model.save_pretrained(tmp_path / "gpt2")
+    return tmp_path / "gpt2"
+
+
+def test_gpt2_c_attn_splits_into_separate_qkv_and_verifies(tmp_path):
+    from gpt2_ms import MAPPING, build
+
+    from ms_port.match.mapping import parse_mapping
+
+    src = _gpt2(tmp_path)
+    table = parse_mapping(MAPPING, origin="gpt2.yaml")
+    report = ms_port.convert(src, ms_model=build, mapping=table, output=tmp_path / "g.ckpt")
+    assert report.ok, report.plan.problems()[:5]
+    split = [m for m in report.plan.matches if m.part is not None]
+    assert len(split) == 2 * 3 * 2  # weight and bias, q/k/v, 2 layers
+    q = next(m for m in split if m.target == "h.0.attn.q.weight")
+    c_attn = read_source(src)["transformer.h.0.attn.c_attn.weight"].load()
+    assert np.array_equal(report.plan.expected(q), c_attn[:, :48].T)
+    parity = ms_port.verify(src, tmp_path / "g.ckpt", ms_model=build, mapping=table)
+    assert parity.verdict == "PASS", parity.message
+
+    def swap_qk(tensors):  # the classic slip: q and k taken from the wrong thirds
+        tensors["h.0.attn.q.weight"], tensors["h.0.attn.k.weight"] = (
+            tensors["h.0.attn.k.weight"], tensors["h.0.attn.q.weight"])
+        return tensors
+
+    wrong = rewrite_checkpoint(tmp_path / "g.ckpt", tmp_path / "w.ckpt", swap_qk)
+    parity = ms_port.verify(src, wrong, ms_model=build, mapping=table)
+    assert parity.verdict == "FAIL"
+    assert parity.first_divergence.ms_name.startswith("h.0.attn")

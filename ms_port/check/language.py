@@ -18,9 +18,11 @@ DEFAULT_TOKENS = 16
 
 
 def is_language_model(config: dict[str, Any] | None) -> bool:
-    """A Hugging Face causal LM config (``architectures`` ending in ``ForCausalLM``)."""
+    """A Hugging Face causal LM config (``architectures``: ``*ForCausalLM``, GPT-2's
+    ``*LMHeadModel``)."""
     archs = (config or {}).get("architectures") or []
-    return isinstance(archs, list) and any(isinstance(a, str) and a.endswith("ForCausalLM")
+    return isinstance(archs, list) and any(isinstance(a, str)
+                                           and a.endswith(("ForCausalLM", "LMHeadModel"))
                                            for a in archs) and "vocab_size" in config
 
 
