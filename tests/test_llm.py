@@ -387,7 +387,6 @@ def test_mindformers_is_contained_json_parses_and_nothing_lands_in_cwd(models, t
 
 def _gpt2(tmp_path):
     import torch
-
     from gpt2_ms import SIZES
 
     config = transformers.GPT2Config(
