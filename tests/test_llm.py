@@ -431,3 +431,32 @@ def test_gpt2_c_attn_splits_into_separate_qkv_and_verifies(tmp_path):
     parity = ms_port.verify(src, wrong, ms_model=build, mapping=table)
     assert parity.verdict == "FAIL"
     assert parity.first_divergence.ms_name.startswith("h.0.attn")
+
+
+def test_saved_map_states_fused_entries_and_reproduces_the_plan(models, tmp_path):
+    """--save-map writes each fused target as a fuse: entry (never as a one-source line),
+    and that file alone, against a template of the output, fills every target again."""
+    import yaml
+
+    out, plan = _convert(models, tmp_path, "qwen2-bf16", True)
+    saved = yaml.safe_load(plan.to_yaml())
+    assert not any("w_qkv" in t or "w_gate_hidden" in t for t in saved["tensors"])
+    fused = {e["target"]: e for e in saved["fuse"]}
+    qkv = fused["model.layers.0.attention.w_qkv.bias"]
+    assert qkv["layout"] == {"grouped": 2, "sizes": [32, 8, 8], "axis": 0}
+    (tmp_path / "saved.yaml").write_text(plan.to_yaml())
+    again = ms_port.plan(models("qwen2-bf16"), target=out, mapping=tmp_path / "saved.yaml")
+    assert again.ok, again.problems()[:3]
+    for m in again.matches:
+        assert again.expected(m).tobytes() == plan.expected(
+            next(x for x in plan.matches if x.target == m.target)).tobytes()
+
+
+def test_json_report_names_the_table_and_config_values(models, tmp_path, cli):
+    result = cli(["convert", str(models("mistral-bf16")), "--ms-model", "mindformers:llama",
+                  "--ms-option", "qkv_concat=true", "--dry-run", "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.output)
+    assert data["mapping"] == "mappings/hf_llama_mindformers.yaml"
+    assert data["params"]["kv_heads"] == {"value": 4, "from": "num_key_value_heads"}
+    assert data["config"].endswith("config.json")

@@ -245,8 +245,11 @@ class Plan(Renderable):
         from .suggest import minimal
 
         dropped = {d.name for d in self.dropped}  # dropped by their original names
-        segments, lines = ({}, self.matches) if full else minimal(
-            self.matches, [n for n in self.source.tensors if n not in dropped])
+        # fused, split and tied targets are stated as such below, never as one-source lines
+        single = [m for m in self.matches
+                  if not m.parts and m.part is None and m.how != "tied"]
+        segments, lines = ({}, single) if full else minimal(
+            single, [n for n in self.source.tensors if n not in dropped])
         tensors: dict[str, Any] = {}
         for m in self.matches:
             if m.init is not None:
@@ -264,7 +267,31 @@ class Plan(Renderable):
         if segments:
             data["rename"] = {"segments": segments}
         data["tensors"] = tensors
-        drops = [d.name for d in self.dropped if full or not known_drop(d.name)]
+        fuse = [{"target": _braced(m.target), "sources": [_braced(p) for p in m.parts],
+                 "layout": m.layout.to_data(),
+                 **({"transforms": [t.to_data() for t in m.transforms]} if m.transforms
+                    else {})}
+                for m in self.matches if m.parts and m.layout is not None]
+        if fuse:
+            data["fuse"] = fuse
+        splits: dict[str, list[Match]] = {}
+        for m in self.matches:
+            if m.part is not None:
+                splits.setdefault(m.source, []).append(m)
+        if splits:
+            data["split"] = [
+                {"source": _braced(src), "targets": [_braced(m.target) for m in
+                                                     sorted(ms, key=lambda x: x.part)],
+                 "layout": ms[0].layout.to_data(),
+                 **({"transforms": [t.to_data() for t in ms[0].transforms]}
+                    if ms[0].transforms else {})}
+                for src, ms in splits.items() if ms[0].layout is not None]
+        if self.mapping.tied:
+            data["tied"] = [{"source": e.source, "same_as": e.same_as,
+                             **({"when": e.when} if e.when else {})}
+                            for e in self.mapping.tied]
+        drops = [d.name for d in self.dropped if (full or not known_drop(d.name))
+                 and not d.reason.startswith("tied")]
         if drops:
             data["drop"] = [_literal(n) for n in drops]
         return data
@@ -309,6 +336,14 @@ class Plan(Renderable):
 
 def _numel(shape: tuple[int, ...]) -> int:
     return int(np.prod(shape, dtype=np.int64))
+
+
+def _braced(name: str) -> str:
+    """A literal name in a ``fuse:``/``split:`` entry, where ``{x}`` is a placeholder."""
+    if "{" in name or "}" in name:
+        raise MappingError(f"tensor {name!r} has braces, which a saved fuse/split entry "
+                           "cannot write literally; rename it or write the entry by hand")
+    return name
 
 
 def _literal(name: str) -> str:
