@@ -206,8 +206,16 @@ def plan(
     tgt = resolve_target(arch=arch, target=target, ms_model=ms_model, config=src.config,
                          ms_options=ms_options)
     table = resolve_mapping(mapping, arch=arch, config=src.config, target=tgt)
-    return make_plan(src, tgt, table, allow_missing=allow_missing, allow_unused=allow_unused,
+    made = make_plan(src, tgt, table, allow_missing=allow_missing, allow_unused=allow_unused,
                      allow_shape_match=allow_shape_match, dtype=dtype, align=align)
+    shapes = [c for c in made.conflicts if c.kind == "shape"]
+    if tgt.kind == "family" and shapes:
+        # the target was computed from the config: a shape clash means the config is wrong
+        raise TargetError(f"{src.config_path}: the config does not fit the checkpoint "
+                          f"({len(shapes)} tensors), e.g. {shapes[0].message.split(';')[0]} — "
+                          "check config.json (num_key_value_heads, hidden_size, "
+                          "intermediate_size, vocab_size)")
+    return made
 
 
 def convert(

@@ -101,10 +101,10 @@ def _conversion(r: Any, *, limit: int | None, show: str) -> Any:
     fused = [m for m in plan.matches if m.parts]
     split = [m for m in plan.matches if m.part is not None]
     if fused or split:
-        lines.append(escape(f"layouts: {len(fused)} fused from {sum(len(m.parts) for m in fused)}"
-                            f" sources, {len(split)} split out"
-                            + "".join(f"; {lay}" for lay in sorted(
-                                {str(m.layout) for m in fused + split}))))
+        told = ([f"{len(fused)} fused from {sum(len(m.parts) for m in fused)} sources"]
+                if fused else []) + ([f"{len(split)} split out"] if split else [])
+        lines.append(escape(f"layouts: {', '.join(told)}" + "".join(
+            f"; {lay}" for lay in sorted({str(m.layout) for m in fused + split}))))
     if plan.params:
         where = getattr(plan.source, "config_path", None)
         lines.append(escape("config:  " + (f"{where}: " if where else "") + ", ".join(

@@ -271,6 +271,10 @@ def test_config_that_does_not_fit_the_tensors_is_one_line_exit_2(tmp_path, cli):
     assert "num_key_value_heads" in result.output or "kv_heads" in result.output
     assert "Traceback" not in result.output
     assert not (tmp_path / "o.ckpt").exists()
+    result = cli(["convert", str(src), "--ms-model", "mindformers:llama",  # separate q/k/v
+                  "-o", str(tmp_path / "o.ckpt")])
+    assert result.exit_code == 2 and "does not fit the checkpoint" in result.output
+    assert len(result.output.strip().splitlines()) <= 3  # one error line and the hint
 
 
 def test_family_without_config_says_where_to_put_it(tmp_path, cli):

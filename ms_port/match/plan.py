@@ -644,7 +644,7 @@ class _Many:
         try:
             return spec.resolve(self.values() if needs_config else {}, lengths)
         except (LayoutError, ParamError) as exc:
-            raise MappingError(f"{self.mapping.origin}: {entry.where}: {what}: {exc}",
+            raise MappingError(f"{entry.where}: {what}: {exc}",
                                path=self.mapping.origin) from None
 
     def _fuse(self, entry: Any) -> None:
@@ -669,13 +669,13 @@ class _Many:
             infos = [self.source.tensors[n] for n in names]
             what = f"cannot fuse {t!r} from {', '.join(names)}"
             if any(len(i.shape) <= axis for i in infos):
-                raise MappingError(f"{self.mapping.origin}: {entry.where}: {what}: a part "
+                raise MappingError(f"{entry.where}: {what}: a part "
                                    f"has no axis {axis}", path=self.mapping.origin)
             layout = self._layout(entry, [i.shape[axis] for i in infos], what)
             try:
                 joined = layout.fused_shape([i.shape for i in infos])
             except LayoutError as exc:
-                raise MappingError(f"{self.mapping.origin}: {entry.where}: {what}: {exc}",
+                raise MappingError(f"{entry.where}: {what}: {exc}",
                                    path=self.mapping.origin) from None
             dtypes = {i.dtype for i in infos}
             made = _shape_or_none(entry.transforms, joined)
@@ -716,14 +716,14 @@ class _Many:
                 continue
             shapes = [_before(entry.transforms, self.target.tensors[n].shape) for n in names]
             if any(s is None or len(s) <= axis for s in shapes):
-                raise MappingError(f"{self.mapping.origin}: {entry.where}: {what}: the "
+                raise MappingError(f"{entry.where}: {what}: the "
                                    "transforms cannot be undone to find each part's shape; "
                                    "declare the layout's sizes", path=self.mapping.origin)
             layout = self._layout(entry, [s[axis] for s in shapes], what)
             try:
                 joined = layout.fused_shape(shapes)
             except LayoutError as exc:
-                raise MappingError(f"{self.mapping.origin}: {entry.where}: {what}: {exc}",
+                raise MappingError(f"{entry.where}: {what}: {exc}",
                                    path=self.mapping.origin) from None
             if joined != info.shape:
                 self.conflicts.append(Conflict(
@@ -757,6 +757,10 @@ class _Many:
                                   f"({why}) but holds other values; it is matched on its own")
             return
         renamed, _ = self.mapping.rename(entry.source)
+        if entry.source not in self.target and renamed not in self.target:
+            self.notes.append(f"{entry.source} is {entry.same_as}: {why}; stored once, on "
+                              "both sides")
+            return
         for name in dict.fromkeys((entry.source, renamed)):
             if name in self.target and name not in self.matches:
                 tt = self.target.tensors[name]
