@@ -125,3 +125,15 @@ def test_notebook_executes(tmp_path, monkeypatch):
             assert fact in page, fact
     assert list(cwd.iterdir()) == []
     assert [p.name for p in tmp.iterdir() if p.name.startswith("ms-port")] == []  # rmtree'd
+
+
+def test_make_tiny_llm(tmp_path):
+    out = tmp_path / "tiny"
+    subprocess.run([sys.executable, str(EXAMPLES / "make_tiny_llm.py"), str(out), "--kind",
+                    "llama", "--dtype", "float32"], check=True, capture_output=True,
+                   cwd=tmp_path)
+    import ms_port
+    from ms_port.read.sources import read_source
+
+    assert ms_port.inspect(out).total_tensors == 21  # 2 layers x 9 + embedding, norm, head
+    assert read_source(out).config["model_type"] == "llama"  # a directory, config found

@@ -14,9 +14,11 @@ length).
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import logging
 import os
+import shutil
 import sys
 import tempfile
 from dataclasses import dataclass
@@ -150,9 +152,12 @@ def llama_target(config: dict[str, Any], *, qkv_concat: bool = False) -> Target:
 
 @contextlib.contextmanager
 def contained() -> Any:
-    """Import MindFormers without it writing ``./output/log`` or logging to stdout."""
-    os.environ.setdefault("LOCAL_DEFAULT_PATH",
-                          os.path.join(tempfile.gettempdir(), "ms-port-mindformers-log"))
+    """Import MindFormers without it writing ``./output/log`` or logging to stdout: its log
+    folder is a temporary one, removed at exit, unless ``LOCAL_DEFAULT_PATH`` is set."""
+    if "LOCAL_DEFAULT_PATH" not in os.environ:  # read once, when MindFormers is imported
+        logs = tempfile.mkdtemp(prefix="ms-port-mindformers-")
+        atexit.register(shutil.rmtree, logs, ignore_errors=True)
+        os.environ["LOCAL_DEFAULT_PATH"] = logs
     with contextlib.redirect_stdout(sys.stderr):
         yield
         # its INFO lines (pipeline stages, recompute settings) tell a converter's user nothing
