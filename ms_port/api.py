@@ -105,10 +105,10 @@ def resolve_target(
                           "a factory takes its own arguments")
     if isinstance(ms_model, str):
         return from_factory(ms_model)
-    from .read.targets import instantiate
+    from .read.targets import instantiate, without_weights
 
     # a Cell, or a factory / class that builds one: the same contract as verify's
-    return from_cell(instantiate(ms_model, "--ms-model"))
+    return from_cell(without_weights(lambda: instantiate(ms_model, "--ms-model")))
 
 
 def resolve_mapping(mapping: Any, *, arch: str | None = None,

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ParityError, TargetError
+from ..errors import ParityError
 from ..read.sources import Source, read_source
 from .report import FAIL, ParityReport
 
@@ -24,26 +24,17 @@ def build_network(spec: Any, option: str, arch: Any, side: str) -> Any:
     (ResNet50: 0.6 s of 0.7 s). A parameter the checkpoint does not fill is named before
     anything runs (:func:`load_ms_weights`).
     """
-    import contextlib
 
     from ..read.targets import instantiate
 
     if side == "torch":
         return arch.build_torch() if spec is None else instantiate(spec, option)
-    try:
-        from mindspore.nn.utils import no_init_parameters
-    except ImportError:  # pragma: no cover - MindSpore < 2.5
-        no_init_parameters = contextlib.nullcontext
-    def build() -> Any:
-        return arch.build_mindspore() if spec is None else instantiate(spec, option)
+    from ..read.targets import without_weights
 
-    try:
-        with no_init_parameters():
-            return build()
-    except TargetError:
-        # a factory that reads its parameters while building (MindCV's ConvNeXt) needs
-        # them initialised: build it the ordinary way
-        return build()
+    # a factory that reads its parameters while building (MindCV's ConvNeXt) is built the
+    # ordinary way
+    return without_weights(
+        lambda: arch.build_mindspore() if spec is None else instantiate(spec, option))
 
 
 def load_torch_weights(model: Any, src: Source) -> None:

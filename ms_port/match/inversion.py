@@ -68,6 +68,18 @@ def _from_config(config: dict[str, Any], where: str) -> tuple[Source, str]:
     return Source(what, "torch-module", infos, config=config, config_path=where), what
 
 
+def _on_meta(build: Any) -> Any:
+    """Build a PyTorch module on the meta device (names, shapes and dtypes, no memory);
+    a factory that needs real tensors (it loads or computes weights) is built normally."""
+    import torch
+
+    try:
+        with torch.device("meta"):
+            return build()
+    except TargetError:
+        return build()
+
+
 def _torch_side(arch: str | None, torch_model: Any, target: Any,
                 config: dict[str, Any] | None = None,
                 config_path: str | None = None) -> tuple[Source, str]:
@@ -89,7 +101,7 @@ def _torch_side(arch: str | None, torch_model: Any, target: Any,
 
         module, what = get_arch(arch).build_torch(), get_arch(arch).reference or arch
     else:
-        module = instantiate(torch_model, "--torch-model")
+        module = _on_meta(lambda: instantiate(torch_model, "--torch-model"))
         what = torch_model if isinstance(torch_model, str) else type(module).__name__
     from ..read.sources import _TORCH_DTYPE_NAMES
 

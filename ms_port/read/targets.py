@@ -212,9 +212,27 @@ def _call(factory: Callable[..., Any], what: str, **kwargs: Any) -> Any:
         raise TargetError(f"{what} failed ({type(exc).__name__}: {exc})") from exc
 
 
+def without_weights(build: Callable[[], Any]) -> Any:
+    """``build()`` under MindSpore's ``no_init_parameters``: the names and shapes are all
+    there, the random initial weights are never drawn (a 1.1B model: milliseconds instead
+    of 34 s and 3 GiB). A factory that reads its parameters while building is built the
+    ordinary way."""
+    try:
+        from mindspore.nn.utils import no_init_parameters
+    except ImportError:  # pragma: no cover - MindSpore < 2.5
+        return build()
+    try:
+        with no_init_parameters():
+            return build()
+    except TargetError:
+        return build()
+
+
 def from_factory(spec: str, **kwargs: Any) -> Target:
-    """Build a network from ``module:callable`` and describe it."""
-    cell = _call(import_callable(spec), f"--ms-model {spec!r}", **kwargs)
+    """Build a network from ``module:callable`` (without drawing its weights) and
+    describe it."""
+    factory = import_callable(spec)
+    cell = without_weights(lambda: _call(factory, f"--ms-model {spec!r}", **kwargs))
     return from_cell(cell, spec)
 
 
