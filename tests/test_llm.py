@@ -464,3 +464,19 @@ def test_json_report_names_the_table_and_config_values(models, tmp_path, cli):
     assert data["mapping"] == "mappings/hf_llama_mindformers.yaml"
     assert data["params"]["kv_heads"] == {"value": 4, "from": "num_key_value_heads"}
     assert data["config"].endswith("config.json")
+
+
+def test_convert_to_a_family_never_imports_mindformers(models, tmp_path):
+    """The target's names come from the config: MindFormers (5-11 s, 1.2 GB) stays out."""
+    import subprocess
+    import sys
+
+    code = ("import sys, ms_port\n"
+            f"r = ms_port.convert({str(models('llama-f32'))!r}, ms_model='mindformers:llama', "
+            f"ms_options={{'qkv_concat': True}}, output={str(tmp_path / 'o.ckpt')!r})\n"
+            "assert r.ok\n"
+            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'mindformers'))\n")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=300, cwd=tmp_path)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.strip() == "[]"
