@@ -17,6 +17,7 @@ written here: the Plan says what would be.
 from __future__ import annotations
 
 import collections
+import contextlib
 import difflib
 from collections import Counter
 from dataclasses import dataclass, field
@@ -630,7 +631,9 @@ class _Many:
 
     def run(self) -> None:
         if self.mapping.params and self.config is not None:
-            self.values()  # report the numbers even where no entry fires
+            # report the numbers even where no entry fires; raised where one needs them
+            with contextlib.suppress(MappingError):
+                self.values()
         for entry in self.mapping.fuse:
             self._fuse(entry)
         for entry in self.mapping.split:
@@ -744,20 +747,22 @@ class _Many:
             return
         why = f"tied ({entry.when}, {entry.where})" if entry.when else f"tied ({entry.where})"
         partner = self.source.tensors.get(entry.same_as)
-        if partner is None:
+        if partner is None or entry.source in self.consumed:  # a table layered on itself
             return
+        renamed, _ = self.mapping.rename(entry.source)
+        own = entry.source in self.target or renamed in self.target
         if entry.source in self.source:
             info = self.source.tensors[entry.source]
-            if info.shape == partner.shape and np.array_equal(info.load(), partner.load()):
+            if not (info.shape == partner.shape
+                    and np.array_equal(info.load(), partner.load())):
+                self.notes.append(f"{entry.source} should be tied to {entry.same_as} "
+                                  f"({why}) but holds other values; it is matched on its own")
+            elif not own:  # else the target has its own head, filled like any tensor
                 self.consumed.add(entry.source)
                 self.dropped.append(Dropped(entry.source,
                                             f"{why}: the same tensor as {entry.same_as}"))
-            else:
-                self.notes.append(f"{entry.source} should be tied to {entry.same_as} "
-                                  f"({why}) but holds other values; it is matched on its own")
             return
-        renamed, _ = self.mapping.rename(entry.source)
-        if entry.source not in self.target and renamed not in self.target:
+        if not own:
             self.notes.append(f"{entry.source} is {entry.same_as}: {why}; stored once, on "
                               "both sides")
             return
