@@ -736,3 +736,11 @@ def test_saved_plan_with_fuse_split_and_tied_gives_the_same_plan_back():
     assert [key(m) for m in again.matches] == [key(m) for m in plan.matches]
     for a, b in zip(plan.matches, again.matches):
         assert _same_bits(plan.expected(a), again.expected(b))
+
+
+def test_a_part_index_out_of_range_is_a_layout_error():
+    layout = Layout("concat", 0, 1, (2, 3))
+    with pytest.raises(LayoutError, match="not 2"):
+        layout.part(np.zeros((5, 4), np.float32), 2)
+    with pytest.raises(LayoutError, match="not -1"):
+        layout.part_shape((5, 4), -1)

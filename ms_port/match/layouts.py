@@ -59,8 +59,13 @@ class Layout:
     def block(self) -> int:
         return sum(self.sizes)
 
+    def _check_index(self, i: int) -> None:
+        if not 0 <= i < len(self.sizes):
+            raise LayoutError(f"{self} has parts 0..{len(self.sizes) - 1}, not {i}")
+
     def part_shape(self, fused: tuple[int, ...], i: int) -> tuple[int, ...]:
         """The shape of part ``i`` inside a fused tensor of shape ``fused``."""
+        self._check_index(i)
         self._check_fused(fused)
         return (*fused[:self.axis], self.groups * self.sizes[i], *fused[self.axis + 1:])
 
@@ -98,6 +103,7 @@ class Layout:
 
     def part(self, fused: np.ndarray, i: int) -> np.ndarray:
         """Part ``i`` of ``fused`` (split, or the way back)."""
+        self._check_index(i)
         self._check_fused(tuple(fused.shape))
         a = self.axis
         blocks = fused.reshape(*fused.shape[:a], self.groups, self.block, *fused.shape[a + 1:])
