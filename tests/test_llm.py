@@ -35,6 +35,7 @@ VARIANTS = {
     "mistral-bf16": ("mistral", False, "bfloat16", None),
     "qwen2-tied-f32-sharded": ("qwen2", True, "float32", "40KB"),
     "qwen2-bf16": ("qwen2", False, "bfloat16", None),
+    "llama-f16": ("llama", False, "float16", None),
 }
 
 
@@ -126,6 +127,7 @@ def test_computed_target_equals_the_real_network(kind, tied, qkv):
 
 @needs_mindformers
 @pytest.mark.parametrize("name,qkv", [("llama-f32", True), ("qwen2-bf16", True),
+                                      ("llama-f16", True),
                                       ("qwen2-tied-f32-sharded", False),
                                       ("mistral-bf16", False)])
 def test_verify_passes_on_token_inputs(models, tmp_path, name, qkv):
