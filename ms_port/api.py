@@ -61,7 +61,21 @@ def inspect(
     tensors = [t for t in source if not pattern or pattern.search(t.name)]
     return InspectReport(source.path, source.format, tensors, len(source),
                          unwrapped=source.unwrapped, stripped=source.stripped,
-                         skipped=source.skipped, metadata=source.metadata, filter=filter)
+                         skipped=source.skipped, metadata=source.metadata, filter=filter,
+                         config=_config_summary(source))
+
+
+#: config.json keys worth a line in inspect (what a conversion takes from it)
+_CONFIG_KEYS = ("model_type", "architectures", "hidden_size", "num_hidden_layers",
+                "num_attention_heads", "num_key_value_heads", "intermediate_size",
+                "vocab_size", "tie_word_embeddings", "dtype", "torch_dtype")
+
+
+def _config_summary(source: Source) -> dict[str, Any]:
+    if source.config is None:
+        return {}
+    return {"path": source.config_path,
+            **{k: source.config[k] for k in _CONFIG_KEYS if k in source.config}}
 
 
 def _regex(pattern: str | None) -> Pattern | None:

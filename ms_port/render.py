@@ -62,6 +62,10 @@ def _inspect(r: Any, *, limit: int | None, show: str) -> Any:
         lines.append(f"stripped prefix: {', '.join(r.stripped)}")
     if r.metadata:
         lines.append("metadata: " + ", ".join(f"{k}={v}" for k, v in r.metadata.items()))
+    if getattr(r, "config", None):
+        shown = {k: v for k, v in r.config.items() if k != "path"}
+        lines.append(f"config: {r.config['path']}: "
+                     + ", ".join(f"{k}={v}" for k, v in shown.items()))
     parts.append(Text(visible("\n".join(lines), newlines=True)))
     if r.skipped:
         skipped = Table(title="skipped (not tensors)", title_justify="left")

@@ -37,6 +37,8 @@ class InspectReport(Renderable):
     skipped: list[Skipped] = field(default_factory=list)
     metadata: dict[str, str] = field(default_factory=dict)
     filter: str | None = None
+    #: a Hugging Face model's config.json: its path and the keys a conversion uses
+    config: dict[str, Any] = field(default_factory=dict)
 
     @property
     def parameters(self) -> int:
@@ -58,7 +60,7 @@ class InspectReport(Renderable):
             "parameters": self.parameters, "bytes": self.nbytes, "dtypes": self.dtypes,
             "unwrapped": self.unwrapped, "stripped": self.stripped,
             "skipped": [s.to_dict() for s in self.skipped], "metadata": self.metadata,
-            "filter": self.filter,
+            "filter": self.filter, "config": self.config,
         }
 
     def __repr__(self) -> str:

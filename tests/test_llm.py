@@ -482,3 +482,13 @@ def test_convert_to_a_family_never_imports_mindformers(models, tmp_path):
                          timeout=300, cwd=tmp_path)
     assert run.returncode == 0, run.stderr[-2000:]
     assert run.stdout.strip() == "[]"
+
+
+def test_inspect_a_model_directory_shows_its_config(models, cli):
+    result = cli(["inspect", str(models("qwen2-bf16")), "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.output)
+    assert data["config"]["model_type"] == "qwen2" and data["config"]["num_key_value_heads"] == 2
+    assert data["total_tensors"] == 2 * 12 + 3  # q/k/v biases; embedding, norm, untied head
+    shown = cli(["inspect", str(models("qwen2-bf16"))]).output
+    assert "model_type=qwen2" in shown
