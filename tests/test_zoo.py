@@ -13,6 +13,7 @@ import pytest
 mindcv = pytest.importorskip("mindcv")
 torchvision = pytest.importorskip("torchvision")
 
+import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from mindspore import nn  # noqa: E402
 
@@ -85,3 +86,62 @@ def test_mindcv_is_a_known_target_by_name(tmp_path):
     result = CliRunner().invoke(main, ["convert", str(pth), "--ms-model",
                                        "mindcv:mobilenet_v2_1OO", "--dry-run"])
     assert result.exit_code == 2 and "mobilenet_v2_100" in result.stderr.split("did you mean")[1]
+
+
+def _tiny_vits():
+    """torchvision's and MindCV's ViT at one small size, MindCV's built as torchvision
+    computes (LayerNorm eps 1e-6, exact GELU); the zero-initialised head made random."""
+    import functools
+
+    from mindcv.models.vit import VisionTransformer
+    from torchvision.models.vision_transformer import VisionTransformer as TorchViT
+
+    torch.manual_seed(0)
+    tv = TorchViT(image_size=32, patch_size=8, num_layers=2, num_heads=4, hidden_dim=64,
+                  mlp_dim=256, num_classes=10)
+    with torch.no_grad():
+        for name, param in tv.named_parameters():
+            if name.startswith("heads"):
+                param.normal_(0, 0.2)
+            elif ".ln" in name and name.endswith("weight"):
+                param.copy_(1 + 0.2 * torch.randn(param.shape))
+
+    def mindcv_vit():
+        return VisionTransformer(
+            image_size=32, patch_size=8, embed_dim=64, depth=2, num_heads=4, mlp_ratio=4.0,
+            num_classes=10, norm_layer=functools.partial(nn.LayerNorm, epsilon=1e-6),
+            act_layer=functools.partial(nn.GELU, approximate=False))
+
+    return tv, mindcv_vit
+
+
+#: torchvision ViT's loose tensors: no layer to align them by (the patch conv crosses them)
+VIT_LINES = {"tensors": {"cls_token": "class_token", "pos_embed": "encoder.pos_embedding",
+                         "patch_embed.proj.weight": "conv_proj.weight",
+                         "patch_embed.proj.bias": "conv_proj.bias"}}
+
+
+def test_torchvision_vit_packed_in_proj_aligns_with_mindcv_qkv(tmp_path):
+    from ms_port.testing import rewrite_checkpoint
+
+    tv, mindcv_vit = _tiny_vits()
+    pth, ckpt = tmp_path / "vit.pth", tmp_path / "vit.ckpt"
+    torch.save(tv.state_dict(), pth)
+    report = ms_port.convert(pth, ms_model=mindcv_vit, mapping=VIT_LINES, output=ckpt)
+    assert report.ok, report.plan.problems()[:4]
+    qkv = next(m for m in report.plan.matches if m.target == "blocks.0.attn.qkv.weight")
+    assert qkv.how == "aligned"  # MultiheadAttention's in_proj_weight: a Linear by another name
+    assert qkv.source == "encoder.layers.encoder_layer_0.self_attention.in_proj_weight"
+    parity = ms_port.verify(pth, ckpt, torch_model=lambda: tv, ms_model=mindcv_vit,
+                            mapping=VIT_LINES, input_shape=(3, 32, 32))
+    assert parity.verdict == "PASS", parity.message
+
+    def swap_q_k(tensors):  # the packed rows taken in the wrong order
+        w = tensors["blocks.0.attn.qkv.weight"]
+        tensors["blocks.0.attn.qkv.weight"] = np.concatenate([w[64:128], w[:64], w[128:]])
+        return tensors
+
+    wrong = rewrite_checkpoint(ckpt, tmp_path / "wrong.ckpt", swap_q_k)
+    parity = ms_port.verify(pth, wrong, torch_model=lambda: tv, ms_model=mindcv_vit,
+                            mapping=VIT_LINES, input_shape=(3, 32, 32))
+    assert parity.verdict == "FAIL" and parity.first_divergence.ms_name.startswith("blocks.0")

@@ -63,10 +63,18 @@ class Alignment:
     notes: list[str]
 
 
-def _group(items: list[tuple[str, tuple[int, ...]]], first_index: dict[str, int]) -> list[Layer]:
+#: PyTorch parameters that are a Linear's under another name: MultiheadAttention keeps its
+#: packed q/k/v input projection as ``in_proj_weight``/``in_proj_bias`` (the same rows as
+#: a fused ``qkv`` Dense on the MindSpore side)
+SOURCE_ALIASES = {"in_proj_weight": "weight", "in_proj_bias": "bias"}
+
+
+def _group(items: list[tuple[str, tuple[int, ...]]], first_index: dict[str, int],
+           aliases: dict[str, str] | None = None) -> list[Layer]:
     layers: dict[str, Layer] = {}
     for name, shape in items:
         path, _, suffix = name.rpartition(".")
+        suffix = (aliases or {}).get(suffix, suffix)
         layer = layers.setdefault(path, Layer(path, first_index[path]))
         layer.params[suffix] = shape
         layer.names[suffix] = name
@@ -109,7 +117,7 @@ def align(pending_source: list[tuple[str, tuple[int, ...]]],
     s_first = _first_indices(source_order)
     t_first = _first_indices(target_order)
     pending_source = [(n, s) for n, s in pending_source if not known_drop(n)]
-    sources = _group(pending_source, s_first)
+    sources = _group(pending_source, s_first, SOURCE_ALIASES)
     targets = _group(pending_target, t_first)
     for t in targets:
         t.kind = kinds.get(t.path)
