@@ -221,10 +221,14 @@ def test_a_custom_gamma_is_not_a_norm(tmp_path):
             self.s = Scale()
 
     path = _save({"s.weight": torch.ones(3)}, tmp_path / "s.pth")
-    plan = ms_port.plan(path, ms_model=Net())
+    plan = ms_port.plan(path, ms_model=Net(), align=False)  # names and rules only
     assert not plan.ok
     assert [m.name for m in plan.missing] == ["s.gamma"]
     assert [u.name for u in plan.unused] == ["s.weight"]
+    # the structure pairs them (each layer's lone tensor, same place, same size): flagged
+    # as aligned with that evidence, never as the LayerNorm rule
+    (match,) = ms_port.plan(path, ms_model=Net()).matches
+    assert match.how == "aligned" and "norm" not in match.detail
 
 
 def test_mint_target_matches_exactly(tmp_path):

@@ -145,3 +145,45 @@ def test_torchvision_vit_packed_in_proj_aligns_with_mindcv_qkv(tmp_path):
     parity = ms_port.verify(pth, wrong, torch_model=lambda: tv, ms_model=mindcv_vit,
                             mapping=VIT_LINES, input_shape=(3, 32, 32))
     assert parity.verdict == "FAIL" and parity.first_divergence.ms_name.startswith("blocks.0")
+
+
+def _convnext_gelu_exact():
+    """MindCV's ConvNeXt-T with torchvision's exact GELU (MindCV uses the tanh one)."""
+    net = mindcv.models.create_model("convnext_tiny", pretrained=False)
+    for _, cell in net.cells_and_names():
+        if hasattr(cell, "act") and isinstance(cell.act, nn.GELU):
+            cell.act = nn.GELU(approximate=False)
+    return net
+
+
+def test_convnext_block_scales_align_by_size_and_verify(tmp_path):
+    """torchvision's ``layer_scale`` (C×1×1) and MindCV's ``gamma_`` (C) are each a block's
+    lone tensor: paired by order and size, reshaped over size-1 axes only."""
+    torch.manual_seed(0)
+    tv = torchvision.models.convnext_tiny()
+    with torch.no_grad():  # torchvision starts them at 1e-6: every block would be a no-op
+        for name, param in tv.named_parameters():
+            if name.endswith("layer_scale"):
+                param.copy_(0.5 + 0.1 * torch.randn(param.shape))
+    pth, ckpt = tmp_path / "cn.pth", tmp_path / "cn.ckpt"
+    torch.save(tv.state_dict(), pth)
+    report = ms_port.convert(pth, ms_model=_mindcv("convnext_tiny"), output=ckpt)
+    assert report.ok, report.plan.problems()[:4]  # was 164/182 by names and alignment
+    scale = next(m for m in report.plan.matches if m.target == "feature.1.0.gamma_")
+    assert scale.source == "features.1.0.layer_scale" and scale.how == "aligned"
+    assert [t.to_data() for t in scale.transforms] == [{"reshape": [96]}]
+    parity = ms_port.verify(pth, ckpt, torch_model=lambda: tv, ms_model=_convnext_gelu_exact,
+                            input_shape=SHAPE)
+    assert parity.verdict == "PASS", parity.message
+
+    def swap_scales(tensors):  # two blocks' scales exchanged
+        tensors["feature.1.0.gamma_"], tensors["feature.1.1.gamma_"] = (
+            tensors["feature.1.1.gamma_"], tensors["feature.1.0.gamma_"])
+        return tensors
+
+    from ms_port.testing import rewrite_checkpoint
+
+    wrong = rewrite_checkpoint(ckpt, tmp_path / "wrong.ckpt", swap_scales)
+    parity = ms_port.verify(pth, wrong, torch_model=lambda: tv, ms_model=_convnext_gelu_exact,
+                            input_shape=SHAPE)
+    assert parity.verdict == "FAIL"

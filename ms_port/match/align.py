@@ -28,6 +28,8 @@ from .rules import RULES, LayerRule, known_drop
 
 #: the largest segment aligned (layers × layers): beyond it, leftovers stay leftovers
 MAX_CELLS = 250_000
+#: the signature suffix of a layer's lone tensor (paired by size and order, not by name)
+LONE = "<lone tensor>"
 
 
 @dataclass
@@ -41,7 +43,11 @@ class Layer:
 
     def signature(self, target: bool) -> frozenset[tuple[str, int]]:
         """(PyTorch suffix, element count) per tensor: equal on both sides when the layers
-        can pair (counts survive the rules' unsqueeze/transpose/reshape)."""
+        can pair (counts survive the rules' unsqueeze/transpose/reshape). A lone tensor
+        with no rule (a block's own scale: torchvision's ``layer_scale``, MindCV's
+        ``gamma_``) pairs by its size alone: its name is the module's attribute name."""
+        if len(self.params) == 1 and not (target and self.rule):
+            return frozenset({(LONE, math.prod(next(iter(self.params.values()))))})
         if not target:
             return frozenset((s, math.prod(shape)) for s, shape in self.params.items())
         params = self.rule.params if self.rule else {}

@@ -866,11 +866,15 @@ def _align_leftovers(source: Source, target: Target, mapping: MappingTable,
     for pair in result.pairs:
         rule = pair.target.rule
         made = []
+        lone = len(pair.target.names) == 1 == len(pair.source.names) and not rule
         for suffix, name in pair.target.names.items():
             torch_suffix = rule.params.get(suffix, suffix) if rule else suffix
-            info = source.tensors[pair.source.names[torch_suffix]]
+            info = source.tensors[next(iter(pair.source.names.values())) if lone
+                                  else pair.source.names[torch_suffix]]
             tt = target.tensors[name]
             fitted = _fit(info.shape, tt, rule.transforms.get(suffix, ()) if rule else ())
+            if fitted is None and lone and _squeezed(info.shape) == _squeezed(tt.shape):
+                fitted = (Transform("reshape", list(tt.shape)),)  # size-1 axes only
             if fitted is None:
                 notes.append(f"alignment paired {pair.source.path} with {pair.target.path} by "
                              f"order and sizes, but {info.name} "
@@ -884,6 +888,10 @@ def _align_leftovers(source: Source, target: Target, mapping: MappingTable,
                 matches[m.target] = m
                 used.add(m.source)
     return result.ambiguous
+
+
+def _squeezed(shape: tuple[int, ...]) -> tuple[int, ...]:
+    return tuple(d for d in shape if d != 1)
 
 
 def _aligned_candidates(source: Source, layers: tuple[str, ...]) -> tuple[Candidate, ...]:
