@@ -20,6 +20,15 @@ never imported. The harness runs generation in a child process of its own.
 - ``big-7x2g/``: with ``--big``, 7 safetensors shards of 2 GiB (224 bfloat16 tensors
   of 4096×8192, 14 GiB) and their ``model.safetensors.index.json``; numpy only. Case
   ``big:N`` makes N such shards instead (``big:1``, 2 GiB, checks the path quickly).
+- ``llm-1b/``: a Hugging Face LLaMA directory shaped like TinyLlama-1.1B (vocab 32000,
+  hidden 2048, 22 layers, 32 heads, 4 KV heads, intermediate 5632, untied ``lm_head``):
+  ``config.json`` and one bfloat16 ``model.safetensors`` (1,100,048,384 parameters,
+  2.05 GiB) with Hugging Face's names. No model is built: numpy + ml_dtypes write the
+  header, then each tensor in chunks of at most 4 Mi values (the generator's memory is
+  bounded by a chunk: 81 MiB peak RSS, 17 s). Weights are normal with std 0.02, RMSNorm weights
+  1 + 0.02 * normal. ``llm.mf.yaml`` beside it is the minimal MindFormers model config
+  its ``convert_to_qkv_concat`` reads (a user would take the repo's ``predict_*.yaml``).
+  ``llm-tiny/`` is the same layout at 2 layers of hidden 256 (module recording only).
 """
 
 from __future__ import annotations
@@ -32,6 +41,13 @@ from pathlib import Path
 CACHE = Path(__file__).resolve().parent / ".cache"
 LAYOUT = "v2"  # bump when the synthetic layout changes; old files are then ignored
 BIG_SHARDS, BIG_PER_SHARD, BIG_SHAPE = 7, 32, (4096, 8192)
+#: the synthetic LLaMA's sizes (``1b``: TinyLlama-1.1B's; ``tiny``: the same layout, small)
+LLM_SIZES = {
+    "1b": {"vocab_size": 32000, "hidden_size": 2048, "num_hidden_layers": 22,
+           "num_attention_heads": 32, "num_key_value_heads": 4, "intermediate_size": 5632},
+    "tiny": {"vocab_size": 512, "hidden_size": 256, "num_hidden_layers": 2,
+             "num_attention_heads": 8, "num_key_value_heads": 2, "intermediate_size": 704},
+}
 
 
 def synth_path(size: str) -> Path:
@@ -62,6 +78,112 @@ def big_index(shards: int = BIG_SHARDS) -> Path:
 
 def big_bytes(shards: int = BIG_SHARDS) -> int:
     return shards * BIG_PER_SHARD * BIG_SHAPE[0] * BIG_SHAPE[1] * 2
+
+
+def llm_dir(size: str = "1b") -> Path:
+    """``size`` is ``1b`` or ``tiny``."""
+    return CACHE / f"llm-{size}"
+
+
+def llm_mf_yaml(size: str = "1b") -> Path:
+    return llm_dir(size) / "llm.mf.yaml"
+
+
+def llm_config(size: str = "1b") -> dict:
+    """The Hugging Face ``config.json`` of the synthetic LLaMA."""
+    return {"architectures": ["LlamaForCausalLM"], "model_type": "llama",
+            **LLM_SIZES[size], "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
+            "tie_word_embeddings": False, "hidden_act": "silu", "torch_dtype": "bfloat16",
+            "max_position_embeddings": 2048, "bos_token_id": 1, "eos_token_id": 2}
+
+
+def llm_shapes(size: str = "1b") -> list[tuple[str, tuple[int, ...]]]:
+    """(name, shape) of the synthetic LLaMA, Hugging Face names, sorted like safetensors'
+    own writer sorts one dtype's tensors (by name)."""
+    c = LLM_SIZES[size]
+    h, inter, vocab = c["hidden_size"], c["intermediate_size"], c["vocab_size"]
+    kv = c["num_key_value_heads"] * (h // c["num_attention_heads"])
+    out = [("model.embed_tokens.weight", (vocab, h)), ("model.norm.weight", (h,)),
+           ("lm_head.weight", (vocab, h))]
+    for i in range(c["num_hidden_layers"]):
+        p = f"model.layers.{i}"
+        out += [(f"{p}.self_attn.q_proj.weight", (h, h)),
+                (f"{p}.self_attn.k_proj.weight", (kv, h)),
+                (f"{p}.self_attn.v_proj.weight", (kv, h)),
+                (f"{p}.self_attn.o_proj.weight", (h, h)),
+                (f"{p}.mlp.gate_proj.weight", (inter, h)),
+                (f"{p}.mlp.up_proj.weight", (inter, h)),
+                (f"{p}.mlp.down_proj.weight", (h, inter)),
+                (f"{p}.input_layernorm.weight", (h,)),
+                (f"{p}.post_attention_layernorm.weight", (h,))]
+    return sorted(out)
+
+
+def llm_bytes(size: str = "1b") -> int:
+    return sum(2 * _numel(shape) for _, shape in llm_shapes(size))
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def make_llm(size: str = "1b") -> Path:
+    """Write ``config.json`` + ``model.safetensors`` (bfloat16) + the MindFormers yaml,
+    streaming: header first, then every tensor in chunks (numpy + ml_dtypes only)."""
+    folder = llm_dir(size)
+    config = folder / "config.json"
+    if config.exists():  # written last
+        return folder
+    import ml_dtypes
+    import numpy as np
+
+    folder.mkdir(parents=True, exist_ok=True)
+    shapes = llm_shapes(size)
+    header: dict = {"__metadata__": {"format": "pt"}}
+    offset = 0
+    for name, shape in shapes:
+        n = 2 * _numel(shape)
+        header[name] = {"dtype": "BF16", "shape": list(shape),
+                        "data_offsets": [offset, offset + n]}
+        offset += n
+    blob = json.dumps(header, separators=(",", ":")).encode()
+    blob += b" " * (-len(blob) % 8)
+    rng = np.random.default_rng(1100)
+    chunk = 4 << 20
+
+    def write(tmp: Path) -> None:
+        with open(tmp, "wb") as f:
+            f.write(len(blob).to_bytes(8, "little") + blob)
+            for name, shape in shapes:
+                left = _numel(shape)
+                norm = name.endswith("norm.weight")
+                while left:
+                    n = min(left, chunk)
+                    x = rng.standard_normal(n, dtype=np.float32)
+                    x *= 0.02
+                    if norm:
+                        x += 1.0
+                    f.write(x.astype(ml_dtypes.bfloat16).view(np.uint16).data)
+                    left -= n
+
+    _atomic(folder / "model.safetensors", write)
+    c = LLM_SIZES[size]
+    yaml = "\n".join([
+        "# the model section MindFormers' llama convert_to_qkv_concat reads",
+        "model:", "  model_config:", "    type: LlamaConfig",
+        f"    hidden_size: {c['hidden_size']}", f"    num_layers: {c['num_hidden_layers']}",
+        f"    num_heads: {c['num_attention_heads']}",
+        f"    n_kv_heads: {c['num_key_value_heads']}",
+        f"    intermediate_size: {c['intermediate_size']}",
+        f"    vocab_size: {c['vocab_size']}", "    rms_norm_eps: 1.0e-5",
+        "    theta: 10000.0", "    qkv_concat: True", "  arch:",
+        "    type: LlamaForCausalLM", ""])
+    _atomic(llm_mf_yaml(size), lambda tmp: tmp.write_text(yaml))
+    _atomic(config, lambda tmp: tmp.write_text(json.dumps(llm_config(size), indent=2)))
+    return folder
 
 
 def synth_shapes(size: str) -> list[tuple[str, tuple[int, ...]]]:
@@ -216,6 +338,9 @@ def prepare(cases: list[str]) -> None:
             make_safetensors()
         elif case.startswith("big"):
             make_big(big_shards(case))
+        elif case == "llm-1b":
+            make_llm("tiny")
+            make_llm("1b")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """Where one conversion spends its time and memory, phase by phase (in one process).
 
     python benchmarks/phases.py ms-port resnet50|synth-1g|synth-3g [--cprofile N]
+    python benchmarks/phases.py ms-port llm-1b|llm-1b-fused [--cprofile N]
     python benchmarks/phases.py recipe  resnet50|synth-1g|synth-3g
 
 Run the harness (or ``python benchmarks/inputs.py CASE``) first: the inputs come from
@@ -12,7 +13,9 @@ shared libraries, which RSS counts too). The process's own ``VmHWM`` closes the 
 ms-port's phases come from the library's own steps: imports, reading the source,
 describing the target, planning, then the writer's progress callbacks (``write``,
 ``readback``), then the rest (fsync is inside ``write``'s last step, the rename after
-``readback``). The recipe's phases are its lines: imports, ``torch.load``, the
+``readback``). ``llm-1b`` (``-fused``: ``qkv_concat=true``) runs ``api.convert`` with
+``ms_model="mindformers:llama"`` on the synthetic 1.1B LLaMA, its first phase
+ending at the first tensor written. The recipe's phases are its lines: imports, ``torch.load``, the
 ``ms.Tensor`` loop, ``save_checkpoint``.
 """
 
@@ -100,25 +103,36 @@ def profile_ms_port(case: str, ph: Phases, cprofile: int) -> None:
     from ms_port.match.plan import make_plan
     from ms_port.write.writers import write_plan
 
-    src_path, target, _ = case_args(case)
     out = OUT / "phases-ms-port.ckpt"
-    ph.mark("read source (list tensors)")
-    src = api.read_source(src_path)
-    ph.mark("resolve target")
-    tgt = api.resolve_target(**target)
-    table = api.resolve_mapping(None, arch=target.get("arch"))
-    ph.mark("plan")
-    plan = make_plan(src, tgt, table)
-    ph.mark("write (read, count, encode)")
 
     def progress(phase: str, done: int, total: int) -> None:
         if phase == "write" and done >= total:  # the last tensor is out
             ph.mark("fsync, reopen for readback")
+        elif phase == "write":
+            ph.mark("write (read, count, encode)")
         elif phase == "readback":
             ph.mark("readback")
 
-    def go() -> None:
-        write_plan(plan, out, force=True, progress=progress)
+    if case.startswith("llm-1b"):
+        options = {"qkv_concat": True} if case.endswith("-fused") else None
+        ph.mark("read, target, plan, 1st tensor")
+
+        def go() -> None:
+            api.convert(inputs.llm_dir("1b"), output=out, ms_model="mindformers:llama",
+                        ms_options=options, force=True, progress=progress)
+    else:
+        src_path, target, _ = case_args(case)
+        ph.mark("read source (list tensors)")
+        src = api.read_source(src_path)
+        ph.mark("resolve target")
+        tgt = api.resolve_target(**target)
+        table = api.resolve_mapping(None, arch=target.get("arch"))
+        ph.mark("plan")
+        plan = make_plan(src, tgt, table)
+        ph.mark("write (read, count, encode)")
+
+        def go() -> None:
+            write_plan(plan, out, force=True, progress=progress)
 
     if cprofile:
         import cProfile
@@ -170,12 +184,15 @@ def profile_recipe(case: str, ph: Phases) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("tool", choices=["ms-port", "recipe"])
-    parser.add_argument("case", choices=["resnet50", "synth-1g", "synth-3g"])
+    parser.add_argument("case", choices=["resnet50", "synth-1g", "synth-3g", "llm-1b",
+                                         "llm-1b-fused"])
     parser.add_argument("--cprofile", type=int, default=0, metavar="N",
                         help="also print the N functions with the most own time (ms-port)")
     args = parser.parse_args()
     OUT.mkdir(parents=True, exist_ok=True)
     ph = Phases()
+    if args.case.startswith("llm-1b") and args.tool != "ms-port":
+        raise SystemExit("llm-1b: ms-port only (MindFormers' converter: run.py --cases llm-1b)")
     if args.tool == "ms-port":
         profile_ms_port(args.case, ph, args.cprofile)
     else:

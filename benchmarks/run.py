@@ -2,12 +2,18 @@
 
     python benchmarks/run.py [--runs 3] [--cases resnet50,synth-1g,synth-3g,help,inspect,verify]
                              [--big] [--write-readme] [--json FILE] [--from-json FILE]
+    python benchmarks/run.py --cases llm-1b [--runs 3] [--write-readme]
 
 Each conversion case runs the recipe (``benchmarks/recipe.py``) and the ``ms-port`` CLI
 on the same input, alternating (recipe first on even rounds, ms-port first on odd ones),
 ``--runs`` times each. Every run is a fresh process started by ``benchmarks/_launch.py``,
 which reports that process's own wall time and peak RSS (see there for why a launcher).
 Medians are reported, with ratios ms-port / recipe and the goals' verdicts.
+
+``llm-1b`` (not a default case: 3–4 minutes, 2 GiB of input and ~9 GiB of outputs) is
+a case of several tools rather than two: ``cp`` of the safetensors file (the floor), ms-port
+to MindFormers' fused and separate layouts, and MindFormers' own two-step converter
+(``benchmarks/mindformers_llama.py``); ratios are to ``cp`` and to MindFormers.
 
 Inputs are generated once into ``benchmarks/.cache`` (``benchmarks/inputs.py``; seeded,
 no downloads). See ``benchmarks/README.md`` for the definitions.
@@ -24,6 +30,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,6 +43,9 @@ OUT = CACHE / "out"
 PY = sys.executable
 GIB = 2**30
 DEFAULT_CASES = "resnet50,synth-1g,synth-3g,help,inspect,verify"
+EXTRA_CASES = "llm-1b"  # known, not run by default
+# MindFormers writes its logs under $LOCAL_DEFAULT_PATH (./output when unset)
+MF_LOG = Path(tempfile.gettempdir()) / "ms-port-bench-mindformers-log"
 HEAVY = ("torch", "mindspore")
 
 
@@ -124,7 +134,61 @@ class Case:
     timings: bool = False
 
 
-def build_cases(names: list[str]) -> list[Case]:
+@dataclass
+class Tool:
+    """One contender of a several-tool case: one or more processes run one after another
+    (a conversion in steps, as its user runs it). A run's wall, user and sys times are the
+    sum over its steps, its peak RSS the largest step's."""
+
+    steps: list[list[str]]
+    outputs: list[Path] = field(default_factory=list)  # kept for the output checks
+    scratch: list[Path] = field(default_factory=list)  # deleted after every run
+
+
+@dataclass
+class ToolsCase:
+    name: str
+    size: int
+    tools: dict[str, Tool]
+    floor: str  # the tool every wall time is divided by (``cp``)
+    # (tool, reference tool, its step count): ratios "to the reference"; a step count
+    # takes only the reference's first steps (MindFormers' separate layout is its step 1)
+    versus: dict[str, tuple[str, int]]
+    checks: list[tuple[Path, Path]]  # (reference output, ms-port output), compared after
+    warm: list[Path] = field(default_factory=list)
+    record: tuple[str, str, list[str]] | None = None  # (tool, script, args) to record
+
+
+def llm_case(name: str) -> ToolsCase:
+    ms, mf = ms_port_script(), str(HERE / "mindformers_llama.py")
+    src = inputs.llm_dir("1b")
+    st = src / "model.safetensors"
+    fused, sep = OUT / "llm-ms-port-fused.ckpt", OUT / "llm-ms-port-separate.ckpt"
+    mf_sep, mf_fused = OUT / "llm-mindformers-separate.ckpt", OUT / "llm-mindformers-fused.ckpt"
+    copy = OUT / "llm-cp.safetensors"
+    ms_args = ["convert", str(src), "--ms-model", "mindformers:llama", "-o"]
+    mf_env = ["/usr/bin/env", f"LOCAL_DEFAULT_PATH={MF_LOG}", PY, mf]
+    tools = {
+        "cp": Tool([["/bin/cp", str(st), str(copy)]], scratch=[copy]),
+        "cp + fsync": Tool([["/bin/sh", "-c", 'cp "$1" "$2" && sync "$2"', "sh", str(st),
+                             str(copy)]], scratch=[copy]),
+        "ms-port fused": Tool([[ms, *ms_args, str(fused), "--ms-option", "qkv_concat=true",
+                                "--force", "-q"]], [fused]),
+        "ms-port separate": Tool([[ms, *ms_args, str(sep), "--force", "-q"]], [sep]),
+        "MindFormers": Tool([[*mf_env, "hf2ms", str(src), str(mf_sep)],
+                             [*mf_env, "qkv-concat", str(mf_sep), str(mf_fused),
+                              str(inputs.llm_mf_yaml("1b"))]], [mf_sep, mf_fused]),
+    }
+    tiny = inputs.llm_dir("tiny")
+    return ToolsCase(
+        name, inputs.llm_bytes("1b"), tools, "cp",
+        {"ms-port fused": ("MindFormers", 2), "ms-port separate": ("MindFormers", 1)},
+        [(mf_fused, fused), (mf_sep, sep)], [st],
+        ("ms-port fused", ms, [*ms_args[:1], str(tiny), *ms_args[2:], str(OUT / "tiny.ckpt"),
+                               "--ms-option", "qkv_concat=true", "--force", "-q"]))
+
+
+def build_cases(names: list[str]) -> list[Case | ToolsCase]:
     ms = ms_port_script()
     recipe = str(HERE / "recipe.py")
     r_out, m_out = OUT / "recipe.ckpt", OUT / "ms-port.ckpt"
@@ -162,6 +226,8 @@ def build_cases(names: list[str]) -> list[Case]:
                               [ms, "verify", str(pth), str(ckpt), "--arch", "resnet50",
                                "--tol", "1e-5", "--json", "-q"], warm=[pth, ckpt],
                               timings=True))
+        elif name == "llm-1b":
+            cases.append(llm_case(name))
         elif name.startswith("big"):
             shards = inputs.big_shards(name)
             index = inputs.big_index(shards)
@@ -170,7 +236,8 @@ def build_cases(names: list[str]) -> list[Case]:
                       str(OUT / "big.ckpt"), "--force", "-q"]
             cases.append(Case(name, inputs.big_bytes(shards), [ms, *m_args]))
         else:
-            raise SystemExit(f"unknown case {name!r}; known: {DEFAULT_CASES},big")
+            raise SystemExit(f"unknown case {name!r}; known: {DEFAULT_CASES},"
+                             f"{EXTRA_CASES},big")
     return cases
 
 
@@ -190,6 +257,8 @@ def missing_inputs(name: str) -> int:
     if name.startswith("big"):
         shards = inputs.big_shards(name)
         return 0 if inputs.big_index(shards).exists() else inputs.big_bytes(shards)
+    if name == "llm-1b":
+        return 0 if (inputs.llm_dir("1b") / "config.json").exists() else inputs.llm_bytes("1b")
     return 0
 
 
@@ -202,6 +271,8 @@ def output_bytes(name: str) -> int:
         return 2 * n + n // 10  # both tools' outputs are kept for the output check
     if name.startswith("big"):
         return inputs.big_bytes(inputs.big_shards(name)) * 11 // 10
+    if name == "llm-1b":  # four outputs kept for the checks, one copy at a time
+        return inputs.llm_bytes("1b") * 5 + (1 << 30)
     return 0
 
 
@@ -243,6 +314,20 @@ def flush_to_disk(path: Path) -> None:
         fd = os.open(path, os.O_RDONLY)
         try:
             os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def settle(path: Path) -> None:
+    """fsync a finished output and drop it from the page cache (untimed): the next run
+    pays neither for its writeback nor for the memory it holds. The llm case writes
+    ~10 GiB; left cached, it would push the input out of the cache, and MindSpore's
+    ``load_checkpoint`` judges free memory by ``MemFree`` (see README)."""
+    if path.exists():
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
         finally:
             os.close(fd)
 
@@ -345,6 +430,87 @@ def run_case(case: Case, runs: int, baseline: dict[str, float]) -> dict:
     return row
 
 
+def run_tools_case(case: ToolsCase, runs: int) -> dict:
+    print(f"{case.name}:", file=sys.stderr)
+    row: dict = {"case": case.name, "kind": "tools", "size_mib": case.size / 2**20,
+                 "floor": case.floor, "versus": case.versus, "tools": {}}
+    if case.record:
+        tool, script, args = case.record
+        tag = f"{case.name}-{tool}".replace(" ", "-")  # a file name
+        clean_outputs()
+        modules = record_modules(script, args, tag)
+        row["record"] = {"tool": tool, "heavy_imports": heavy_imports(modules),
+                         "imports": imports_baseline(modules, tag, runs)}
+    clean_outputs()
+    warm(case.warm)
+    steps: dict[str, list[list[Run]]] = {t: [] for t in case.tools}
+    for i in range(runs):
+        order = list(case.tools) if i % 2 == 0 else list(reversed(case.tools))
+        for name in order:
+            tool = case.tools[name]
+            for path in tool.outputs + tool.scratch:
+                path.unlink(missing_ok=True)
+            done = [measure(cmd, f"{case.name} / {name} step {k + 1}")
+                    for k, cmd in enumerate(tool.steps)]
+            for path in tool.outputs + tool.scratch:  # untimed
+                settle(path)
+            for path in tool.scratch:
+                path.unlink(missing_ok=True)
+            steps[name].append(done)
+            total = _total(done)
+            print(f"  run {i + 1} {name:16s} {total.wall:7.2f} s {total.rss:8.0f} MiB"
+                  + ("" if len(done) == 1 else "  (" + " + ".join(
+                      f"{r.wall:.2f} s {r.rss:.0f} MiB" for r in done) + ")"), file=sys.stderr)
+    for name, rs in steps.items():
+        n = len(case.tools[name].steps)
+        # every prefix of the steps: [:1] is MindFormers' separate layout, [:n] the tool
+        row["tools"][name] = {
+            "steps": n,
+            "prefix": [_median_cpu([_total(r[:k]) for r in rs]) for k in range(1, n + 1)],
+            "per_step": [_median_cpu([r[k] for r in rs]) for k in range(n)],
+            "runs": [[r.__dict__ for r in done] for done in rs]}
+    row["output_check"] = []
+    for ref, mine in case.checks:
+        check = compare_outputs(ref, mine)
+        check["pair"] = f"{ref.name} vs {mine.name}"
+        row["output_check"].append(check)
+        print(f"  {check['pair']}: {check['verdict']}", file=sys.stderr)
+    clean_outputs()
+    row["goals"] = judge_tools(row)
+    return row
+
+
+def _median_cpu(runs: list[Run]) -> dict[str, float]:
+    """median_run, plus the median CPU time (user + sys): steadier than wall time on a
+    busy machine, and the share of the wall time the process itself worked."""
+    return {**median_run(runs), "cpu": statistics.median(r.user + r.sys for r in runs)}
+
+
+def _total(done: list[Run]) -> Run:
+    return Run(sum(r.wall for r in done), max(r.rss for r in done),
+               sum(r.user for r in done), sum(r.sys for r in done))
+
+
+def _tool(row: dict, name: str, steps: int | None = None) -> dict[str, float]:
+    """A tool's medians over its first ``steps`` steps (default: all of them)."""
+    t = row["tools"][name]
+    return t["prefix"][(steps or t["steps"]) - 1]
+
+
+def judge_tools(row: dict) -> list[tuple[str, bool]]:
+    """llm-1b: each ms-port conversion within 3× cp's wall time and 600 MiB peak RSS."""
+    floor = _tool(row, row["floor"])
+    out: list[tuple[str, bool]] = []
+    for name in row["tools"]:
+        if not name.startswith("ms-port"):
+            continue
+        m = _tool(row, name)
+        wall = m["wall"] / floor["wall"]
+        out.append((f"{name}: wall {wall:.2f}× {row['floor']} ≤ 3×", wall <= 3))
+        out.append((f"{name}: peak RSS {m['rss']:.0f} MiB ≤ 600 MiB", m["rss"] <= 600))
+    return out
+
+
 def judge(row: dict) -> list[tuple[str, bool]]:
     """(statement, met) for each goal of the case."""
     case, m = row["case"], row["ms-port"]
@@ -388,6 +554,58 @@ def _mib(x: float) -> str:
 
 
 def render(rows: list[dict], baseline: dict[str, float]) -> str:
+    """The recipe-vs-ms-port table (if such cases ran), then one table per tools case."""
+    pairs = [row for row in rows if row.get("kind") != "tools"]
+    parts = [render_pairs(pairs, baseline)] if pairs else []
+    parts += [render_tools(row) for row in rows if row.get("kind") == "tools"]
+    return "\n\n".join(parts)
+
+
+def render_tools(row: dict) -> str:
+    """One line per tool (and MindFormers' separate layout, its first step), with ratios
+    to the floor and to the reference."""
+    floor = _tool(row, row["floor"])
+    head = (f"| {row['case']} ({row['size_mib']:.0f} MiB bfloat16) | wall | CPU | peak RSS | "
+            f"wall / {row['floor']} | peak RSS / {row['floor']} | wall / MindFormers | "
+            "peak RSS / MindFormers | runs (wall) |")
+    lines = [head, "|" + "---|" * head.count(" | ") + "---|"]
+    shown: list[tuple[str, str, int]] = []  # (label, tool, steps)
+    for name, t in row["tools"].items():
+        if t["steps"] > 1:
+            shown.append((f"{name}, step 1 (separate layout)", name, 1))
+            shown.append((f"{name}, both steps (fused layout)", name, t["steps"]))
+        else:
+            shown.append((name, name, 1))
+    for label, name, steps in shown:
+        m = _tool(row, name, steps)
+        versus = row["versus"].get(name)
+        ref = _tool(row, versus[0], versus[1]) if versus else None
+        lines.append("| " + " | ".join([
+            label, _s(m["wall"]), _s(m["cpu"]) if "cpu" in m else "", _mib(m["rss"]),
+            f"{m['wall'] / floor['wall']:.2f}×",
+            f"{m['rss'] / floor['rss']:.0f}×",
+            f"{m['wall'] / ref['wall']:.3f}×" if ref else "",
+            f"{m['rss'] / ref['rss']:.3f}×" if ref else "",
+            f"{m['wall_min']:.2f}–{m['wall_max']:.2f} s"]) + " |")
+    mf = row["tools"].get("MindFormers")
+    if mf and mf["steps"] > 1:
+        s2 = mf["per_step"][1]
+        lines += ["", f"MindFormers' step 2 alone (`convert_to_qkv_concat`): {_s(s2['wall'])}, "
+                      f"{_mib(s2['rss'])} peak RSS."]
+    rec = row.get("record")
+    if rec:
+        heavy = ", ".join(rec["heavy_imports"]) or "neither torch nor MindSpore"
+        lines += ["", f"{rec['tool']} imports {heavy}; a process importing only its modules: "
+                      f"{_s(rec['imports']['wall'])}, {_mib(rec['imports']['rss'])} peak RSS."]
+    checks = "; ".join(f"{c['pair']}: {c['verdict']} ({c.get('tensors', '?')} tensors)"
+                       for c in row["output_check"])
+    lines += ["", f"MindFormers' output vs ms-port's: {checks}."]
+    goals = "; ".join(f"{text}: {'met' if ok else 'MISSED'}" for text, ok in row["goals"])
+    lines += ["", f"Goals: {goals}."]
+    return "\n".join(lines)
+
+
+def render_pairs(rows: list[dict], baseline: dict[str, float]) -> str:
     head = ("| case | input | wall: recipe | ms-port | ratio | peak RSS: recipe | ms-port | "
             "ratio | above python: recipe | ms-port | above imports: recipe | ms-port | "
             "goals |")
@@ -459,15 +677,28 @@ def machine(load_before: str, load_after: str) -> str:
             f"{load_after} after")
 
 
-def write_readme(text: str) -> None:
+def write_readme(data: dict) -> None:
+    """Rewrite the README's blocks this run has results for: ``<!-- results -->`` for
+    the recipe-vs-ms-port cases, ``<!-- results:CASE -->`` for each tools case."""
     readme = HERE / "README.md"
     body = readme.read_text()
-    block = f"<!-- results -->\n{text}\n<!-- /results -->"
-    new, n = re.subn(r"<!-- results -->.*<!-- /results -->", lambda _m: block, body,
-                     flags=re.S)
-    if n != 1:
-        raise SystemExit(f"{readme}: no <!-- results --> ... <!-- /results --> block to fill")
-    readme.write_text(new)
+    pairs = [row for row in data["rows"] if row.get("kind") != "tools"]
+    blocks = [("results", pairs)] if pairs else []
+    blocks += [(f"results:{row['case']}", [row]) for row in data["rows"]
+               if row.get("kind") == "tools"]
+    for tag, rows in blocks:
+        text = header(data) + render(rows, data["baseline"])
+        block = f"<!-- {tag} -->\n{text}\n<!-- /{tag} -->"
+        body, n = re.subn(rf"<!-- {re.escape(tag)} -->.*<!-- /{re.escape(tag)} -->",
+                          lambda _m, block=block: block, body, flags=re.S)
+        if n != 1:
+            raise SystemExit(f"{readme}: no <!-- {tag} --> ... <!-- /{tag} --> block to fill")
+    readme.write_text(body)
+
+
+def header(data: dict) -> str:
+    return (f"Machine: {data['machine']}. Median of {data['runs']} runs per tool and case."
+            "\n\n")
 
 
 def loadavg() -> str:
@@ -479,13 +710,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=3, help="runs per tool and case")
     parser.add_argument("--cases", default=DEFAULT_CASES,
-                        help=f"comma-separated, from {DEFAULT_CASES},big (big:N: N shards "
-                             "of 2 GiB instead of 7)")
+                        help=f"comma-separated, from {DEFAULT_CASES},{EXTRA_CASES},big "
+                             "(big:N: N shards of 2 GiB instead of 7; llm-1b: a 1.1B bfloat16 "
+                             "LLaMA against cp and MindFormers' converter, 3-4 min, ~13 GiB "
+                             "of disk)")
     parser.add_argument("--big", action="store_true",
                         help="add the 14 GiB bfloat16 sharded case (ms-port only; needs "
                              "~30 GiB of free disk)")
     parser.add_argument("--write-readme", action="store_true",
-                        help="rewrite the results block of benchmarks/README.md")
+                        help="rewrite the results blocks of benchmarks/README.md that "
+                             "this run has cases for")
     parser.add_argument("--json", metavar="FILE", help="also write every run as JSON")
     parser.add_argument("--from-json", metavar="FILE",
                         help="run nothing: render (and --write-readme) a saved --json file")
@@ -496,18 +730,16 @@ def main() -> None:
         return
     if args.from_json:
         data = json.loads(Path(args.from_json).read_text())
-        text = (f"Machine: {data['machine']}. Median of {data['runs']} runs per tool and "
-                f"case.\n\n{render(data['rows'], data['baseline'])}")
     else:
-        text, data = measure_all(args)
+        data = measure_all(args)
         if args.json:
             Path(args.json).write_text(json.dumps(data, indent=1))
-    print(text)
+    print(header(data) + render(data["rows"], data["baseline"]))
     if args.write_readme:
-        write_readme(text)
+        write_readme(data)
 
 
-def measure_all(args: argparse.Namespace) -> tuple[str, dict]:
+def measure_all(args: argparse.Namespace) -> dict:
     names = [n for n in args.cases.split(",") if n]
     if args.big and not any(n.startswith("big") for n in names):
         names.append("big")
@@ -523,12 +755,10 @@ def measure_all(args: argparse.Namespace) -> tuple[str, dict]:
     load_before = loadavg()
     cases = build_cases(names)
     baseline = median_run([measure([PY, "-c", "pass"], "bare python") for _ in range(args.runs)])
-    rows = [run_case(case, args.runs, baseline) for case in cases]
-    data = {"machine": machine(load_before, loadavg()), "runs": args.runs,
+    rows = [run_tools_case(case, args.runs) if isinstance(case, ToolsCase)
+            else run_case(case, args.runs, baseline) for case in cases]
+    return {"machine": machine(load_before, loadavg()), "runs": args.runs,
             "baseline": baseline, "rows": rows}
-    text = (f"Machine: {data['machine']}. Median of {args.runs} runs per tool and case."
-            f"\n\n{render(rows, baseline)}")
-    return text, data
 
 
 if __name__ == "__main__":
