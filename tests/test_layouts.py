@@ -744,3 +744,30 @@ def test_a_part_index_out_of_range_is_a_layout_error():
         layout.part(np.zeros((5, 4), np.float32), 2)
     with pytest.raises(LayoutError, match="not -1"):
         layout.part_shape((5, 4), -1)
+
+
+def test_readback_compares_a_fused_tensor_part_by_part_and_sees_one_wrong_bit():
+    from types import SimpleNamespace
+
+    import ml_dtypes
+
+    from ms_port.write.writers import _count_nonfinite, _same_bits, _same_parts
+
+    rng = np.random.default_rng(0)
+    parts = [rng.standard_normal((n, 6)).astype(ml_dtypes.bfloat16) for n in (8, 2, 2)]
+    layout = grouped(2, [4, 1, 1])
+    fused = layout.join(parts)
+    match = SimpleNamespace(layout=layout)
+    assert _same_parts(fused, match, parts)
+    for flat_index in (0, fused.size // 2, fused.size - 1):
+        broken = fused.copy()
+        bits = broken.reshape(-1).view(np.uint16)
+        bits[flat_index] ^= 1  # one bit of one value
+        assert not _same_parts(broken, match, parts)
+        assert not _same_bits(broken, fused)
+    assert not _same_parts(layout.join([parts[0], parts[2], parts[1]]), match, parts)
+    nan = fused.copy()
+    nan[0, 0], nan[3, 1] = np.nan, np.inf
+    assert _count_nonfinite(nan, "bfloat16") == 2 and _count_nonfinite(fused, "bfloat16") == 0
+    half = np.array([1.0, np.nan, -np.inf, 65504.0], np.float16)
+    assert _count_nonfinite(half, "float16") == 2

@@ -300,10 +300,27 @@ def _counting_nonfinite(arrays: Iterator, found: dict[str, int]) -> Iterator:
     """Pass ``(match, array)`` pairs through, counting NaN/Inf in floating-point ones."""
     for match, array in arrays:
         if match.out_dtype in FLOAT_DTYPES:
-            n = int(array.size - np.count_nonzero(np.isfinite(array)))
+            n = _count_nonfinite(array, match.out_dtype)
             if n:
                 found[match.source or match.target] = n
         yield match, array
+
+
+#: half-precision formats: (unsigned view, exponent mask) — NaN/Inf have every exponent bit
+_HALF_EXPONENT = {"bfloat16": 0x7F80, "float16": 0x7C00}
+
+
+def _count_nonfinite(array: np.ndarray, dtype: str) -> int:
+    """NaN/Inf values, by bits for bfloat16/float16 (ml_dtypes' isfinite is 5x slower),
+    a chunk at a time."""
+    flat = np.ascontiguousarray(array).reshape(-1)
+    step = max(1, _CHUNK // max(flat.itemsize, 1))
+    if dtype in _HALF_EXPONENT and flat.itemsize == 2:
+        bits, mask = flat.view(np.uint16), _HALF_EXPONENT[dtype]
+        return sum(int(np.count_nonzero((bits[i:i + step] & mask) == mask))
+                   for i in range(0, bits.size, step))
+    return sum(int(flat[i:i + step].size - np.count_nonzero(np.isfinite(flat[i:i + step])))
+               for i in range(0, flat.size, step))
 
 
 def _write_ckpt(plan: Plan, arrays: Iterator, f: BinaryIO, *, crc: bool,
@@ -381,11 +398,17 @@ def readback(plan: Plan, path: Path, *, format: str = "ckpt",
     total, done = plan.nbytes, 0
     for m in plan.matches:
         got = written.tensors[m.target]
-        want = plan.expected(m)
-        if got.shape != tuple(want.shape) or got.dtype != m.out_dtype or not _same_bits(
-                got.load(), want):
+        if m.parts and not m.transforms and m.out_dtype == m.dtype and m.layout is not None:
+            # a fused tensor is compared part by part: no second join of its sources
+            same = got.shape == m.shape and got.dtype == m.out_dtype and _same_parts(
+                got.load(), m, [plan.source.tensors[p].load() for p in m.parts])
+        else:
+            want = plan.expected(m)
+            same = got.shape == tuple(want.shape) and got.dtype == m.out_dtype and _same_bits(
+                got.load(), want)
+        if not same:
             bad.append(m.target)
-        done += want.nbytes
+        done += _numel(m.shape) * itemsize(m.out_dtype)
         if progress:
             progress("readback", done, total)
     if bad:
@@ -394,7 +417,47 @@ def readback(plan: Plan, path: Path, *, format: str = "ckpt",
                             "faulty — nothing was put in place", path=path, tensors=bad)
 
 
+#: bytes compared (or scanned for NaN/Inf) at a time: bounds the boolean temporaries
+_CHUNK = 1 << 24
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    return int(np.prod(shape, dtype=np.int64))
+
+
+def _words(a: np.ndarray) -> np.ndarray:
+    """A contiguous array's bytes as the widest unsigned words that tile it (comparing
+    uint64 words is several times faster than bytes, and NaN == NaN bit for bit)."""
+    flat = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
+    word = next(w for w in (8, 4, 2, 1) if flat.nbytes % w == 0)
+    return flat.view(f"<u{word}")
+
+
 def _same_bits(a: np.ndarray, b: np.ndarray) -> bool:
-    a, b = np.ascontiguousarray(a), np.ascontiguousarray(b)
-    return a.nbytes == b.nbytes and np.array_equal(a.reshape(-1).view(np.uint8),
-                                                   b.reshape(-1).view(np.uint8))
+    if a.nbytes != b.nbytes:
+        return False
+    wa, wb = _words(a), _words(b)
+    if wa.dtype != wb.dtype:
+        return bool(np.array_equal(wa.view(np.uint8), wb.view(np.uint8)))
+    step = max(1, _CHUNK // wa.itemsize)
+    return all(np.array_equal(wa[i:i + step], wb[i:i + step]) for i in range(0, wa.size, step))
+
+
+def _same_parts(got: np.ndarray, match: Any, parts: list[np.ndarray]) -> bool:
+    """Whether a fused tensor read back holds each part where its layout puts it."""
+    layout = match.layout
+    if got.dtype.itemsize not in (1, 2, 4, 8) or any(p.dtype != got.dtype for p in parts):
+        return _same_bits(got, layout.join(parts))
+    word = f"<u{got.dtype.itemsize}"
+    a = layout.axis
+    bits = np.ascontiguousarray(got).view(word)
+    blocks = bits.reshape(*bits.shape[:a], layout.groups, layout.block, *bits.shape[a + 1:])
+    start = 0
+    for part, size in zip(parts, layout.sizes):
+        pbits = np.ascontiguousarray(part).view(word)
+        want = pbits.reshape(*pbits.shape[:a], layout.groups, size, *pbits.shape[a + 1:])
+        index = (slice(None),) * (a + 1) + (slice(start, start + size),)
+        if want.shape != blocks[index].shape or not np.array_equal(blocks[index], want):
+            return False
+        start += size
+    return True
