@@ -771,3 +771,17 @@ def test_readback_compares_a_fused_tensor_part_by_part_and_sees_one_wrong_bit():
     assert _count_nonfinite(nan, "bfloat16") == 2 and _count_nonfinite(fused, "bfloat16") == 0
     half = np.array([1.0, np.nan, -np.inf, 65504.0], np.float16)
     assert _count_nonfinite(half, "float16") == 2
+
+
+def test_join_into_a_reused_buffer_equals_a_fresh_join():
+    rng = np.random.default_rng(3)
+    layout = grouped(2, [4, 1, 1])
+    buffer = np.empty(10_000, np.uint8)
+    for seed in range(3):  # one buffer, several tensors in turn
+        parts = [rng.standard_normal((n, 5)).astype(np.float32) for n in (8, 2, 2)]
+        fresh = layout.join(parts)
+        reused = layout.join(parts, out=buffer)
+        assert reused.shape == fresh.shape and np.array_equal(reused, fresh)
+        assert np.shares_memory(reused, buffer)
+    small = np.empty(8, np.uint8)  # too small: a fresh array, never a truncated one
+    assert not np.shares_memory(layout.join(parts, out=small), small)

@@ -91,15 +91,22 @@ class Layout:
                     + " — the config does not fit the tensors")
         return (*first[:self.axis], self.groups * self.block, *first[self.axis + 1:])
 
-    def join(self, parts: list[np.ndarray]) -> np.ndarray:
-        """The fused array of ``parts`` (convert)."""
-        self.fused_shape([tuple(p.shape) for p in parts])
+    def join(self, parts: list[np.ndarray], out: np.ndarray | None = None) -> np.ndarray:
+        """The fused array of ``parts`` (convert); into ``out`` (a flat uint8 buffer of at
+        least its size) when given, so a stream of fused tensors reuses one allocation."""
+        shape = self.fused_shape([tuple(p.shape) for p in parts])
         a = self.axis
         blocks = [p.reshape(*p.shape[:a], self.groups, size, *p.shape[a + 1:])
                   for p, size in zip(parts, self.sizes)]
-        joined = np.concatenate(blocks, axis=a + 1)
         first = parts[0].shape
-        return joined.reshape(*first[:a], self.groups * self.block, *first[a + 1:])
+        joined_shape = (*first[:a], self.groups, self.block, *first[a + 1:])
+        if out is not None and len({p.dtype for p in parts}) == 1:
+            nbytes = int(np.prod(shape, dtype=np.int64)) * parts[0].dtype.itemsize
+            if out.nbytes >= nbytes:
+                target = out[:nbytes].view(parts[0].dtype).reshape(joined_shape)
+                np.concatenate(blocks, axis=a + 1, out=target)
+                return target.reshape(shape)
+        return np.concatenate(blocks, axis=a + 1).reshape(shape)
 
     def part(self, fused: np.ndarray, i: int) -> np.ndarray:
         """Part ``i`` of ``fused`` (split, or the way back)."""

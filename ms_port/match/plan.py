@@ -221,10 +221,23 @@ class Plan(Renderable):
             lines += [_unused_line(u) for u in self.unused]
         return lines
 
-    def arrays(self):
-        """Yield ``(match, array)`` in target order: source data, transformed and cast."""
+    def arrays(self, *, reuse: bool = False):
+        """Yield ``(match, array)`` in target order: source data, transformed and cast.
+
+        ``reuse``: fused tensors are joined into one buffer, reused for the next one (for a
+        writer that is done with each array before asking for the next): a 1.1B model's
+        1.3 GB of fused tensors then cost one allocation, not 44 fresh ones.
+        """
+        fused = [m for m in self.matches if m.parts and m.layout is not None]
+        buffer = None
+        if reuse and fused:
+            largest = max(_numel(m.source_shape) * itemsize(m.dtype) for m in fused)
+            buffer = np.empty(largest, np.uint8)
         for m in self.matches:
-            yield m, self.expected(m)
+            if buffer is not None and m.parts and m.layout is not None:
+                yield m, materialize(m, [self.source.tensors[p] for p in m.parts], out=buffer)
+            else:
+                yield m, self.expected(m)
 
     def expected(self, m: Match) -> np.ndarray:
         """What ``m``'s target must hold: its source's data transformed and cast, or the
@@ -378,12 +391,14 @@ def _widens(src: str, dst: str) -> bool:
     return src == dst
 
 
-def materialize(match: Match, info: TensorInfo | list[TensorInfo]) -> np.ndarray:
+def materialize(match: Match, info: TensorInfo | list[TensorInfo],
+                out: np.ndarray | None = None) -> np.ndarray:
     """The array written for ``match``: source data (its parts joined, or its part taken),
-    transformed, then cast. A fused target reads only its own parts."""
+    transformed, then cast. A fused target reads only its own parts (joined into ``out``,
+    a reusable byte buffer, when given)."""
     if isinstance(info, list):
         assert match.layout is not None
-        array = match.layout.join([i.load() for i in info])
+        array = match.layout.join([i.load() for i in info], out=out)
     elif match.part is not None:
         assert match.layout is not None
         array = match.layout.part(info.load(), match.part)

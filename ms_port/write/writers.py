@@ -275,7 +275,8 @@ def write_plan(
     with atomic_output(output, force=force) as (final, tmp):
         replaced = final.exists()
         nonfinite: dict[str, int] = {}
-        arrays = _counting_nonfinite(plan.arrays(), nonfinite)
+        # every writer but pth's is done with an array before it asks for the next
+        arrays = _counting_nonfinite(plan.arrays(reuse=format != "pth"), nonfinite)
         with open(tmp, "wb") as f:  # created exclusively by atomic_output
             if format == "ckpt":
                 _write_ckpt(plan, arrays, f, crc=crc, progress=progress)
