@@ -777,7 +777,7 @@ def test_join_into_a_reused_buffer_equals_a_fresh_join():
     rng = np.random.default_rng(3)
     layout = grouped(2, [4, 1, 1])
     buffer = np.empty(10_000, np.uint8)
-    for seed in range(3):  # one buffer, several tensors in turn
+    for _ in range(3):  # one buffer, several tensors in turn
         parts = [rng.standard_normal((n, 5)).astype(np.float32) for n in (8, 2, 2)]
         fresh = layout.join(parts)
         reused = layout.join(parts, out=buffer)
