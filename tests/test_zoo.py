@@ -187,3 +187,25 @@ def test_convnext_block_scales_align_by_size_and_verify(tmp_path):
     parity = ms_port.verify(pth, wrong, torch_model=lambda: tv, ms_model=_convnext_gelu_exact,
                             input_shape=SHAPE)
     assert parity.verdict == "FAIL"
+
+
+def test_vgg_zero_conv_biases_are_dropped_as_zero_and_nonzero_ones_refused(tmp_path):
+    """MindCV's VGG convs have no bias. torchvision's start at zero: dropping a zero bias
+    loses nothing (proven by verify); a trained, nonzero one cannot be dropped."""
+    torch.manual_seed(0)
+    tv = torchvision.models.vgg11()
+    pth, ckpt = tmp_path / "vgg.pth", tmp_path / "vgg.ckpt"
+    torch.save(tv.state_dict(), pth)
+    report = ms_port.convert(pth, ms_model=_mindcv("vgg11"), output=ckpt)
+    assert report.ok, report.plan.problems()[:3]
+    zero = [d for d in report.plan.dropped if d.reason.startswith("zero bias")]
+    assert len(zero) == 8 and zero[0].name == "features.0.bias"
+    parity = ms_port.verify(pth, ckpt, torch_model=lambda: tv, ms_model=_mindcv("vgg11"),
+                            input_shape=(3, 224, 224))
+    assert parity.verdict == "PASS", parity.message
+
+    trained = {k: v + 0.1 if k == "features.3.bias" else v for k, v in tv.state_dict().items()}
+    torch.save(trained, tmp_path / "trained.pth")
+    plan = ms_port.plan(tmp_path / "trained.pth", ms_model=_mindcv("vgg11"))
+    assert not plan.ok and [u.name for u in plan.unused] == ["features.3.bias"]
+    assert any("features.3.bias holds nonzero values" in n for n in plan.notes)

@@ -588,7 +588,7 @@ def make_plan(
             kept.append(info)
         else:
             dropped.append(Dropped(info.name, f"known drop: {reason}"))
-    pending_s = kept
+    pending_s = _zero_biases(pending_s, matches, target, dropped, notes)
 
     s_index = NameIndex((i.name, i.shape) for i in pending_s)
     t_index = NameIndex((t.name, t.shape) for t in pending_t)
@@ -903,6 +903,33 @@ def _align_leftovers(source: Source, target: Target, mapping: MappingTable,
                 matches[m.target] = m
                 used.add(m.source)
     return result.ambiguous
+
+
+def _zero_biases(pending: list[TensorInfo], matches: dict[str, Match], target: Target,
+                 dropped: list[Dropped], notes: list[str]) -> list[TensorInfo]:
+    """A bias whose layer's weight was matched into a MindSpore layer without a bias (MindCV's
+    VGG convs): dropped when every value is zero (the layer computes the same without it),
+    else kept as a leftover with a note that the networks differ."""
+    layer_of = {m.source.rpartition(".")[0]: m.target.rpartition(".")[0]
+                for m in matches.values()
+                if m.source and not m.parts and m.part is None
+                and m.source.rpartition(".")[2] == "weight"}
+    kept = []
+    for info in pending:
+        path, _, leaf = info.name.rpartition(".")
+        layer = layer_of.get(path)
+        if leaf != "bias" or layer is None or any(
+                f"{layer}.{b}" in target for b in ("bias", "beta")):
+            kept.append(info)
+            continue
+        if not np.any(np.asarray(info.load()) != 0):
+            dropped.append(Dropped(info.name, f"zero bias: {layer} has no bias, and this one "
+                                              "is all zeros (the layer computes the same)"))
+            continue
+        kept.append(info)
+        notes.append(f"{info.name} holds nonzero values, but {layer} has no bias: the "
+                     "networks differ — give the MindSpore layer a bias (has_bias=True)")
+    return kept
 
 
 def _squeezed(shape: tuple[int, ...]) -> tuple[int, ...]:
