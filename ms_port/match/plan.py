@@ -588,7 +588,7 @@ def make_plan(
             kept.append(info)
         else:
             dropped.append(Dropped(info.name, f"known drop: {reason}"))
-    pending_s = _zero_biases(pending_s, matches, target, dropped, notes)
+    pending_s = _zero_biases(kept, matches, target, dropped, notes)
 
     s_index = NameIndex((i.name, i.shape) for i in pending_s)
     t_index = NameIndex((t.name, t.shape) for t in pending_t)
