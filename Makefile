@@ -38,8 +38,9 @@ lint: env
 fuzz: env
 	FUZZ_CASES=2000 $(PY) -m pytest -q tests/test_fuzz_differential.py
 
+# the default cases, then the 1.1B bfloat16 LLaMA against cp and MindFormers (~13 GiB disk)
 bench: env
-	$(PY) benchmarks/run.py
+	$(PY) benchmarks/run.py --cases resnet50,synth-1g,synth-3g,help,inspect,verify,llm-1b
 
 clean:
 	rm -rf $(VENV) $(DEMO) build dist *.egg-info
