@@ -156,6 +156,11 @@ def resolve_mapping(mapping: Any, *, arch: str | None = None,
     return table
 
 
+def _family_fits(src: Source, family: str, ms_options: Any) -> None:
+    """Raise (one line) when a family target computed from the config does not fit."""
+    plan(src, ms_model=family, ms_options=ms_options, allow_missing=True, allow_unused=True)
+
+
 def select_mapping(config: dict[str, Any], target: Target) -> MappingTable | None:
     """The shipped table chosen by the source's config and the target, if one fits."""
     from .match.mapping import builtin_mappings
@@ -401,7 +406,13 @@ def verify(
         ('PASS', None)
     """
     from .check.inputs import generate_inputs, load_inputs
-    from .check.language import family_builder, is_language_model, token_defaults, torch_from_config
+    from .check.language import (
+        check_size,
+        family_builder,
+        is_language_model,
+        token_defaults,
+        torch_from_config,
+    )
     from .check.networks import (
         build_network,
         load_ms_weights,
@@ -456,7 +467,8 @@ def verify(
                                ranges=input_range or (None,))
     step = progress or (lambda _msg: None)
     family = ms_model if isinstance(ms_model, str) and ms_model in FAMILIES else None
-    if family is not None:
+    if family is not None:  # a config that does not fit the checkpoint: one line, now
+        _family_fits(src, family, ms_options)
         first = np.asarray(feed[0].array)
         ms_model = family_builder(family, src.config or {}, ms_options,
                                   int(first.shape[1]) if first.ndim > 1 else 1)
@@ -464,6 +476,7 @@ def verify(
         raise MsPortError(f"ms_options are for the known families ({', '.join(FAMILIES)})")
     if torch_model is None and language:
         where = src.config_path or str(source)
+        check_size(src.config, where, sum(i.numel for i in src))
         torch_model = lambda: torch_from_config(src.config, where)  # noqa: E731
 
     step("building the PyTorch network")

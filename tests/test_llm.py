@@ -492,3 +492,105 @@ def test_inspect_a_model_directory_shows_its_config(models, cli):
     assert data["total_tensors"] == 2 * 12 + 3  # q/k/v biases; embedding, norm, untied head
     shown = cli(["inspect", str(models("qwen2-bf16"))]).output
     assert "model_type=qwen2" in shown
+
+
+# -- hostile inputs and outputs (found by attacking the change) --------------------------
+
+
+def test_a_failed_forced_write_leaves_the_old_directory_whole(models, tmp_path):
+    import torch
+
+    out = tmp_path / "shards"
+    first = ms_port.convert(models("llama-f32"), ms_model="mindformers:llama", output=out,
+                            max_shard_size="20KB")
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    broken = tmp_path / "broken"
+    shutil.copytree(models("llama-f32"), broken)
+    state = {i.name: torch.from_numpy(np.array(i.load())) + 1 for i in read_source(broken)}
+    state["model.norm.weight"][0] = float("nan")  # the last shard's tensor
+    from safetensors.torch import save_file
+
+    save_file(state, broken / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(ms_port.errors.NonFiniteError):
+        ms_port.convert(broken, ms_model="mindformers:llama", output=out,
+                        max_shard_size="20KB", force=True, check_finite=True)
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # not one shard mixed
+    assert first.ok and not [p for p in tmp_path.iterdir() if p.name.startswith(".ms-port")]
+
+
+def test_force_replaces_a_model_directory_whole_and_nothing_else(models, tmp_path):
+    out, _ = _convert(models, tmp_path, "qwen2-bf16", True)
+    back = tmp_path / "back"
+    config = models("qwen2-bf16") / "config.json"
+    ms_port.export(out, ms_model="mindformers:llama", config=config, output=back)
+    ms_port.export(out, ms_model="mindformers:llama", config=config, output=back,
+                   max_shard_size="40KB", force=True)
+    names = {p.name for p in back.iterdir()}
+    assert "model.safetensors" not in names  # no stale file for transformers to prefer
+    assert "model.safetensors.index.json" in names
+    assert oct(back.stat().st_mode & 0o777) == oct(0o777 & ~_umask())
+    (back / "notes.txt").write_text("mine")
+    with pytest.raises(ms_port.errors.OutputExistsError, match="not a model's"):
+        ms_port.export(out, ms_model="mindformers:llama", config=config, output=back,
+                       force=True)
+    assert (back / "notes.txt").read_text() == "mine"
+
+
+def _umask():
+    import os
+
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+@pytest.mark.parametrize("change,words", [
+    ({"rms_norm_eps": "abc"}, "rms_norm_eps"),
+    ({"tie_word_embeddings": "false"}, "tie_word_embeddings"),
+    ({"rope_scaling": "linear"}, "rope"),
+    ({"vocab_size": 10**40}, "vocab_size"),
+    ({"num_hidden_layers": 10**9}, "num_hidden_layers"),
+])
+def test_hostile_config_values_are_one_line_exit_2(tmp_path, cli, change, words):
+    src = tiny_hf_lm("llama", tmp_path / "m")
+    config = {**json.loads((src / "config.json").read_text()), **change}
+    (src / "config.json").write_text(json.dumps(config))
+    result = cli(["convert", str(src), "--ms-model", "mindformers:llama", "--dry-run"])
+    assert result.exit_code == 2 and words in result.output, result.output
+    assert "Traceback" not in result.output
+
+
+def test_a_config_that_is_no_regular_file_is_refused(tmp_path, cli):
+    src = tiny_hf_lm("llama", tmp_path / "m")
+    result = cli(["convert", str(src), "--ms-model", "mindformers:llama", "--config",
+                  "/dev/zero", "--dry-run"])
+    assert result.exit_code == 2 and "not a regular file" in result.output
+
+
+def test_params_that_explode_are_refused(tmp_path):
+    from ms_port.match.mapping import parse_mapping
+
+    src = tiny_hf_lm("llama", tmp_path / "m")
+    square = "*".join(["hidden_size"] * 12)
+    table = parse_mapping(f"params:\n  a: '{square}'\n", origin="bomb.yaml")
+    plan = ms_port.plan(src, ms_model="mindformers:llama", mapping=table)
+    assert "a" not in plan.params  # never computed past the bound; nothing used it
+    with pytest.raises(MappingError, match="2\\*\\*40"):
+        ms_port.plan(src, ms_model="mindformers:llama", mapping=parse_mapping(
+            f"params:\n  a: '{square}'\nfuse:\n  - target: 'model.layers.{{i}}.feed_forward."
+            "w1.weight'\n    sources: "
+            "['model.layers.{i}.mlp.gate_proj.weight', 'model.layers.{i}.mlp.up_proj.weight']"
+            "\n    layout: {grouped: a}\n", origin="bomb.yaml"))
+
+
+@needs_mindformers
+def test_verify_refuses_a_config_far_larger_than_its_checkpoint(models, tmp_path):
+    out, _ = _convert(models, tmp_path, "llama-f32", False)
+    big = tmp_path / "big"
+    shutil.copytree(models("llama-f32"), big)
+    config = json.loads((big / "config.json").read_text())
+    (big / "config.json").write_text(json.dumps({**config, "hidden_size": 8192,
+                                                 "head_dim": 1024,
+                                                 "intermediate_size": 28672}))
+    with pytest.raises(TargetError, match=r"does not fit|parameters"):
+        ms_port.verify(big, out, ms_model="mindformers:llama")

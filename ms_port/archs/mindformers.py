@@ -29,6 +29,8 @@ from ..read.targets import Target, TargetTensor
 
 #: the Hugging Face model types this class holds
 MODEL_TYPES = ("llama", "mistral", "qwen2")
+#: the most decoder layers a config may ask for (the largest published LLaMA has 126)
+MAX_LAYERS = 1024
 
 
 @dataclass(frozen=True)
@@ -52,14 +54,37 @@ class LlamaSizes:
         return self.hidden // self.heads
 
 
+#: the largest size a config may give (a dimension of a real model is far below)
+MAX_SIZE = 2**31
+
+
 def _int(config: dict[str, Any], key: str, default: int | None = None) -> int:
     value = config.get(key, default)
     if value is None:
         value = default
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise TargetError(f"config.json: {key} is {value!r}; mindformers:llama needs a "
-                          "positive integer there")
+    if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= MAX_SIZE:
+        shown = repr(value) if len(repr(value)) < 40 else f"{repr(value)[:37]}..."
+        raise TargetError(f"config.json: {key} is {shown}; mindformers:llama needs a "
+                          f"positive integer there (at most {MAX_SIZE})")
     return value
+
+
+def _float(config: dict[str, Any], key: str, default: float) -> float:
+    value = config.get(key)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
+            0 < value < 1e300):
+        raise TargetError(f"config.json: {key} is {str(value)[:40]!r}; mindformers:llama "
+                          "needs a positive finite number there")
+    return float(value)
+
+
+def _bool(config: dict[str, Any], key: str) -> bool:
+    value = config.get(key, False)
+    if not isinstance(value, bool) and value is not None:
+        raise TargetError(f"config.json: {key} is {str(value)[:40]!r}; expected true or false")
+    return bool(value)
 
 
 def llama_sizes(config: dict[str, Any]) -> LlamaSizes:
@@ -76,27 +101,38 @@ def llama_sizes(config: dict[str, Any]) -> LlamaSizes:
         raise TargetError(f"config.json: {heads} heads of {head_dim} with {kv_heads} KV heads "
                           f"and hidden_size {hidden}: MindFormers' LlamaForCausalLM needs "
                           "heads x head_dim = hidden_size and heads divisible by KV heads")
-    if config.get("mlp_bias"):
+    if _bool(config, "mlp_bias"):
         raise TargetError("config.json: mlp_bias is set; MindFormers' LlamaForCausalLM has no "
                           "MLP biases")
     act = config.get("hidden_act", "silu")
     if act != "silu":
         raise TargetError(f"config.json: hidden_act {act!r}; MindFormers' LlamaForCausalLM "
                           "computes SiLU")
-    rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
-    if isinstance(rope, dict) and rope.get("rope_type", rope.get("type", "default")) \
-            not in ("default", None):
-        raise TargetError(f"config.json: RoPE scaling {rope.get('rope_type') or rope.get('type')!r}"
-                          " is not supported by mindformers:llama; only plain RoPE")
-    theta = config.get("rope_theta") or (rope.get("rope_theta") if isinstance(rope, dict)
-                                         else None) or 10000.0
-    bias = bool(config.get("attention_bias"))
+    rope: dict[str, Any] = {}
+    for key in ("rope_parameters", "rope_scaling"):  # transformers 5 writes the first
+        given = config.get(key)
+        if given is None:
+            continue
+        if not isinstance(given, dict):
+            raise TargetError(f"config.json: {key} is {str(given)[:40]!r}, not a mapping; "
+                              "check the config")
+        kind = given.get("rope_type", given.get("type", "default"))
+        if kind not in ("default", None):
+            raise TargetError(f"config.json: RoPE scaling {str(kind)[:40]!r} ({key}) is not "
+                              "supported by mindformers:llama; only plain RoPE")
+        rope = rope or given
+    theta = _float(config, "rope_theta", 0.0) or _float(rope, "rope_theta", 10000.0)
+    bias = _bool(config, "attention_bias")
+    layers = _int(config, "num_hidden_layers")
+    if layers > MAX_LAYERS:  # the target is listed layer by layer: bound the work a file asks
+        raise TargetError(f"config.json: num_hidden_layers {layers} is more than any "
+                          f"published model ({MAX_LAYERS} at most); check the config")
     return LlamaSizes(
-        vocab=_int(config, "vocab_size"), hidden=hidden, layers=_int(config, "num_hidden_layers"),
+        vocab=_int(config, "vocab_size"), hidden=hidden, layers=layers,
         heads=heads, kv_heads=kv_heads, intermediate=_int(config, "intermediate_size"),
-        eps=float(config.get("rms_norm_eps") or 1e-6), theta=float(theta),
+        eps=_float(config, "rms_norm_eps", 1e-6), theta=theta,
         qkv_bias=model_type == "qwen2" or bias, o_bias=bias,
-        tied=bool(config.get("tie_word_embeddings", False)))
+        tied=_bool(config, "tie_word_embeddings"))
 
 
 def llama_tensors(sizes: LlamaSizes, *, qkv_concat: bool = False) -> list[TargetTensor]:

@@ -15,6 +15,8 @@ from ..errors import TargetError
 
 #: generated token sequences are this long unless --input-shape says otherwise
 DEFAULT_TOKENS = 16
+#: the most layers a config may ask to build (the largest published LLaMA has 126)
+MAX_LAYERS = 1024
 
 
 def is_language_model(config: dict[str, Any] | None) -> bool:
@@ -34,25 +36,49 @@ def torch_from_config(config: dict[str, Any], where: str) -> Any:
     except ImportError:
         raise TargetError("building the PyTorch side from config.json needs transformers: "
                           "pip install transformers (or pass --torch-model)") from None
-    try:
+    layers = config.get("num_hidden_layers", config.get("n_layer", 1))
+    if not isinstance(layers, int) or isinstance(layers, bool) or not 0 < layers <= MAX_LAYERS:
+        raise TargetError(f"{where}: num_hidden_layers is {str(layers)[:40]!r}; expected a "
+                          f"positive integer of at most {MAX_LAYERS}")
+    try:  # transformers' own validation raises its own exception types
         cfg = transformers.AutoConfig.for_model(**config)
-    except (ValueError, KeyError, TypeError) as exc:
-        raise TargetError(f"{where}: transformers cannot read this config ({exc}); pass "
+    except Exception as exc:
+        raise TargetError(f"{where}: transformers cannot read this config "
+                          f"({type(exc).__name__}: {str(exc)[:200]}); fix it or pass "
                           "--torch-model") from None
     cfg.use_cache = False
     try:
         model = transformers.AutoModelForCausalLM.from_config(
             cfg, attn_implementation="eager", dtype=torch.float32)
-    except (ValueError, KeyError, TypeError, ImportError) as exc:
-        raise TargetError(f"{where}: transformers cannot build {cfg.model_type!r} ({exc}); "
-                          "pass --torch-model") from None
+    except Exception as exc:
+        raise TargetError(f"{where}: transformers cannot build {cfg.model_type!r} "
+                          f"({type(exc).__name__}: {str(exc)[:200]}); pass --torch-model"
+                          ) from None
     return model.eval()
+
+
+def check_size(config: dict[str, Any], where: str, elements: int) -> None:
+    """Refuse a config describing a model far larger than its checkpoint, before building
+    it for real: memory follows the file, not what a config.json says."""
+    import torch
+
+    with torch.device("meta"):
+        model = torch_from_config(config, where)
+    wanted = sum(p.numel() for p in model.parameters())
+    if wanted > 2 * elements + 1_000_000:
+        raise TargetError(f"{where}: the config describes {wanted:,} parameters, the "
+                          f"checkpoint holds {elements:,}; this config is not the "
+                          "checkpoint's — check it")
 
 
 def token_defaults(config: dict[str, Any]) -> tuple[list[tuple[int, ...]], list[str],
                                                    list[tuple[int, int]]]:
     """(shapes, dtypes, ranges) of one generated token sequence."""
-    return [(DEFAULT_TOKENS,)], ["int64"], [(0, int(config["vocab_size"]))]
+    vocab = config.get("vocab_size")
+    if not isinstance(vocab, int) or isinstance(vocab, bool) or not 0 < vocab <= 2**31:
+        raise TargetError(f"config.json: vocab_size is {str(vocab)[:40]!r}; token inputs need "
+                          "a positive integer (or pass --input)")
+    return [(DEFAULT_TOKENS,)], ["int64"], [(0, vocab)]
 
 
 def family_builder(spec: str, config: dict[str, Any], options: dict[str, Any] | None,
@@ -71,5 +97,5 @@ def family_builder(spec: str, config: dict[str, Any], options: dict[str, Any] | 
     return build
 
 
-__all__ = ["DEFAULT_TOKENS", "family_builder", "is_language_model", "token_defaults",
-           "torch_from_config"]
+__all__ = ["DEFAULT_TOKENS", "MAX_LAYERS", "check_size", "family_builder",
+           "is_language_model", "token_defaults", "torch_from_config"]

@@ -544,6 +544,8 @@ def _tied_entry(data: Any, origin: str, i: int) -> TiedEntry:
             and not set(data) - {"source", "same_as", "when"}
             and all(isinstance(v, str) and v for v in data.values()), origin, entry,
             "{source: NAME, same_as: NAME, when: CONFIG_KEY}")
+    _expect(data["source"] != data["same_as"], origin, entry,
+            "two different tensors (source is same_as itself)")
     return TiedEntry(data["source"], data["same_as"], data.get("when"), f"{entry} in {origin}")
 
 

@@ -52,6 +52,17 @@ def check_expression(expr: Any) -> ast.expr:
     return tree
 
 
+#: the largest magnitude a param may take: a tensor dimension, never more
+MAX_VALUE = 2**40
+
+
+def _bounded(value: int, text: str) -> int:
+    if abs(value) > MAX_VALUE:
+        raise ParamError(f"{text!r} reaches a value beyond 2**40, more than any tensor "
+                         "dimension; check the expression and the config")
+    return value
+
+
 def names_in(expr: Any) -> set[str]:
     return {n.id for n in ast.walk(check_expression(expr)) if isinstance(n, ast.Name)}
 
@@ -66,6 +77,8 @@ def _eval(node: ast.expr, values: dict[str, Any], text: str) -> int:
         return int(node.value)
     if isinstance(node, ast.Name):
         value = values.get(node.id)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return _bounded(value, text)
         if value is None:
             raise ParamError(f"{text!r} needs {node.id!r}, which the config does not set")
         if not isinstance(value, int) or isinstance(value, bool):
@@ -74,11 +87,11 @@ def _eval(node: ast.expr, values: dict[str, Any], text: str) -> int:
     assert isinstance(node, ast.BinOp)
     left, right = _eval(node.left, values, text), _eval(node.right, values, text)
     if isinstance(node.op, ast.Add):
-        return left + right
+        return _bounded(left + right, text)
     if isinstance(node.op, ast.Sub):
-        return left - right
+        return _bounded(left - right, text)
     if isinstance(node.op, ast.Mult):
-        return left * right
+        return _bounded(left * right, text)
     if right == 0:
         raise ParamError(f"{text!r} divides by zero")
     if isinstance(node.op, ast.Div) and left % right:

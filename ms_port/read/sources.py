@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import sys
 import warnings
 import zipfile
@@ -110,8 +111,8 @@ class Source:
 
 
 #: what a Hugging Face model directory holds its weights in, most preferred first
-HF_WEIGHTS = ("model.safetensors.index.json", "model.safetensors",
-              "pytorch_model.bin.index.json", "pytorch_model.bin",
+HF_WEIGHTS = ("model.safetensors", "model.safetensors.index.json",  # transformers' order
+              "pytorch_model.bin", "pytorch_model.bin.index.json",
               "param_name_map.json")  # the last: MindSpore shards (ms-port --max-shard-size)
 #: the largest config.json read
 MAX_CONFIG_BYTES = 4 << 20
@@ -131,14 +132,18 @@ def read_config(path: str | Path) -> dict[str, Any]:
     """A ``config.json``: a JSON object of at most :data:`MAX_CONFIG_BYTES`."""
     path = Path(path)
     try:
-        size = path.stat().st_size
-        if size > MAX_CONFIG_BYTES:
-            raise SourceError(f"{path}: {size} bytes is too large for a config.json (at most "
-                              f"{MAX_CONFIG_BYTES}); refused", path=path)
-        data = json.loads(path.read_text())
+        if not stat.S_ISREG(path.stat().st_mode):
+            raise SourceError(f"{path} is not a regular file; a config.json is a JSON file",
+                              path=path)
+        with open(path, "rb") as f:  # bounded: st_size may lie (a file still growing)
+            raw = f.read(MAX_CONFIG_BYTES + 1)
+        if len(raw) > MAX_CONFIG_BYTES:
+            raise SourceError(f"{path}: more than {MAX_CONFIG_BYTES} bytes is too large for a "
+                              "config.json; refused", path=path)
+        data = json.loads(raw.decode("utf-8"))
     except OSError as exc:
         raise SourceError(f"{path}: cannot read config ({exc.strerror})", path=path) from None
-    except (ValueError, RecursionError) as exc:
+    except (ValueError, RecursionError, UnicodeDecodeError) as exc:
         raise SourceError(f"{path}: not a JSON config ({str(exc)[:80]}); fix or re-download "
                           "it", path=path) from None
     if not isinstance(data, dict):
@@ -149,7 +154,7 @@ def read_config(path: str | Path) -> dict[str, Any]:
 
 def _find_config(path: Path) -> Path | None:
     candidate = path.parent / "config.json"
-    return candidate if candidate.is_file() else None
+    return candidate if candidate.exists() else None  # read_config refuses a non-file
 
 
 def _check_file(path: Path) -> None:
@@ -616,6 +621,11 @@ def _check_shard_path(index: Path, name: str, shard: Any) -> None:
     if shard == index.name:
         raise SourceError(f"{index}: lists itself as the shard of {name!r}; the index is "
                           "corrupt", path=index, tensor=name)
+    if shard.endswith(".index.json") or shard == "param_name_map.json" or \
+            (index.parent / shard).is_dir():
+        raise SourceError(f"{index}: shard {shard!r} (for {name!r}) is an index or a "
+                          "directory, not a weights file; the index is corrupt",
+                          path=index, tensor=name)
 
 
 # -- MindSpore ------------------------------------------------------------------------

@@ -11,9 +11,10 @@ Two layouts, one writer:
   ``transformers.AutoModelForCausalLM.from_pretrained`` loads.
 
 Every shard is written like any output (temporary file, fsync, read back bit for bit,
-rename). A new directory is assembled under a temporary name and renamed into place, so
-it appears whole or not at all; into an existing one (``force``), the index is written
-last and stale shards of ours are removed after it.
+rename) into a directory assembled under a temporary name, renamed into place at the end:
+the model appears whole or not at all. ``force`` replaces a directory holding only a
+model's files (shards, index, ``config.json``), swapped out whole; anything else in it is
+never touched — such a directory is refused.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ def parse_size(text: str | int) -> int:
     if isinstance(text, int) and not isinstance(text, bool):
         size = text
     else:
-        m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*", str(text))
+        m = re.fullmatch(r"\s*([0-9]{1,15}(?:\.[0-9]{1,9})?)\s*([A-Za-z]*)\s*", str(text))
         unit = m.group(2).upper() if m else None
         if m is None or unit not in _UNITS:
             raise WriteError(f"shard size {text!r}: expected a number with KB, MB, GB, KiB, "
@@ -99,11 +100,29 @@ def shard_groups(matches: list[Match], max_bytes: int | None) -> list[list[Match
     return groups
 
 
+#: the files a model directory of ours holds; ``--force`` replaces a directory of only these
+_OURS = ("model.safetensors", "model.safetensors.index.json", "param_name_map.json",
+         "config.json")
+
+
+def _ours(name: str) -> bool:
+    return name in _OURS or _SHARD.fullmatch(name) is not None
+
+
 def check_directory(output: str | Path, *, force: bool,
                     inputs: list[Any] | tuple[Any, ...] = ()) -> Path:
-    """Fail early if ``output`` cannot become the output directory (or holds an input:
-    writing shards beside a source's own could replace them)."""
+    """Fail early if ``output`` cannot become the output directory: a file, a link, a
+    directory holding an input (writing beside a source could replace its shards), or one
+    holding anything but a model's files (``--force`` replaces the model, nothing else)."""
     path = Path(output)
+    if path.is_symlink():
+        raise WriteError(f"{path} is a symbolic link; give the directory itself", path=path)
+    if path.exists() and not path.is_dir():
+        raise WriteError(f"{path} is a file; a sharded or Hugging Face output is a directory "
+                         "— give a directory name", path=path)
+    if not path.parent.is_dir():
+        raise WriteError(f"{path.parent}: no such directory for the output; create it first",
+                         path=path)
     for given in inputs:
         if given is None or not path.is_dir():
             continue
@@ -111,16 +130,24 @@ def check_directory(output: str | Path, *, force: bool,
         if inside == path.resolve() or path.resolve() in inside.parents:
             raise WriteError(f"{path} holds an input of this run ({given}); write the "
                              "output into another directory", path=path)
-    if path.exists() and not path.is_dir():
-        raise WriteError(f"{path} is a file; a sharded or Hugging Face output is a directory "
-                         "— give a directory name", path=path)
-    if not path.parent.is_dir():
-        raise WriteError(f"{path.parent}: no such directory for the output; create it first",
-                         path=path)
-    if path.is_dir() and any(path.iterdir()) and not force:
-        raise OutputExistsError(f"{path} exists and is not empty; pass --force (force=True) "
-                                "to write into it", path=path)
+    if path.is_dir():
+        names = sorted(p.name for p in path.iterdir())
+        foreign = [n for n in names if not _ours(n)]
+        if foreign:
+            raise OutputExistsError(
+                f"{path} holds files that are not a model's ({', '.join(foreign[:3])}"
+                f"{', …' if len(foreign) > 3 else ''}); write into a new or empty directory",
+                path=path)
+        if names and not force:
+            raise OutputExistsError(f"{path} holds a model; pass --force (force=True) to "
+                                    "replace it", path=path)
     return path
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def write_directory(plan: Plan, output: str | Path, *, layout: str = "mindspore",
@@ -128,6 +155,10 @@ def write_directory(plan: Plan, output: str | Path, *, layout: str = "mindspore"
                     config: dict[str, Any] | None = None, check_finite: bool = False,
                     progress: Progress | None = None) -> DirectoryResult:
     """Write ``plan`` as a directory of safetensors shards with an index (see module doc).
+
+    The directory is assembled under a temporary name beside ``output`` and renamed into
+    place only once every shard is read back bit for bit; a model already there (``force``)
+    is swapped out whole, so a failure at any point leaves the old one untouched.
 
     Args:
         layout: ``mindspore`` (``param_name_map.json``) or ``hf`` (transformers' names,
@@ -145,12 +176,13 @@ def write_directory(plan: Plan, output: str | Path, *, layout: str = "mindspore"
     index_name = ("param_name_map.json" if layout == "mindspore" else
                   None if len(groups) == 1 else "model.safetensors.index.json")
     metadata = {"format": "pt"} if layout == "hf" else None
-    fresh = not final.exists()
-    work = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".ms-port-{os.getpid()}-")) \
-        if fresh else final
-    replaced = not fresh and any(final.iterdir())
+    replaced = final.exists()
+    prefix = f".ms-port-{os.getpid()}-"
+    work = Path(tempfile.mkdtemp(dir=final.parent, prefix=prefix))
+    old: Path | None = None
     nonfinite: dict[str, int] = {}
     try:
+        os.chmod(work, 0o777 & ~_umask())  # mkdtemp's 0700 ignores the umask
         total = sum(_nbytes(m) for m in plan.matches)
         done = 0
         for name, group in zip(names, groups):
@@ -159,26 +191,29 @@ def write_directory(plan: Plan, output: str | Path, *, layout: str = "mindspore"
                     progress(phase, base + d, total)
 
             part = replace(plan, matches=group)
-            written = write_plan(part, work / name, format="safetensors", force=force,
+            written = write_plan(part, work / name, format="safetensors",
                                  check_finite=check_finite, progress=step, metadata=metadata)
             nonfinite.update(written.nonfinite)
             done += sum(_nbytes(m) for m in group)
         if config is not None:
-            write_text(work / "config.json", json.dumps(config, indent=2) + "\n", force=force)
+            write_text(work / "config.json", json.dumps(config, indent=2) + "\n")
         if index_name is not None:
             weight_map = {m.target: name for name, group in zip(names, groups) for m in group}
             index = {"metadata": {"total_size": total}, "weight_map": weight_map}
-            write_text(work / index_name, json.dumps(index, indent=2) + "\n", force=force)
-        if fresh:
-            os.rename(work, final)  # the directory appears whole, or not at all
-        else:
-            for stale in final.iterdir():  # shards of ours a previous, larger run left
-                if _SHARD.fullmatch(stale.name) and stale.name not in names:
-                    stale.unlink()
+            write_text(work / index_name, json.dumps(index, indent=2) + "\n")
+        if replaced:  # swap: the old model out, the new one in, then the old one gone
+            old = Path(tempfile.mkdtemp(dir=final.parent, prefix=prefix))
+            os.rename(final, old / "old")
+        os.rename(work, final)
     except BaseException:
-        if fresh:
-            shutil.rmtree(work, ignore_errors=True)
+        shutil.rmtree(work, ignore_errors=True)
+        if old is not None and not final.exists() and (old / "old").exists():
+            os.rename(old / "old", final)  # put the old model back
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
         raise
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
     nbytes = sum((final / n).stat().st_size for n in names)
     return DirectoryResult(str(final), layout, names, index_name, len(plan.matches), nbytes,
                            "bit-exact", replaced, time.perf_counter() - start,
