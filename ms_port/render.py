@@ -65,7 +65,7 @@ def _inspect(r: Any, *, limit: int | None, show: str) -> Any:
     if getattr(r, "config", None):
         shown = {k: v for k, v in r.config.items() if k != "path"}
         lines.append(f"config: {r.config['path']}: "
-                     + ", ".join(f"{k}={v}" for k, v in shown.items()))
+                     + ", ".join(f"{k}={_short(v)}" for k, v in shown.items()))
     parts.append(Text(visible("\n".join(lines), newlines=True)))
     if r.skipped:
         skipped = Table(title="skipped (not tensors)", title_justify="left")
@@ -89,6 +89,12 @@ def _plan_table(plan: Any, *, limit: int | None) -> Table:
         table.add_row(_text(m.target), _text(m.source or "—"),
                       f"{how} ({escape(m.detail)}){escape(extra)}", format_shape(m.shape), dtype)
     return table
+
+
+def _short(value: Any, width: int = 60) -> str:
+    """A value read from a file, cut to ``width`` characters for a summary line."""
+    text = str(value)
+    return text if len(text) <= width else f"{text[:width - 1]}…"
 
 
 def _conversion(r: Any, *, limit: int | None, show: str) -> Any:
