@@ -594,3 +594,12 @@ def test_verify_refuses_a_config_far_larger_than_its_checkpoint(models, tmp_path
                                                  "intermediate_size": 28672}))
     with pytest.raises(TargetError, match=r"does not fit|parameters"):
         ms_port.verify(big, out, ms_model="mindformers:llama")
+
+
+def test_export_recognises_the_family_from_the_checkpoint_names(models, tmp_path):
+    """No --ms-model: the config's computed MindFormers names equal the checkpoint's."""
+    for qkv in (False, True):
+        out, _ = _convert(models, tmp_path, "mistral-bf16", qkv)
+        report = ms_port.export(out, config=models("mistral-bf16") / "config.json",
+                                output=tmp_path / f"back-{qkv}")
+        assert report.ok and report.plan.mapping.origin == "mappings/hf_llama_mindformers.yaml"

@@ -175,6 +175,8 @@ def llama_tensors(sizes: LlamaSizes, *, qkv_concat: bool = False) -> list[Target
 
 #: options ``mindformers:llama`` takes (``--ms-option KEY=VALUE``)
 OPTIONS = {"qkv_concat": bool, "seq_length": int}
+#: the layouts a checkpoint of this family may have, to recognise one by its names
+VARIANTS = ({"qkv_concat": False}, {"qkv_concat": True})
 
 
 def llama_target(config: dict[str, Any], *, qkv_concat: bool = False) -> Target:

@@ -204,6 +204,10 @@ def export_plan(checkpoint: str | Path, *, arch: str | None, torch_model: Any,
     ckpt = read_source(checkpoint, strip_prefixes=False)
     torch_side, _ = _torch_side(arch, torch_model, target, config, config_path)
     family = ms_model if isinstance(ms_model, str) and ms_model in FAMILIES else None
+    if family is None and ms_model is None and arch is None:
+        from ..read.targets import recognise_family
+
+        family = recognise_family(torch_side.config, set(ckpt.tensors))
     ms_side = _ms_side(ckpt, arch, None if family else ms_model)
     ms_side.family = family
     forward = make_plan(torch_side, ms_side,

@@ -282,6 +282,23 @@ def from_family(spec: str, config: dict[str, Any] | None,
     return family_module(spec).target(config, **opts)
 
 
+def recognise_family(config: dict[str, Any] | None, names: set[str]) -> str | None:
+    """The known family whose target, computed from ``config`` in one of its variants,
+    has exactly these tensor names (a checkpoint exported without ``--ms-model``)."""
+    if not config:
+        return None
+    for spec in FAMILIES:
+        module = family_module(spec)
+        for options in getattr(module, "VARIANTS", ({},)):
+            try:
+                target = module.target(config, **options)
+            except MsPortError:
+                break  # the config is not this family's
+            if set(target.tensors) == names:
+                return spec
+    return None
+
+
 def from_template(path: str | Path) -> Target:
     """The names, shapes and dtypes of a template checkpoint (its data is not kept)."""
     from .sources import read_source
