@@ -209,3 +209,31 @@ def test_vgg_zero_conv_biases_are_dropped_as_zero_and_nonzero_ones_refused(tmp_p
     plan = ms_port.plan(tmp_path / "trained.pth", ms_model=_mindcv("vgg11"))
     assert not plan.ok and [u.name for u in plan.unused] == ["features.3.bias"]
     assert any("features.3.bias holds nonzero values" in n for n in plan.notes)
+
+
+def test_timm_vit_matches_mindcv_by_names_and_verifies(tmp_path):
+    """timm's ViT and MindCV's share every name: no rules beyond LayerNorm's, no alignment."""
+    import functools
+
+    timm = pytest.importorskip("timm")
+    from mindcv.models.vit import VisionTransformer
+
+    torch.manual_seed(0)
+    tm = timm.models.vision_transformer.VisionTransformer(
+        img_size=32, patch_size=8, embed_dim=64, depth=2, num_heads=4, num_classes=10)
+    with torch.no_grad():  # timm starts its head at zero: the output would ignore the input
+        tm.head.weight.normal_(0, 0.2)
+    pth, ckpt = tmp_path / "timm.pth", tmp_path / "timm.ckpt"
+    torch.save(tm.state_dict(), pth)
+
+    def mindcv_vit():
+        return VisionTransformer(
+            image_size=32, patch_size=8, embed_dim=64, depth=2, num_heads=4, mlp_ratio=4.0,
+            num_classes=10, norm_layer=functools.partial(nn.LayerNorm, epsilon=1e-6),
+            act_layer=functools.partial(nn.GELU, approximate=False))
+
+    report = ms_port.convert(pth, ms_model=mindcv_vit, output=ckpt)
+    assert report.ok and "aligned" not in report.plan.counts, report.plan.counts
+    parity = ms_port.verify(pth, ckpt, torch_model=lambda: tm, ms_model=mindcv_vit,
+                            input_shape=(3, 32, 32))
+    assert parity.verdict == "PASS", parity.message
