@@ -498,3 +498,34 @@ def test_pass_far_above_the_noise_floor_gets_a_note():
     assert report.ok and report.noise_floor is not None
     assert report.error > 10 * report.noise_floor
     assert any("noise floor" in n and "LayerNorm epsilon" in n for n in report.notes)
+
+
+def test_order_pairing_takes_a_weightless_composite_as_one_unit():
+    """MindCV's Swish is a Cell holding a Sigmoid; torch's SiLU is one module. The unit
+    paired by order is the Swish (its output), never the Sigmoid inside it."""
+    import torch
+    from mindspore import nn, ops
+
+    from ms_port.check.layers import units
+
+    class Swish(nn.Cell):
+        def __init__(self):
+            super().__init__()
+            self.sigmoid = nn.Sigmoid()
+
+        def construct(self, x):
+            return x * self.sigmoid(x)
+
+    class Net(nn.Cell):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Dense(4, 4)
+            self.act = Swish()
+
+        def construct(self, x):
+            return ops.relu(self.act(self.fc(x)))
+
+    ms_units = units(Net(), torch_side=False)
+    assert ms_units == {"fc", "act"}  # not "act.sigmoid"
+    module = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.SiLU())
+    assert units(module, torch_side=True) == {"0", "1"}

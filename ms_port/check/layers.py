@@ -39,6 +39,9 @@ class Event:
     kind: str
     leaf: bool
     arrays: list[np.ndarray] = field(repr=False)
+    #: the unit order-pairing works on: a leaf, or a weightless layer whose parent has
+    #: weights (MindCV's Swish, not the Sigmoid inside it, pairs with torch's SiLU)
+    unit: bool = True
 
     @property
     def shapes(self) -> tuple[tuple[int, ...], ...]:
@@ -105,13 +108,42 @@ def _named(model: Any, torch_side: bool) -> list[tuple[str, Any, bool]]:
     return found
 
 
+def _mark_units(events: list[Event], paths: set[str]) -> list[Event]:
+    for e in events:
+        e.unit = e.path in paths
+    return events
+
+
+def units(model: Any, torch_side: bool) -> set[str]:
+    """Layer paths order-pairing compares: leaves, and weightless layers (activations
+    built of smaller cells) whose parent has weights; nothing inside a weightless one."""
+    items = list(model.named_modules() if torch_side else model.cells_and_names())
+
+    def weightless(layer: Any) -> bool:
+        params = layer.parameters() if torch_side else layer.get_parameters()
+        return not any(True for _ in params)
+
+    light = {name for name, layer in items if name and weightless(layer)}
+    found = set()
+    for name, layer in items:
+        if not name:
+            continue
+        parent = name.rpartition(".")[0]
+        if parent in light:
+            continue  # inside a weightless layer: that layer is the unit
+        children = layer.children() if torch_side else layer.cells()
+        if name in light or not any(True for _ in children):
+            found.add(name)
+    return found
+
+
 def record_torch(model: Any, run: Callable[[], Any]) -> tuple[Any, list[Event]]:
     """Run ``run()`` with every named module hooked: (its result, the events)."""
     rec = _Recorder(torch_outputs)
     handles = [m.register_forward_hook(rec.hook(n, type(m).__name__, leaf))
                for n, m, leaf in _named(model, True)]
     try:
-        return run(), rec.events
+        return run(), _mark_units(rec.events, units(model, True))
     finally:
         for h in handles:
             h.remove()
@@ -135,7 +167,7 @@ def record_ms(model: Any, run: Callable[[], Any]) -> tuple[Any, list[Event]]:
         finally:
             for h in handles:
                 h.remove()
-        return result, rec.finish()
+        return result, _mark_units(rec.finish(), units(model, False))
 
 
 def distance(recorded: np.ndarray, new: np.ndarray, reference: str) -> float:
@@ -241,8 +273,8 @@ def _pair_by_order(torch_events: list[Event], ms_events: list[Event], named: lis
               (len(torch_events), len(ms_events))]
     found = []
     for (t0, m0), (t1, m1) in zip(bounds, bounds[1:]):
-        ts = [e for e in torch_events[t0 + 1:t1] if e.leaf and e.seq not in used_torch]
-        ms = [e for e in ms_events[m0 + 1:m1] if e.leaf and e.seq not in used_ms]
+        ts = [e for e in torch_events[t0 + 1:t1] if e.unit and e.seq not in used_torch]
+        ms = [e for e in ms_events[m0 + 1:m1] if e.unit and e.seq not in used_ms]
         if not ts or not ms:
             continue
         matcher = difflib.SequenceMatcher(None, [e.shapes for e in ts],
