@@ -202,7 +202,9 @@ def _parity(r: Any, *, limit: int | None, show: str) -> Any:
                      f"{_num(o.error)} (bound {_num(o.bound)}){noise}{sens}   max |Δ| "
                      f"{_num(o.max_abs)}{top1}{nan}")
     if r.noise_floor is not None:
-        bound = f"; bound = max(tol {r.tol:g}, {r.k:g} × noise)" if r.k else "; bound = tol"
+        drift = f" × drift (reached {r.drift:.1f})" if r.k and r.drift > 1.0 else ""
+        bound = (f"; bound = max(tol {r.tol:g}, {r.k:g} × noise{drift})" if r.k
+                 else "; bound = tol")
         lines.append(f"float32 noise floor (PyTorch float32 vs float64): "
                      f"{_num(r.noise_floor)}{bound}")
     if r.layers:

@@ -379,7 +379,8 @@ def render_html(report: dict[str, Any]) -> str:
              f'<h1>ms-port verify</h1><div class="verdict {_VERDICT_CLASS.get(verdict, "")}">'
              f"<b>{verdict}</b>{_esc(report.get('message'))}{_items(report.get('reasons'))}</div>",
              f'<p class="meta">{_plural(len(layers), "layer")} compared, {len(bad)} failing; tol '
-             f"{_fmt(tol, 'g')}, k {_fmt(k, 'g')}; bound per layer = max(tol, k × noise)</p>",
+             f"{_fmt(tol, 'g')}, k {_fmt(k, 'g')}; bound per layer = max(tol, k × noise × drift), "
+             f"drift reached {_fmt(_num(report.get('drift')) or 1.0, '.1f')}</p>",
              "<h2>Error along the depth of the network</h2>"]
     if not layers:
         parts.append('<p class="empty">no layers compared</p>')

@@ -63,7 +63,7 @@ from .report import (
     OutputComparison,
     ParityReport,
 )
-from .verdict import K, bound_for, decide, pass_message, status_of
+from .verdict import Drift, K, bound_for, decide, pass_message, status_of
 
 __all__ = ["ERROR_DEFINITION", "FAIL", "INCONCLUSIVE", "PASS", "Divergence",
            "LayerComparison", "OutputComparison", "ParityReport", "correspondence_from_pairs",
@@ -134,13 +134,14 @@ def _validate(tol: float, dtype: str, batch: int) -> None:
 
 def _compare_output(index: int, tname: str, mname: str, ms_arr: np.ndarray,
                     torch_arr: np.ndarray, *, tol: float, noise: float | None,
-                    sensitivity: float | None, scaled: bool) -> OutputComparison:
+                    sensitivity: float | None, scaled: bool,
+                    drift: float = 1.0) -> OutputComparison:
     counts = {"ms_nan_count": nonfinite(ms_arr)[0], "ms_inf_count": nonfinite(ms_arr)[1],
               "torch_nan_count": nonfinite(torch_arr)[0],
               "torch_inf_count": nonfinite(torch_arr)[1]}
-    bound = bound_for(tol, noise, scaled=scaled)
+    bound = bound_for(tol, noise, scaled=scaled, drift=drift)
     common = {"index": index, "name": tname, "ms_name": mname, "ms_shape": ms_arr.shape,
-              "torch_shape": torch_arr.shape, "noise": noise, "bound": bound,
+              "torch_shape": torch_arr.shape, "noise": noise, "bound": bound, "drift": drift,
               "sensitivity": sensitivity, **counts}
     shaped = comparable(ms_arr, torch_arr)
     if isinstance(shaped, str):
@@ -168,20 +169,21 @@ def _compare_output(index: int, tname: str, mname: str, ms_arr: np.ndarray,
 
 def _layer_comparisons(pairs: list[Pair], noise: dict[tuple[str, int], float],
                        sens: dict[tuple[str, int], float], *, tol: float,
-                       scaled: bool) -> list[LayerComparison]:
+                       scaled: bool, drift: Drift) -> list[LayerComparison]:
     found = []
     for pair in pairs:
         t, m = pair.torch, pair.ms
         error, max_abs, why = layer_error(pair)
         n, s = noise.get((t.path, t.call)), sens.get((t.path, t.call))
-        bound = bound_for(tol, n, scaled=scaled)
+        bound = bound_for(tol, n, scaled=scaled, drift=drift.ratio)
         # shapes that cannot be compared are named, never a verdict of their own
         status = "skipped" if why is not None else status_of(error, bound, s)
         found.append(LayerComparison(
             index=len(found), ms=m.path, torch=t.path, call=t.call, ms_kind=m.kind,
             torch_kind=t.kind, paired_by=pair.how, shape=t.arrays[0].shape, error=error,
             max_abs=max_abs, noise=n, bound=bound, sensitivity=s, status=status, note=why,
-            leaf=t.leaf and m.leaf))
+            leaf=t.leaf and m.leaf, drift=drift.ratio))
+        drift.feed(found[-1])
     return found
 
 
@@ -240,6 +242,16 @@ def _params_of(model: Any, path: str, torch_side: bool) -> list[str]:
     if torch_side:
         found += [f"{path}.{n}" for n, _ in layer.named_buffers(recurse=False)]
     return found
+
+
+def _first_text(divergence: Divergence | None, drift: Drift) -> str | None:
+    if divergence is None:
+        return None
+    text = divergence.describe()
+    if drift.departure:
+        text += (f"; the error left rounding's gradual climb earlier, at "
+                 f"{drift.departure}")
+    return text
 
 
 def tensor_note(delta: Any) -> str:
@@ -401,6 +413,11 @@ def run_parity(
                 ms_model, x_main, dtype, ms_outputs)), []
 
     scaled = not wide
+    pairs_in = (default_correspondence(torch_main, ms_model) if correspondence is None
+                else list(correspondence))
+    pairs = pair_events(t_events, m_events, pairs_in) if layers else []
+    drift = Drift()
+    compared = _layer_comparisons(pairs, noise, sens, tol=tol, scaled=scaled, drift=drift)
     t_float = [(n, a) for n, a in t_outs if a.dtype.kind == "f"]
     m_float = [(n, a) for n, a in m_outs if a.dtype.kind == "f"]
     outputs = []
@@ -414,7 +431,8 @@ def run_parity(
         s = (distance(tarr, other, "recorded")
              if other is not None and other.shape == tarr.shape else None)
         outputs.append(_compare_output(len(outputs), tname, mname, marr, tarr, tol=tol,
-                                       noise=n, sensitivity=s, scaled=scaled))
+                                       noise=n, sensitivity=s, scaled=scaled,
+                                       drift=drift.ratio))
     paired_t = {t_float[ti][0] for ti, _ in output_pairs}
     paired_m = {m_float[mi][0] for _, mi in output_pairs}
     unpaired = [f"PyTorch {n}" for n, _ in t_float if n not in paired_t]
@@ -422,10 +440,6 @@ def run_parity(
     if unpaired:
         notes.append(f"outputs not compared (no counterpart): {', '.join(unpaired[:6])}")
 
-    pairs_in = (default_correspondence(torch_main, ms_model) if correspondence is None
-                else list(correspondence))
-    pairs = pair_events(t_events, m_events, pairs_in) if layers else []
-    compared = _layer_comparisons(pairs, noise, sens, tol=tol, scaled=scaled)
     skipped = [c for c in compared if c.status == "skipped"]
     if skipped:
         notes.append(f"{len(skipped)} paired layer(s) not comparable, e.g. {skipped[0].name}: "
@@ -462,7 +476,7 @@ def run_parity(
                 f"through the plan: {shown}{'; …' if len(differing) > 3 else ''}")
     verdict, reasons = decide(outputs, compared, problems=problems,
                               tensor_problems=tensor_problems,
-                              first=divergence.describe() if divergence else None, tol=tol)
+                              first=_first_text(divergence, drift), tol=tol)
     timings["total"] = time.perf_counter() - started
 
     error = max((o.error for o in outputs), default=math.inf)
@@ -480,6 +494,7 @@ def run_parity(
         seed=seed, dtype=dtype, torch_device=torch_device, ms_device=ms_device,
         timings=timings, layers_checked=len(compared), nonfinite_weights=nonfinite_weights,
         notes=notes, verdict=verdict, k=K if scaled else 0.0, layers=compared,
+        drift=drift.ratio, drift_at=drift.where,
         inputs=[i.to_dict() for i in feed], reasons=reasons, tensors=tensor_diff,
         known_differences=known)
     report.message = _message(report)
@@ -488,7 +503,7 @@ def run_parity(
 
 def _message(report: ParityReport) -> str:
     if report.verdict == PASS:
-        return pass_message(report.outputs, report.layers, report.tol)
+        return pass_message(report.outputs, report.layers, report.tol, report.drift_at)
     if report.verdict == INCONCLUSIVE:
         return f"INCONCLUSIVE: {report.reasons[0]}"
     text = f"FAIL: {'; '.join(report.reasons[:3])}" if report.reasons else "FAIL"

@@ -12,8 +12,9 @@ from .compare import fmt, jsonable
 #: One line for ``--help`` and reports: what "error" means.
 ERROR_DEFINITION = (
     "error = ||ms - torch||_2 / max(||torch||_2, tiny) per output and per layer (relative L2 "
-    "error); it passes iff error <= max(tol, k × noise), noise being PyTorch float32 vs "
-    "float64 on that very tensor, and neither side holds NaN or Inf"
+    "error); it passes iff error <= max(tol, k × noise × drift), noise being PyTorch "
+    "float32 vs float64 on that very tensor and drift (>= 1) how far past it rounding has "
+    "compounded gradually in the layers before, and neither side holds NaN or Inf"
 )
 
 PASS, FAIL, INCONCLUSIVE = "PASS", "FAIL", "INCONCLUSIVE"
@@ -34,7 +35,9 @@ class OutputComparison:
         name: the PyTorch output's path (``0``, ``logits``); ``ms_name`` MindSpore's.
         error / max_abs / cosine: MindSpore vs PyTorch (``inf`` when not comparable).
         noise: PyTorch float32 vs float64 on this output (``None``: not measured).
-        bound: ``max(tol, k × noise)``, what ``error`` must not exceed.
+        bound: ``max(tol, k × noise × drift)``, what ``error`` must not exceed.
+        drift: how far past PyTorch's float32 noise rounding had compounded in the layers
+            (≥ 1; :mod:`ms_port.check.verdict`).
         sensitivity: PyTorch's output on a second, different input vs this one: how much
             the output depends on the input at all.
         status: ``ok``, ``fail``, ``nonfinite``, ``shape`` or ``insensitive`` (agrees,
@@ -60,6 +63,7 @@ class OutputComparison:
     bound: float = 0.0
     sensitivity: float | None = None
     status: str = "ok"
+    drift: float = 1.0
 
     def to_dict(self) -> dict[str, Any]:
         return jsonable(asdict(self))
@@ -91,6 +95,7 @@ class LayerComparison:
     status: str  # ok | fail | nonfinite | insensitive | skipped | boundary
     note: str | None = None
     leaf: bool = True
+    drift: float = 1.0
 
     @property
     def name(self) -> str:
@@ -167,7 +172,7 @@ class ParityReport(Renderable):
             tensor that differs from its source) or ``INCONCLUSIVE`` (the comparison
             cannot tell right from wrong here; ``reasons`` say why).
         ok: ``verdict == "PASS"``.
-        tol / k: the bound is ``max(tol, k × noise)`` per output and layer.
+        tol / k: the bound is ``max(tol, k × noise × drift)`` per output and layer.
         error / max_abs: the worst over the outputs.
         noise_floor: the outputs' float32 noise (PyTorch float32 vs float64).
         outputs / layers: every comparison, outputs and paired layers in execution order.
@@ -207,6 +212,10 @@ class ParityReport(Renderable):
     tensors: Any = None
     #: at the first divergence, settings known to make the networks compute differently
     known_differences: list[str] = field(default_factory=list)
+    #: how far past PyTorch's float32 noise rounding compounded through the layers (≥ 1),
+    #: and the layer where it reached that (:mod:`ms_port.check.verdict`)
+    drift: float = 1.0
+    drift_at: str | None = None
 
     @property
     def exit_code(self) -> int:
