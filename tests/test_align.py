@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
+from ms_port.match.mapping import mapping_from_data
 from ms_port.match.plan import make_plan
 from ms_port.read.sources import read_source
 from ms_port.read.targets import TargetTensor, from_infos
@@ -242,3 +243,89 @@ def test_saved_map_keeps_declared_transforms_and_never_renames_outside_the_plan(
     assert again.ok, again.problems()
     assert {(m.target, m.source, str(m.transforms)) for m in again.matches} == \
         {(m.target, m.source, str(m.transforms)) for m in plan.matches}
+
+
+def _vit_like(extra_source=None, extra_target=None):
+    src = {"class_token": (1, 1, 8), "conv_proj.weight": (8, 3, 4, 4), "conv_proj.bias": (8,),
+           "encoder.pos_embedding": (1, 5, 8), "head.weight": (4, 8), "head.bias": (4,)}
+    tgt = {"cls_token": (1, 1, 8), "pos_embed": (1, 5, 8), "patch.proj.weight": (8, 3, 4, 4),
+           "patch.proj.bias": (8,), "head.weight": (4, 8), "head.bias": (4,)}
+    return {**src, **(extra_source or {})}, {**tgt, **(extra_target or {})}
+
+
+KINDS = {"patch.proj": ("Conv2d",), "head": ("Dense",)}
+
+
+def test_loose_tensors_pair_by_a_unique_shape_and_a_shared_word(tmp_path):
+    """A ViT's class token and position embedding are held by blocks, not layers: the
+    patch conv crosses them in order, so no alignment segment holds both sides. Each is
+    the only leftover of its shape on either side, and the names share a word."""
+    src, tgt = _vit_like()
+    plan = make_plan(_source(tmp_path, src), _target(tgt, KINDS))
+    assert plan.ok, plan.problems()
+    got = {m.target: (m.source, m.how, m.detail) for m in plan.matches}
+    assert got["cls_token"][:2] == ("class_token", "aligned")
+    assert got["pos_embed"][:2] == ("encoder.pos_embedding", "aligned")
+    assert "only unpaired 1×5×8 tensor on either side" in got["pos_embed"][2]
+    assert "'pos'" in got["pos_embed"][2]
+
+
+@pytest.mark.parametrize(("extra_source", "extra_target", "left"), [
+    ({"encoder.pos_embedding_2": (1, 5, 8)}, None, "pos_embed"),  # two sources of one shape
+    (None, {"dist_token": (1, 5, 8)}, "pos_embed"),               # two targets of one shape
+])
+def test_loose_tensors_are_never_guessed_among_equals(tmp_path, extra_source, extra_target,
+                                                      left):
+    src, tgt = _vit_like(extra_source, extra_target)
+    plan = make_plan(_source(tmp_path, src), _target(tgt, KINDS))
+    assert left in {t.name for t in plan.missing}
+    assert {m.target: m.source for m in plan.matches}["cls_token"] == "class_token"
+
+
+def test_loose_tensors_with_no_word_in_common_stay_leftovers(tmp_path):
+    src, tgt = _vit_like()
+    tgt["register"] = tgt.pop("pos_embed")
+    plan = make_plan(_source(tmp_path, src), _target(tgt, KINDS))
+    assert "register" in {t.name for t in plan.missing}
+    assert "encoder.pos_embedding" in {s.name for s in plan.unused}
+
+
+def test_save_map_writes_renumbered_blocks_as_one_regex_that_reproduces_the_plan(tmp_path):
+    """torchvision-style `features.N.conv.K` against `features.(N+2).layers.K`: aligned
+    layer by layer, saved as one regex with index arithmetic instead of a line per tensor;
+    loaded back with names only (no alignment), the same plan."""
+    import yaml
+
+    src, tgt, kinds = {}, {}, {}
+    for n in range(1, 5):
+        for k in range(2):
+            src[f"features.{n}.conv.{k}.weight"] = (8 + n, 8 + n + k)
+            src[f"features.{n}.conv.{k}.bias"] = (8 + n,)
+            tgt[f"features.{n + 2}.layers.{k}.weight"] = (8 + n, 8 + n + k)
+            tgt[f"features.{n + 2}.layers.{k}.bias"] = (8 + n,)
+            kinds[f"features.{n + 2}.layers.{k}"] = ("Dense",)
+    plan = make_plan(_source(tmp_path, src), _target(tgt, kinds))
+    assert plan.ok and plan.counts["aligned"] == 16
+    saved = yaml.safe_load(plan.to_yaml())
+    assert saved["rename"]["regex"] == [{"from": r"features\.(\d+)\.conv\.(\d+)\.([^.]+)",
+                                         "to": "features.{1+2}.layers.\\2.\\3"}]
+    assert saved["tensors"] == {}
+    again = make_plan(_source(tmp_path, src), _target(tgt, kinds),
+                      mapping=mapping_from_data(saved), align=False)
+    assert again.ok and again.counts["mapping"] + again.counts["exact"] == 16
+    assert {(m.target, m.source) for m in again.matches} == \
+        {(m.target, m.source) for m in plan.matches}
+
+
+def test_a_renumbering_regex_that_would_catch_a_tensor_outside_the_plan_is_not_written(
+        tmp_path):
+    import yaml
+
+    src = {f"blocks.{n}.fc.weight": (4 + n, 3) for n in range(4)}
+    tgt = {f"layers.{n + 1}.fc.weight": (4 + n, 3) for n in range(4)}
+    src["blocks.9.fc.weight"] = (2, 2)  # left unused: a regex over blocks.N would claim it
+    plan = make_plan(_source(tmp_path, src),
+                     _target(tgt, {f"layers.{n + 1}.fc": ("Dense",) for n in range(4)}))
+    assert plan.counts["aligned"] == 4
+    saved = yaml.safe_load(plan.to_yaml())
+    assert "rename" not in saved and len(saved["tensors"]) == 4

@@ -115,25 +115,24 @@ def _tiny_vits():
     return tv, mindcv_vit
 
 
-#: torchvision ViT's loose tensors: no layer to align them by (the patch conv crosses them)
-VIT_LINES = {"tensors": {"cls_token": "class_token", "pos_embed": "encoder.pos_embedding",
-                         "patch_embed.proj.weight": "conv_proj.weight",
-                         "patch_embed.proj.bias": "conv_proj.bias"}}
-
-
 def test_torchvision_vit_packed_in_proj_aligns_with_mindcv_qkv(tmp_path):
     from ms_port.testing import rewrite_checkpoint
 
     tv, mindcv_vit = _tiny_vits()
     pth, ckpt = tmp_path / "vit.pth", tmp_path / "vit.ckpt"
     torch.save(tv.state_dict(), pth)
-    report = ms_port.convert(pth, ms_model=mindcv_vit, mapping=VIT_LINES, output=ckpt)
+    report = ms_port.convert(pth, ms_model=mindcv_vit, output=ckpt)  # no mapping file
     assert report.ok, report.plan.problems()[:4]
+    got = {m.target: m for m in report.plan.matches}
+    # loose tensors (no layer holds them): the only leftovers of their shapes, a shared word
+    assert got["cls_token"].source == "class_token" and got["cls_token"].how == "aligned"
+    assert got["pos_embed"].source == "encoder.pos_embedding"
+    assert got["patch_embed.proj.weight"].source == "conv_proj.weight"
     qkv = next(m for m in report.plan.matches if m.target == "blocks.0.attn.qkv.weight")
     assert qkv.how == "aligned"  # MultiheadAttention's in_proj_weight: a Linear by another name
     assert qkv.source == "encoder.layers.encoder_layer_0.self_attention.in_proj_weight"
     parity = ms_port.verify(pth, ckpt, torch_model=lambda: tv, ms_model=mindcv_vit,
-                            mapping=VIT_LINES, input_shape=(3, 32, 32))
+                            input_shape=(3, 32, 32))
     assert parity.verdict == "PASS", parity.message
 
     def swap_q_k(tensors):  # the packed rows taken in the wrong order
@@ -143,7 +142,7 @@ def test_torchvision_vit_packed_in_proj_aligns_with_mindcv_qkv(tmp_path):
 
     wrong = rewrite_checkpoint(ckpt, tmp_path / "wrong.ckpt", swap_q_k)
     parity = ms_port.verify(pth, wrong, torch_model=lambda: tv, ms_model=mindcv_vit,
-                            mapping=VIT_LINES, input_shape=(3, 32, 32))
+                            input_shape=(3, 32, 32))
     assert parity.verdict == "FAIL" and parity.first_divergence.ms_name.startswith("blocks.0")
 
 
@@ -237,3 +236,67 @@ def test_timm_vit_matches_mindcv_by_names_and_verifies(tmp_path):
     parity = ms_port.verify(pth, ckpt, torch_model=lambda: tm, ms_model=mindcv_vit,
                             input_shape=(3, 32, 32))
     assert parity.verdict == "PASS", parity.message
+
+
+def _efficientnet_padded_like_torch(eps_at: int | None = None):
+    """MindCV's EfficientNet-B0 with its stride-2 'same' convs padded as torchvision pads
+    them; optionally one BatchNorm's epsilon changed (1e-5 -> 1e-4): a network difference
+    too small to jump, which must not pass as rounding."""
+    from mindspore import ops
+
+    def build():
+        net = mindcv.models.create_model("efficientnet_b0", pretrained=False)
+        cells = dict(net.cells_and_names())
+        for name, cell in list(cells.items()):
+            if isinstance(cell, nn.Conv2d) and cell.pad_mode == "same" and cell.stride[0] == 2:
+                k = cell.kernel_size[0]
+                parent, _, leaf = name.rpartition(".")
+                owner = cells[parent]
+                new = nn.Conv2d(cell.in_channels, cell.out_channels, k, cell.stride,
+                                pad_mode="pad", padding=k // 2, group=cell.group,
+                                has_bias=cell.has_bias)
+                if leaf.isdigit():
+                    owner[int(leaf)] = new
+                else:
+                    setattr(owner, leaf, new)
+        if eps_at is not None:
+            norms = [c for _, c in net.cells_and_names() if isinstance(c, nn.BatchNorm2d)]
+            norms[eps_at].bn_infer = ops.BatchNorm(is_training=False, epsilon=1e-4)
+        return net
+    return build
+
+
+def test_efficientnet_passes_as_mindspore_rounding_compounds_and_a_small_difference_fails(
+        tmp_path):
+    """MindSpore's float32 sigmoid is biased (~1e-7 per call), so a correct EfficientNet's
+    error climbs gradually to ~12× PyTorch's float32 noise: PASS, saying so. One BatchNorm
+    epsilon changed deep in the network is a step off that climb: FAIL, naming it."""
+    pth, ckpt, plan = _convert(tmp_path, "efficientnet_b0", _efficientnet_padded_like_torch())
+    assert not plan.missing and not plan.unused
+    right = ms_port.verify(pth, ckpt, torch_model=torchvision.models.efficientnet_b0,
+                           ms_model=_efficientnet_padded_like_torch(), input_shape=SHAPE,
+                           tol=1e-5)
+    assert right.verdict == "PASS", right.message
+    assert right.drift > 4 and "compounds through the depth" in right.message
+    worst = max(right.outputs, key=lambda o: o.error / o.noise)
+    assert worst.error > 4 * worst.noise  # what the fixed bound failed
+    wrong = ms_port.verify(pth, ckpt, torch_model=torchvision.models.efficientnet_b0,
+                           ms_model=_efficientnet_padded_like_torch(eps_at=30),
+                           input_shape=SHAPE, tol=1e-5)
+    assert wrong.verdict == "FAIL" and wrong.tensors.ok
+    assert "left rounding's gradual climb earlier, at features.7.2.block.1" in wrong.message
+
+
+def test_saved_map_of_an_aligned_zoo_model_is_small_and_reproduces_it(tmp_path):
+    """MobileNetV2 into MindCV: 260 aligned tensors become a few renumbering regexes (no
+    per-tensor line), and the map alone, names only, gives the same plan."""
+    import yaml
+
+    pth, _ckpt, plan = _convert(tmp_path, "mobilenet_v2", _mindcv("mobilenet_v2_100"))
+    saved = yaml.safe_load(plan.to_yaml())
+    assert saved["tensors"] == {} and 0 < len(saved["rename"]["regex"]) <= 24
+    again = ms_port.plan(pth, ms_model=_mindcv("mobilenet_v2_100"), mapping=saved,
+                         align=False)
+    assert again.ok and not again.counts.get("aligned")
+    assert {(m.target, m.source) for m in again.matches} == \
+        {(m.target, m.source) for m in plan.matches}

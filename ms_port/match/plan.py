@@ -251,8 +251,9 @@ class Plan(Renderable):
     def to_mapping(self, *, full: bool = False) -> dict[str, Any]:
         """The Plan as a mapping table (``--save-map``), which ``--map`` accepts back.
 
-        By default the smallest one (:mod:`ms_port.match.suggest`): segment renames that
-        explain many pairs, then one ``tensors:`` line per pair nothing else reproduces
+        By default the smallest one (:mod:`ms_port.match.suggest`): segment renames and
+        renumbering regexes that explain many pairs, then one ``tensors:`` line per pair
+        nothing else reproduces
         (exact names and rules need none); declared values and deliberate drops always.
         ``full=True`` pins every tensor as its own line.
         """
@@ -262,7 +263,7 @@ class Plan(Renderable):
         # fused, split and tied targets are stated as such below, never as one-source lines
         single = [m for m in self.matches
                   if not m.parts and m.part is None and m.how != "tied"]
-        segments, lines = ({}, single) if full else minimal(
+        segments, regexes, lines = ({}, [], single) if full else minimal(
             single, [n for n in self.source.tensors if n not in dropped])
         tensors: dict[str, Any] = {}
         for m in self.matches:
@@ -278,8 +279,9 @@ class Plan(Renderable):
             "version": 1,
             "description": f"plan: {self.source.path} -> {self.target.description}",
         }
-        if segments:
-            data["rename"] = {"segments": segments}
+        if segments or regexes:
+            data["rename"] = {**({"segments": segments} if segments else {}),
+                              **({"regex": regexes} if regexes else {})}
         data["tensors"] = tensors
         fuse = [{"target": _braced(m.target), "sources": [_braced(p) for p in m.parts],
                  "layout": m.layout.to_data(),
@@ -902,7 +904,60 @@ def _align_leftovers(source: Source, target: Target, mapping: MappingTable,
             for m in made:
                 matches[m.target] = m
                 used.add(m.source)
-    return result.ambiguous
+    for m in _loose_pairs(source, target, matches, used | {d.name for d in dropped},
+                          pending_t, layer_of, dtype):
+        matches[m.target] = m
+        used.add(m.source)
+    return {t: c for t, c in result.ambiguous.items() if t not in matches}
+
+
+#: what layers call their tensors, on either side (a loose tensor is named otherwise)
+_LAYER_PARAMS = frozenset({"weight", "bias", "gamma", "beta", "moving_mean", "moving_variance",
+                           "running_mean", "running_var", "embedding_table", "w",
+                           "in_proj_weight", "in_proj_bias"})
+
+
+def _loose_pairs(source: Source, target: Target, matches: dict[str, Match], gone: set[str],
+                 pending_t: list[tuple[str, tuple[int, ...]]], layer_of: dict[str, Any],
+                 dtype: str | None) -> list[Match]:
+    """A network's loose tensors — held by a block, not by a layer, and named as no layer
+    names its tensors (a ViT's class token and position embedding) — have no layer to
+    align by. One still left after
+    alignment pairs when its shape is unique among the leftovers on *both* sides and the
+    two names share a word (``class_token`` / ``cls_token``; ``encoder.pos_embedding`` /
+    ``pos_embed``): reported as ``aligned`` with that evidence."""
+    from .closest import _tokens
+
+    left_t = [(n, shape) for n, shape in pending_t if n not in matches]
+    left_s = [i for i in source if i.name not in gone and not known_drop(i.name)]
+    by_shape_s: dict[tuple[int, ...], list[TensorInfo]] = {}
+    for info in left_s:
+        by_shape_s.setdefault(_squeezed(info.shape), []).append(info)
+    by_shape_t: dict[tuple[int, ...], list[str]] = {}
+    for name, shape in left_t:
+        by_shape_t.setdefault(_squeezed(shape), []).append(name)
+    made = []
+    for shape, names in by_shape_t.items():
+        sources = by_shape_s.get(shape, [])
+        if len(names) != 1 or len(sources) != 1:
+            continue
+        name, info = names[0], sources[0]
+        if {name.rpartition(".")[2], info.name.rpartition(".")[2]} & _LAYER_PARAMS:
+            continue  # a layer's tensor: alignment's, by its layer
+        words = {w for w in _tokens(name.lower()) if not w.isdigit()}
+        shared = sorted(a for a in words for b in _tokens(info.name.lower())
+                        if len(min(a, b, key=len)) >= 3 and (a.startswith(b) or b.startswith(a)))
+        if not shared:
+            continue
+        tt = target.tensors[name]
+        fitted = (() if info.shape == tt.shape  # else equal but for size-1 axes
+                  else (Transform("reshape", list(tt.shape)),))
+        made.append(Match(name, info.name, "aligned", (
+            f"aligned loose tensor {info.name} -> {name}: the only unpaired "
+            f"{format_shape(tt.shape)} tensor on either side; the names share "
+            f"{', '.join(repr(w) for w in shared)}"), info.shape, tt.shape, info.dtype,
+            _cast(info.dtype, dtype), fitted))
+    return made
 
 
 def _zero_biases(pending: list[TensorInfo], matches: dict[str, Match], target: Target,
