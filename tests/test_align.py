@@ -307,7 +307,7 @@ def test_save_map_writes_renumbered_blocks_as_one_regex_that_reproduces_the_plan
     plan = make_plan(_source(tmp_path, src), _target(tgt, kinds))
     assert plan.ok and plan.counts["aligned"] == 16
     saved = yaml.safe_load(plan.to_yaml())
-    assert saved["rename"]["regex"] == [{"from": r"features\.(\d+)\.conv\.(\d+)\.([^.]+)",
+    assert saved["rename"]["regex"] == [{"from": r"features\.([0-9]+)\.conv\.([0-9]+)\.([^.]+)",
                                          "to": "features.{1+2}.layers.\\2.\\3"}]
     assert saved["tensors"] == {}
     again = make_plan(_source(tmp_path, src), _target(tgt, kinds),
@@ -329,3 +329,27 @@ def test_a_renumbering_regex_that_would_catch_a_tensor_outside_the_plan_is_not_w
     assert plan.counts["aligned"] == 4
     saved = yaml.safe_load(plan.to_yaml())
     assert "rename" not in saved and len(saved["tensors"]) == 4
+
+
+@pytest.mark.parametrize(("src_names", "tgt_names"), [
+    (["cls_token", "pos_embed", "dist_token"],                      # no path on one side
+     ["backbone.cls_token", "backbone.pos_embed", "backbone.dist_token"]),
+    (["net.0.cls_token", "net.1.cls_token", "net.2.cls_token"], ["a", "b", "c"]),
+    (["a.\u00b2.c.w", "a.\u00b3.c.w", "a.\u00b9.c.w"],              # superscripts: not numbers
+     ["x.2.c.w", "x.3.c.w", "x.1.c.w"]),
+])
+def test_saved_map_never_drops_a_line_a_regex_does_not_reproduce(tmp_path, src_names,
+                                                                  tgt_names):
+    import yaml
+
+    shapes = [(3 + i, 2) for i in range(len(src_names))]
+    src = dict(zip(src_names, shapes))
+    tgt = dict(zip(tgt_names, shapes))
+    table = {"tensors": dict(zip(tgt_names, src_names))}
+    plan = make_plan(_source(tmp_path, src), _target(tgt), mapping=mapping_from_data(table))
+    assert plan.ok, plan.problems()
+    saved = yaml.safe_load(plan.to_yaml())
+    again = make_plan(_source(tmp_path, src), _target(tgt), mapping=mapping_from_data(saved),
+                      align=False)
+    assert {(m.target, m.source) for m in again.matches} == \
+        {(m.target, m.source) for m in plan.matches}

@@ -924,8 +924,8 @@ def _loose_pairs(source: Source, target: Target, matches: dict[str, Match], gone
     names its tensors (a ViT's class token and position embedding) — have no layer to
     align by. One still left after
     alignment pairs when its shape is unique among the leftovers on *both* sides and the
-    two names share a word (``class_token`` / ``cls_token``; ``encoder.pos_embedding`` /
-    ``pos_embed``): reported as ``aligned`` with that evidence."""
+    two tensors' own names (not their paths) share a word (``class_token`` / ``cls_token``;
+    ``encoder.pos_embedding`` / ``pos_embed``): reported as ``aligned`` with that evidence."""
     from .closest import _tokens
 
     left_t = [(n, shape) for n, shape in pending_t if n not in matches]
@@ -944,8 +944,10 @@ def _loose_pairs(source: Source, target: Target, matches: dict[str, Match], gone
         name, info = names[0], sources[0]
         if {name.rpartition(".")[2], info.name.rpartition(".")[2]} & _LAYER_PARAMS:
             continue  # a layer's tensor: alignment's, by its layer
-        words = {w for w in _tokens(name.lower()) if not w.isdigit()}
-        shared = sorted(a for a in words for b in _tokens(info.name.lower())
+        # a word of the tensors' own names, not of their paths (`blocks`, `attn`)
+        words = {w for w in _tokens(name.rpartition(".")[2].lower()) if not w.isdigit()}
+        shared = sorted(a for a in words
+                        for b in _tokens(info.name.rpartition(".")[2].lower())
                         if len(min(a, b, key=len)) >= 3 and (a.startswith(b) or b.startswith(a)))
         if not shared:
             continue

@@ -91,12 +91,19 @@ def minimal(matches: list[Any], source_names: Any = ()
 _LEAST = 3
 #: at most this many numbered segments are tried as fixed values (2**n partitions)
 _MAX_SLOTS = 6
-#: beyond this many lines to explain, no regex is sought (quadratic checks)
+#: beyond this many lines to explain, no regex is sought
 _MAX_LINES = 20_000
+#: a saved map holds at most this many regexes (each is tried on every name on loading)
+_MAX_REGEXES = 200
+
+
+def _number(part: str) -> bool:
+    """An ASCII number (what a regex's ``[0-9]+`` matches; ``"²".isdigit()`` is true)."""
+    return part.isascii() and part.isdigit()
 
 
 def _skeleton(path: list[str]) -> tuple[str, ...]:
-    return tuple("#" if p.isdigit() else p for p in path)
+    return tuple("#" if _number(p) else p for p in path)
 
 
 def _leaf_ok(s_leaf: str, t_leaf: str) -> bool:
@@ -114,13 +121,15 @@ def _renumbering(lines: list[Any], matches: list[Any], source_names: Any
     if len(lines) > _MAX_LINES:
         return [], lines
     target_of = {m.source: m.target for m in matches if m.source and m.init is None}
-    names = list(dict.fromkeys([*source_names, *target_of]))
+    names: dict[tuple[str, ...], list[str]] = {}  # only a name of a regex's skeleton matches
+    for name in dict.fromkeys([*source_names, *target_of]):
+        names.setdefault(_skeleton(name.split(".")[:-1]), []).append(name)
     groups: dict[tuple, list[Any]] = {}
     for m in lines:
         if m.transforms or not m.source:
             continue
         s_path, t_path = m.source.split(".")[:-1], m.target.split(".")[:-1]
-        if _leaf_ok(m.source.rpartition(".")[2], m.target.rpartition(".")[2]):
+        if s_path and t_path and _leaf_ok(m.source.rpartition(".")[2], m.target.rpartition(".")[2]):
             groups.setdefault((_skeleton(s_path), _skeleton(t_path)), []).append(m)
     regexes: list[dict[str, str]] = []
     explained: set[str] = set()
@@ -139,6 +148,8 @@ def _renumbering(lines: list[Any], matches: list[Any], source_names: Any
             if not best[2]:
                 size += 1
                 continue
+            if len(regexes) + len(best[2]) > _MAX_REGEXES:
+                break  # past this, lines read better than regexes (and load faster)
             regexes.extend(best[2])
             explained |= best[3]
             pool = [m for m in pool if m.target not in explained]
@@ -146,7 +157,8 @@ def _renumbering(lines: list[Any], matches: list[Any], source_names: Any
 
 
 def _partition(pool: list[Any], s_skel: tuple[str, ...], t_skel: tuple[str, ...],
-               fixed: tuple[int, ...], names: list[str], target_of: dict[str, str]
+               fixed: tuple[int, ...], names: dict[tuple[str, ...], list[str]],
+               target_of: dict[str, str]
                ) -> tuple[list[dict[str, str]], set[str]]:
     """The safe regexes for ``pool`` split by the values of the ``fixed`` source numbers,
     and the targets they explain."""
@@ -159,7 +171,7 @@ def _partition(pool: list[Any], s_skel: tuple[str, ...], t_skel: tuple[str, ...]
         if len(cell) < _LEAST:
             continue
         rule = _infer(cell, s_skel, t_skel, dict(zip(fixed, values)))
-        if rule and _safe(rule, names, target_of):
+        if rule and _safe(rule, cell, names.get(s_skel, []), target_of):
             rules.append(rule)
             done.update(m.target for m in cell)
     return rules, done
@@ -168,8 +180,8 @@ def _partition(pool: list[Any], s_skel: tuple[str, ...], t_skel: tuple[str, ...]
 def _infer(cell: list[Any], s_skel: tuple[str, ...], t_skel: tuple[str, ...],
            fixed: dict[int, str]) -> dict[str, str] | None:
     """``{from, to}`` explaining every match of ``cell``, or None."""
-    s_nums = [[int(p) for p in m.source.split(".")[:-1] if p.isdigit()] for m in cell]
-    t_nums = [[int(p) for p in m.target.split(".")[:-1] if p.isdigit()] for m in cell]
+    s_nums = [[int(p) for p in m.source.split(".")[:-1] if _number(p)] for m in cell]
+    t_nums = [[int(p) for p in m.target.split(".")[:-1] if _number(p)] for m in cell]
     s_slots = [i for i, p in enumerate(s_skel) if p == "#"]
     varying = [k for k, i in enumerate(s_slots) if i not in fixed]
     group_of = {k: g + 1 for g, k in enumerate(varying)}  # regex group per varying slot
@@ -178,7 +190,7 @@ def _infer(cell: list[Any], s_skel: tuple[str, ...], t_skel: tuple[str, ...],
         if part != "#":
             pieces.append(re.escape(part))
         else:
-            pieces.append(re.escape(fixed[i]) if i in fixed else r"(\d+)")
+            pieces.append(re.escape(fixed[i]) if i in fixed else r"([0-9]+)")
     leaf_group = len(varying) + 1
     tslot = 0
     for part in t_skel:
@@ -205,12 +217,18 @@ def _infer(cell: list[Any], s_skel: tuple[str, ...], t_skel: tuple[str, ...],
     return {"from": pattern, "to": ".".join(t_pieces) + f".\\{leaf_group}"}
 
 
-def _safe(rule: dict[str, str], names: list[str], target_of: dict[str, str]) -> bool:
-    """Every source name the regex matches must land on its own target's layer (its leaf
-    by name or by a rule); a name outside the plan must not match at all."""
+def _safe(rule: dict[str, str], cell: list[Any], names: list[str],
+          target_of: dict[str, str]) -> bool:
+    """The regex must carry every member of ``cell`` exactly onto its own target (its leaf
+    by name or by a rule), and every other source name it matches onto that tensor's own
+    target's layer; a name outside the plan must not match at all."""
     from .patterns import compile_pattern
 
     pattern = compile_pattern(rule["from"])
+    for m in cell:
+        new = pattern.replace_full(m.source, rule["to"])
+        if new is None or new.rpartition(".")[0] != m.target.rpartition(".")[0]:
+            return False
     for name in names:
         new = pattern.replace_full(name, rule["to"])
         if new is None:
