@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -280,18 +281,12 @@ def test_a_lone_output_pairs_with_its_shape_not_the_name_0():
 
 
 def _climb(ratios, noise=1e-6, tol=0.0):
-    """Layers whose error is `ratio × noise`, fed in order as verify feeds them."""
-    from ms_port.check.report import LayerComparison
-    from ms_port.check.verdict import Drift, bound_for, status_of
+    """Layers whose error is `ratio × noise`, judged in order as verify judges them."""
+    from ms_port.check.verdict import Drift
     drift, layers = Drift(), []
     for i, r in enumerate(ratios):
-        bound = bound_for(tol, noise, drift=drift.ratio)
-        layers.append(LayerComparison(
-            index=i, ms=f"l{i}", torch=f"l{i}", call=0, ms_kind="Conv2d", torch_kind="Conv2d",
-            paired_by="name", shape=(1,), error=r * noise, max_abs=0.0, noise=noise,
-            bound=bound, sensitivity=None, status=status_of(r * noise, bound, None),
-            drift=drift.ratio))
-        drift.feed(layers[-1])
+        bound, status, _applied = drift.judge(f"l{i}", r * noise, noise, None, tol=tol)
+        layers.append(SimpleNamespace(status=status, bound=bound))
     return drift, layers
 
 

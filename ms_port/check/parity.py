@@ -62,6 +62,7 @@ from .report import (
     LayerComparison,
     OutputComparison,
     ParityReport,
+    pair_name,
 )
 from .verdict import Drift, K, bound_for, decide, pass_message, status_of
 
@@ -175,15 +176,16 @@ def _layer_comparisons(pairs: list[Pair], noise: dict[tuple[str, int], float],
         t, m = pair.torch, pair.ms
         error, max_abs, why = layer_error(pair)
         n, s = noise.get((t.path, t.call)), sens.get((t.path, t.call))
-        bound = bound_for(tol, n, scaled=scaled, drift=drift.ratio)
         # shapes that cannot be compared are named, never a verdict of their own
-        status = "skipped" if why is not None else status_of(error, bound, s)
+        bound, status, applied = (
+            (bound_for(tol, n, scaled=scaled, drift=drift.ratio), "skipped", drift.ratio)
+            if why is not None else drift.judge(pair_name(m.path, t.path), error, n, s,
+                                                tol=tol, scaled=scaled))
         found.append(LayerComparison(
             index=len(found), ms=m.path, torch=t.path, call=t.call, ms_kind=m.kind,
             torch_kind=t.kind, paired_by=pair.how, shape=t.arrays[0].shape, error=error,
             max_abs=max_abs, noise=n, bound=bound, sensitivity=s, status=status, note=why,
-            leaf=t.leaf and m.leaf, drift=drift.ratio))
-        drift.feed(found[-1])
+            leaf=t.leaf and m.leaf, drift=applied))
     return found
 
 

@@ -83,23 +83,33 @@ class Drift:
         self._pending: str | None = None
         self._failed = False
 
-    def feed(self, layer: LayerComparison) -> None:
-        if layer.status in ("fail", "nonfinite"):
+    def judge(self, name: str, error: float, noise: float | None,
+              sensitivity: float | None, *, tol: float, scaled: bool = True
+              ) -> tuple[float, str, float]:
+        """The next layer in execution order: its bound, its status and the drift applied
+        to it; then the layer moves the drift on."""
+        drift = self.ratio
+        bound = bound_for(tol, noise, scaled=scaled, drift=drift)
+        status = status_of(error, bound, sensitivity)
+        self._feed(name, error, noise, bound, status)
+        return bound, status, drift
+
+    def _feed(self, name: str, e: float, n: float | None, bound: float, status: str) -> None:
+        if status in ("fail", "nonfinite"):
             if not self._failed:
                 self._failed, self.departure = True, self._pending
             return
-        n, e = layer.noise, layer.error
-        if (layer.status not in ("ok", "insensitive") or not n or not math.isfinite(n)
-                or not math.isfinite(e)):
+        if status not in ("ok", "insensitive") or not n or not math.isfinite(n) \
+                or not math.isfinite(e):
             return  # unmeasured: says nothing about rounding
         if e > RISE * n * self.ratio:
-            if self._pending is None and layer.bound <= K * n * self.ratio:  # not tol's
-                self._pending = (f"{layer.name}: {e / n:.0f}× its noise against a drift "
+            if self._pending is None and bound <= K * n * self.ratio:  # not tol's
+                self._pending = (f"{name}: {e / n:.0f}× its noise against a drift "
                                  f"of {self.ratio:.1f}")
             return  # bounded by tol or departing: not a gradual climb
         self._pending = None
         if e / n > self.ratio:
-            self.ratio, self.where = min(DRIFT_CAP, e / n), layer.name
+            self.ratio, self.where = min(DRIFT_CAP, e / n), name
 
 
 #: below this relative change between two inputs a tensor counts as constant, whatever its
