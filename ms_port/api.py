@@ -453,7 +453,8 @@ def verify(
     else:
         shapes = input_shape or (entry.input_shape if entry else None)
         if language:  # token ids from the vocabulary unless told otherwise
-            default_shapes, default_dtypes, default_ranges = token_defaults(src.config)
+            default_shapes, default_dtypes, default_ranges = token_defaults(
+                src.config, str(src.config_path or "config.json"))
             shapes = shapes or default_shapes
             input_dtype = input_dtype or default_dtypes
             input_range = input_range or default_ranges

@@ -603,3 +603,12 @@ def test_export_recognises_the_family_from_the_checkpoint_names(models, tmp_path
         report = ms_port.export(out, config=models("mistral-bf16") / "config.json",
                                 output=tmp_path / f"back-{qkv}")
         assert report.ok and report.plan.mapping.origin == "mappings/hf_llama_mindformers.yaml"
+
+
+def test_token_defaults_name_the_config_file_when_vocab_size_is_unusable():
+    from ms_port.check.language import token_defaults
+
+    assert token_defaults({"vocab_size": 128}, "m/config.json")[2] == [(0, 128)]
+    for bad in (0, True, "128", 2**40, None):
+        with pytest.raises(TargetError, match=r"^m/config\.json: vocab_size"):
+            token_defaults({"vocab_size": bad}, "m/config.json")

@@ -71,12 +71,13 @@ def check_size(config: dict[str, Any], where: str, elements: int) -> None:
                           "checkpoint's — check it")
 
 
-def token_defaults(config: dict[str, Any]) -> tuple[list[tuple[int, ...]], list[str],
-                                                   list[tuple[int, int]]]:
-    """(shapes, dtypes, ranges) of one generated token sequence."""
+def token_defaults(config: dict[str, Any], where: str = "config.json"
+                   ) -> tuple[list[tuple[int, ...]], list[str], list[tuple[int, int]]]:
+    """(shapes, dtypes, ranges) of one generated token sequence; ``where`` names the config
+    file in errors."""
     vocab = config.get("vocab_size")
     if not isinstance(vocab, int) or isinstance(vocab, bool) or not 0 < vocab <= 2**31:
-        raise TargetError(f"config.json: vocab_size is {str(vocab)[:40]!r}; token inputs need "
+        raise TargetError(f"{where}: vocab_size is {str(vocab)[:40]!r}; token inputs need "
                           "a positive integer (or pass --input)")
     return [(DEFAULT_TOKENS,)], ["int64"], [(0, vocab)]
 
