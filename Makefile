@@ -40,7 +40,7 @@ fuzz: env
 
 # the default cases, then the 1.1B bfloat16 LLaMA against cp and MindFormers (~13 GiB disk)
 bench: env
-	$(PY) benchmarks/run.py --cases resnet50,synth-1g,synth-3g,help,inspect,verify,llm-1b
+	$(PY) benchmarks/run.py --cases resnet50,synth-1g,synth-3g,help,inspect,verify,verify-vgg16,llm-1b
 
 clean:
 	rm -rf $(VENV) $(DEMO) build dist *.egg-info

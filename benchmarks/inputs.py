@@ -325,10 +325,32 @@ def make_verify() -> None:
         ms_port.convert(pth, arch="resnet50", output=ckpt)
 
 
+def verify_vgg16_paths() -> tuple[Path, Path]:
+    """torchvision's VGG16 (seeded) and its conversion into MindCV's VGG16."""
+    return CACHE / "verify-vgg16.pth", CACHE / "verify-vgg16.ckpt"
+
+
+def make_verify_vgg16() -> None:
+    import torch
+    import torchvision
+
+    import ms_port
+
+    pth, ckpt = verify_vgg16_paths()
+    if not pth.exists():
+        torch.manual_seed(0)
+        state = torchvision.models.vgg16().state_dict()
+        _atomic(pth, lambda tmp: torch.save(state, tmp))
+    if not ckpt.exists():
+        ms_port.convert(pth, ms_model="mindcv.models:vgg16", output=ckpt)
+
+
 def prepare(cases: list[str]) -> None:
     for case in cases:
         if case == "verify":
             make_verify()
+        if case == "verify-vgg16":
+            make_verify_vgg16()
         if case == "resnet50":
             make_resnet50()
         elif case in ("synth-1g", "synth-3g"):

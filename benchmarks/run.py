@@ -1,7 +1,8 @@
 """ms-port against the migration guide's recipe, side by side, as whole processes.
 
-    python benchmarks/run.py [--runs 3] [--cases resnet50,synth-1g,synth-3g,help,inspect,verify]
-                             [--big] [--write-readme] [--json FILE] [--from-json FILE]
+    python benchmarks/run.py [--runs 3]
+        [--cases resnet50,synth-1g,synth-3g,help,inspect,verify,verify-vgg16]
+        [--big] [--write-readme] [--json FILE] [--from-json FILE]
     python benchmarks/run.py --cases llm-1b [--runs 3] [--write-readme]
 
 Each conversion case runs the recipe (``benchmarks/recipe.py``) and the ``ms-port`` CLI
@@ -42,7 +43,7 @@ CACHE = inputs.CACHE
 OUT = CACHE / "out"
 PY = sys.executable
 GIB = 2**30
-DEFAULT_CASES = "resnet50,synth-1g,synth-3g,help,inspect,verify"
+DEFAULT_CASES = "resnet50,synth-1g,synth-3g,help,inspect,verify,verify-vgg16"
 EXTRA_CASES = "llm-1b"  # known, not run by default
 # MindFormers writes its logs under $LOCAL_DEFAULT_PATH (./output when unset)
 MF_LOG = Path(tempfile.gettempdir()) / "ms-port-bench-mindformers-log"
@@ -226,6 +227,13 @@ def build_cases(names: list[str]) -> list[Case | ToolsCase]:
                               [ms, "verify", str(pth), str(ckpt), "--arch", "resnet50",
                                "--tol", "1e-5", "--json", "-q"], warm=[pth, ckpt],
                               timings=True))
+        elif name == "verify-vgg16":  # torchvision's VGG16 into MindCV's (zoo extra)
+            pth, ckpt = inputs.verify_vgg16_paths()
+            cases.append(Case(name, pth.stat().st_size,
+                              [ms, "verify", str(pth), str(ckpt), "--torch-model",
+                               "torchvision.models:vgg16", "--ms-model", "mindcv.models:vgg16",
+                               "--input-shape", "3,224,224", "--tol", "1e-5", "--json", "-q"],
+                              warm=[pth, ckpt], timings=True))
         elif name == "llm-1b":
             cases.append(llm_case(name))
         elif name.startswith("big"):
@@ -249,6 +257,8 @@ def missing_inputs(name: str) -> int:
         return 0 if inputs.safetensors_path().exists() else 200 << 20
     if name == "verify":
         return 0 if inputs.verify_paths()[1].exists() else 200 << 20
+    if name == "verify-vgg16":
+        return 0 if inputs.verify_vgg16_paths()[1].exists() else 1100 << 20
     if name.startswith("synth-"):
         size = name.removeprefix("synth-")
         n = int(size.removesuffix("g")) * GIB
@@ -534,11 +544,13 @@ def judge(row: dict) -> list[tuple[str, bool]]:
                     not heavy))
     if case.startswith("big"):
         out.append((f"converted in {m['rss']:.0f} MiB peak RSS", True))
-    if case == "verify":
+    if case.startswith("verify"):
         forwards = statistics.median(row["forward_s"])
         ratio = m["wall"] / forwards
         out.append((f"{row['verdict']}; wall {ratio:.2f}× its forward passes "
                     f"({forwards:.1f} s) ≤ 1.5×", ratio <= 1.5 and row["verdict"] == "PASS"))
+    if case == "verify-vgg16":
+        out.append((f"wall {m['wall']:.1f} s < 40 s", m["wall"] < 40))
     return out
 
 

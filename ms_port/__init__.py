@@ -25,7 +25,7 @@ _EXPORTS = {
     "Target": "read.targets", "Plan": "match.plan", "Match": "match.plan",
     "MappingTable": "match.mapping", "load_mapping": "match.mapping",
     "InspectReport": "reports", "ConversionReport": "reports",
-    "ParityReport": "check.parity",
+    "ParityReport": "check.parity", "prefer_fast_cpu_kernels": "check.devices",
     "MsPortError": "errors", "SourceError": "errors", "UnsafePickleError": "errors",
     "MappingError": "errors", "TargetError": "errors", "ArchError": "errors",
     "WriteError": "errors", "OutputExistsError": "errors",

@@ -396,6 +396,10 @@ def verify(
             the PyTorch side is built with transformers from the config, and inputs default
             to 16 token ids drawn from the vocabulary.
 
+    On a CPU, call :func:`ms_port.prefer_fast_cpu_kernels` before anything runs MindSpore
+    in the process (the CLI does): on an AVX-512 CPU MindSpore's convolutions otherwise
+    run oneDNN's reference kernel, up to 100× slower.
+
     Returns:
         A :class:`~ms_port.check.report.ParityReport`: ``verdict`` (PASS, FAIL,
         INCONCLUSIVE), ``first_divergence``, ``layers``, ``tensors``.

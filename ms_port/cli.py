@@ -304,8 +304,10 @@ def verify(source: str, checkpoint: str, arch: str | None, torch_model: str | No
     built with transformers from the config, and the inputs are token ids.
     """
     from . import api
+    from .check.devices import prefer_fast_cpu_kernels
     from .check.inputs import parse_range, parse_shape
 
+    prefer_fast_cpu_kernels()  # this process is ours: before MindSpore's first operation
     if arch is None and ms_model is None:
         raise click.UsageError("give --arch NAME, or --ms-model (with --torch-model unless "
                                "SOURCE is a Hugging Face model with its config.json)")

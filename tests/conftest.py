@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import os
 import sys
 
 import pytest
+
+# what the ms-port command sets (ms_port.check.devices.prefer_fast_cpu_kernels): the
+# suite's MindSpore forwards then use the same kernels whichever test runs first
+os.environ.setdefault("ONEDNN_MAX_CPU_ISA", "AVX2")
 
 
 def pytest_terminal_summary(terminalreporter):

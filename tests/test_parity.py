@@ -8,6 +8,7 @@ weights across, optionally breaks one tensor, and checks what :func:`run_parity`
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -20,6 +21,7 @@ torch = pytest.importorskip("torch")
 
 from verify_nets import MsBlock, TorchBlock  # noqa: E402  (the same residual block)
 
+from ms_port.check import devices  # noqa: E402
 from ms_port.check.parity import (  # noqa: E402
     ERROR_DEFINITION,
     Divergence,
@@ -529,3 +531,51 @@ def test_order_pairing_takes_a_weightless_composite_as_one_unit():
     assert ms_units == {"fc", "act"}  # not "act.sigmoid"
     module = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.SiLU())
     assert units(module, torch_side=True) == {"0", "1"}
+
+
+# --- CPU kernels ---------------------------------------------------------------------------
+
+_CONV = """
+import sys
+from ms_port.check.devices import prefer_fast_cpu_kernels
+if sys.argv[1] == "capped":
+    prefer_fast_cpu_kernels()
+import numpy as np, mindspore as ms
+conv = ms.nn.Conv2d(8, 8, 3, pad_mode="pad", padding=1)
+conv(ms.Tensor(np.ones((1, 8, 8, 8), np.float32))).asnumpy()
+"""
+
+
+def _conv_kernels(mode: str) -> list[str]:
+    env = {k: v for k, v in os.environ.items() if k != devices.ONEDNN_ISA}
+    env["ONEDNN_VERBOSE"] = "1"
+    out = subprocess.run([sys.executable, "-c", _CONV, mode], env=env, capture_output=True,
+                         text=True, timeout=300, check=True).stdout
+    return [line.split(",")[6] for line in out.splitlines()
+            if line.startswith("onednn_verbose") and ",exec,cpu,convolution," in line]
+
+
+def test_cpu_cap_keeps_mindspore_convolutions_off_onednn_reference_kernel():
+    """The reason for the cap, held on this machine: uncapped on an AVX-512 CPU, MindSpore's
+    NCHW convolution runs oneDNN's reference kernel (100x slower); capped, it does not."""
+    capped = _conv_kernels("capped")
+    assert capped and not any("ref" in k for k in capped), capped
+    if devices._avx512():
+        assert any("ref" in k for k in _conv_kernels("uncapped"))
+
+
+def test_cpu_cap_set_only_where_unset_and_reported(monkeypatch):
+    monkeypatch.delenv(devices.ONEDNN_ISA, raising=False)
+    monkeypatch.setattr(devices, "_avx512", lambda: True)
+    assert "set ONEDNN_MAX_CPU_ISA=AVX2" in devices.cpu_kernels_note()
+    monkeypatch.setattr(devices, "_avx512", lambda: False)
+    assert devices.cpu_kernels_note() is None
+    assert devices.prefer_fast_cpu_kernels() is True
+    assert os.environ[devices.ONEDNN_ISA] == "AVX2"
+    assert devices.prefer_fast_cpu_kernels() is False
+    monkeypatch.setenv(devices.ONEDNN_ISA, "AVX512_CORE")  # the user's choice stands
+    assert devices.prefer_fast_cpu_kernels() is False
+    assert os.environ[devices.ONEDNN_ISA] == "AVX512_CORE"
+    net, twin, corr = make_twins()
+    assert ("MindSpore's CPU kernels: oneDNN capped at AVX512_CORE (ONEDNN_MAX_CPU_ISA)"
+            in parity(net, twin, corr).notes)

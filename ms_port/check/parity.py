@@ -414,6 +414,10 @@ def run_parity(
             m_outs, m_events = timed("mindspore forward", lambda: devices.run_ms(
                 ms_model, x_main, dtype, ms_outputs)), []
 
+    if ms_device.lower() == "cpu":
+        kernels = devices.cpu_kernels_note()
+        if kernels:
+            notes.append(kernels)
     scaled = not wide
     pairs_in = (default_correspondence(torch_main, ms_model) if correspondence is None
                 else list(correspondence))
