@@ -1,5 +1,5 @@
 """``python -m ms_port`` runs the CLI."""
 
-from .cli import main
+from .cli import run
 
-main()
+run()

@@ -88,6 +88,26 @@ def test_safetensors_without_torch_or_mindspore(tmp_path):
     assert data["metadata"] == {"origin": "test"}
 
 
+def test_command_exits_early_with_its_status_and_all_its_output(tmp_path):
+    """``ms-port`` skips the interpreter's teardown (cli.run): its output must still be
+    complete when piped, and its exit status the command's."""
+    path = tmp_path / "w.pth"
+    torch.save({f"layer{i}.weight": torch.ones(i + 1) for i in range(600)}, path)
+    command = [sys.executable, "-m", "ms_port"]
+    ok = subprocess.run([*command, "inspect", str(path), "--json"], capture_output=True,
+                        text=True, timeout=120)
+    assert ok.returncode == 0 and len(ok.stdout) > 65536  # more than a pipe holds
+    assert len(json.loads(ok.stdout)["tensors"]) == 600
+    bad = subprocess.run([*command, "inspect", str(tmp_path / "missing.pth")],
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "missing.pth" in bad.stderr
+    other = tmp_path / "v.pth"
+    torch.save({f"layer{i}.weight": torch.ones(i + 1) * (i != 7) for i in range(600)}, other)
+    differs = subprocess.run([*command, "diff", str(path), str(other)],
+                             capture_output=True, text=True, timeout=120)
+    assert differs.returncode == 1 and "layer7.weight" in differs.stdout
+
+
 def test_help_imports_no_framework():
     code = ("import sys; from ms_port.cli import main; sys.argv = ['ms-port', '--help']\n"
             "try:\n    main()\nexcept SystemExit:\n    pass\n"

@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import multiprocessing
+import os
 import shutil
 
 import numpy as np
@@ -379,15 +380,19 @@ def test_mindformers_is_contained_json_parses_and_nothing_lands_in_cwd(models, t
     import sys
 
     out, _ = _convert(models, tmp_path, "llama-f32", False)
-    work = tmp_path / "cwd"
+    work, temp = tmp_path / "cwd", tmp_path / "tmp"
     work.mkdir()
+    temp.mkdir()
     run = subprocess.run([sys.executable, "-m", "ms_port.cli", "verify",
                           str(models("llama-f32")), str(out), "--ms-model",
                           "mindformers:llama", "--json"],
-                         cwd=work, capture_output=True, text=True, timeout=300)
+                         cwd=work, capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "TMPDIR": str(temp)})
     assert run.returncode == 0, run.stderr[-2000:]
     assert json.loads(run.stdout)["verdict"] == "PASS"
     assert list(work.iterdir()) == []  # no ./output/log
+    # its log folder was temporary: removed at exit, the interpreter's teardown skipped
+    assert not list(temp.glob("ms-port-mindformers-*"))
     assert " - INFO - " not in run.stderr
 
 
