@@ -149,3 +149,82 @@ def test_resnet50_full_size(tmp_path):
     bad_ckpt = rewrite_checkpoint(tmp_path / "r50.ckpt", tmp_path / "bad.ckpt", swap)
     bad = ms_port.verify(pth, bad_ckpt, arch="resnet50", tol=1e-5)
     assert bad.verdict == "FAIL" and bad.first_divergence.ms_name == "layer2.3.bn3"
+
+
+# --- the PyTorch side: built without drawing weights where the checkpoint fills it --------
+
+
+class _Tied:
+    """Factories for build_torch_loaded: a plain net, a tied one, one with a buffer outside
+    the state dict, and one that cannot be built on the meta device."""
+
+    @staticmethod
+    def plain():
+        import torch
+
+        return torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.BatchNorm1d(3))
+
+    @staticmethod
+    def tied():
+        import torch
+
+        net = torch.nn.Sequential(torch.nn.Embedding(5, 4), torch.nn.Linear(4, 5, bias=False))
+        net[1].weight = net[0].weight
+        return net
+
+    @staticmethod
+    def nonpersistent():
+        import torch
+
+        net = _Tied.plain()
+        net.register_buffer("scale", torch.arange(3.0), persistent=False)
+        return net
+
+    @staticmethod
+    def computes():
+        import torch
+
+        net = _Tied.plain()
+        net.first = float(torch.ones(1).item())  # no value on the meta device
+        return net
+
+
+@pytest.mark.parametrize(("factory", "meta"), [
+    ("plain", True), ("tied", False), ("nonpersistent", False), ("computes", False)])
+def test_torch_side_skips_random_weights_only_where_the_checkpoint_fills_it(tmp_path, factory,
+                                                                           meta):
+    import torch
+
+    from ms_port.check.networks import build_torch_loaded
+    from ms_port.read.sources import read_source
+
+    torch.manual_seed(0)
+    reference = getattr(_Tied, factory)()
+    with torch.no_grad():
+        for p in reference.parameters():
+            p.add_(1.0)
+    path = tmp_path / "w.pth"
+    torch.save(reference.state_dict(), path)
+    src = read_source(path)
+    calls = []
+    original = torch.nn.init.kaiming_uniform_
+
+    def counted(tensor, *args, **kwargs):  # a draw into real memory, not onto meta
+        if tensor.device.type != "meta":
+            calls.append(1)
+        return original(tensor, *args, **kwargs)
+
+    torch.nn.init.kaiming_uniform_ = counted  # Linear draws its weight with this
+    try:
+        net = build_torch_loaded(getattr(_Tied, factory), "--torch-model", None, src)
+    finally:
+        torch.nn.init.kaiming_uniform_ = original
+    real = [*net.parameters(), *net.buffers()]
+    assert all(t.device.type == "cpu" for t in real)
+    for name, value in reference.state_dict().items():
+        assert torch.equal(net.state_dict()[name], value), name
+    assert (not calls) == meta  # random weights drawn only where built the ordinary way
+    if factory == "tied":
+        assert net[1].weight is net[0].weight
+    if factory == "nonpersistent":
+        assert torch.equal(net.scale, torch.arange(3.0))
