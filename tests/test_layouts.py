@@ -751,7 +751,7 @@ def test_readback_compares_a_fused_tensor_part_by_part_and_sees_one_wrong_bit():
 
     import ml_dtypes
 
-    from ms_port.write.writers import _count_nonfinite, _same_bits, _same_parts
+    from ms_port.write.writers import _count_nonfinite, _same_parts, same_bits
 
     rng = np.random.default_rng(0)
     parts = [rng.standard_normal((n, 6)).astype(ml_dtypes.bfloat16) for n in (8, 2, 2)]
@@ -764,7 +764,7 @@ def test_readback_compares_a_fused_tensor_part_by_part_and_sees_one_wrong_bit():
         bits = broken.reshape(-1).view(np.uint16)
         bits[flat_index] ^= 1  # one bit of one value
         assert not _same_parts(broken, match, parts)
-        assert not _same_bits(broken, fused)
+        assert not same_bits(broken, fused)
     assert not _same_parts(layout.join([parts[0], parts[2], parts[1]]), match, parts)
     nan = fused.copy()
     nan[0, 0], nan[3, 1] = np.nan, np.inf

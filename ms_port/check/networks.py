@@ -141,7 +141,7 @@ def load_ms_weights(net: Any, checkpoint: str | Path | Source) -> tuple[list[str
     for info in read:
         array = info.load()
         tensor = (ms.Tensor(array.astype(np.float32), dtype=ms.bfloat16)
-                  if info.dtype == "bfloat16" else ms.Tensor(np.array(array)))  # keeps 0-d shape
+                  if info.dtype == "bfloat16" else ms.Tensor(np.asarray(array)))  # copies; 0-d kept
         params[info.name] = ms.Parameter(tensor, name=info.name)
     try:
         not_loaded, unused = ms.load_param_into_net(net, params)

@@ -90,12 +90,15 @@ def _nonfinite_weights(torch_model: Any, ms_model: Any) -> list[str]:
 
     found = []
     for name, tensor in [*torch_model.named_parameters(), *torch_model.named_buffers()]:
-        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+        # a NaN or Inf makes the sum non-finite (an overflow is then counted exactly)
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor.detach().sum())):
             found.append(_count_nonfinite("PyTorch", name, torch_to_numpy(tensor)))
     floats = set(mindspore.common.dtype.float_type)
+    native = {mindspore.float16, mindspore.float32, mindspore.float64}
     for name, param in ms_model.parameters_and_names():
-        if param.dtype in floats:
-            found.append(_count_nonfinite("MindSpore", name, ms_to_numpy(param)))
+        if param.dtype in floats:  # float32's asnumpy is a view: nothing copied to count
+            array = param.asnumpy() if param.dtype in native else ms_to_numpy(param)
+            found.append(_count_nonfinite("MindSpore", name, array))
     return [entry for entry in found if entry]
 
 

@@ -25,6 +25,7 @@ import numpy as np
 from ..display import Renderable
 from ..match.transforms import Transform, apply_all, shape_after
 from ..read.tensors import FLOAT_DTYPES, TensorInfo, dtype_name, format_shape
+from ..write.writers import same_bits
 
 STATUSES = ("identical", "differs", "shape", "missing", "unplanned")
 #: same-shape tensors scored by cosine per differing tensor, best named first
@@ -228,7 +229,7 @@ def _compare(deltas: list[TensorDelta], checks: list[_Check], target: str, sourc
     shape, want = tuple(actual.shape), tuple(expected.shape)
     if shape != want:
         delta = TensorDelta(target, source, "shape", shape=shape, expected_shape=want)
-    elif expected.dtype == actual.dtype and np.array_equal(_raw(expected), _raw(actual)):
+    elif expected.dtype == actual.dtype and same_bits(expected, actual):  # one byte order
         deltas.append(TensorDelta(target, source, "identical", 0.0, 1.0, shape=shape))
         return
     else:

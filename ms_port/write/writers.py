@@ -405,7 +405,7 @@ def readback(plan: Plan, path: Path, *, format: str = "ckpt",
                 got.load(), m, [plan.source.tensors[p].load() for p in m.parts])
         else:
             want = plan.expected(m)
-            same = got.shape == tuple(want.shape) and got.dtype == m.out_dtype and _same_bits(
+            same = got.shape == tuple(want.shape) and got.dtype == m.out_dtype and same_bits(
                 got.load(), want)
         if not same:
             bad.append(m.target)
@@ -434,7 +434,8 @@ def _words(a: np.ndarray) -> np.ndarray:
     return flat.view(f"<u{word}")
 
 
-def _same_bits(a: np.ndarray, b: np.ndarray) -> bool:
+def same_bits(a: np.ndarray, b: np.ndarray) -> bool:
+    """Whether two arrays hold the same bytes, compared as wide words a chunk at a time."""
     if a.nbytes != b.nbytes:
         return False
     wa, wb = _words(a), _words(b)
@@ -448,7 +449,7 @@ def _same_parts(got: np.ndarray, match: Any, parts: list[np.ndarray]) -> bool:
     """Whether a fused tensor read back holds each part where its layout puts it."""
     layout = match.layout
     if got.dtype.itemsize not in (1, 2, 4, 8) or any(p.dtype != got.dtype for p in parts):
-        return _same_bits(got, layout.join(parts))
+        return same_bits(got, layout.join(parts))
     word = f"<u{got.dtype.itemsize}"
     a = layout.axis
     bits = np.ascontiguousarray(got).view(word)
