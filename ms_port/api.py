@@ -419,8 +419,8 @@ def verify(
     )
     from .check.networks import (
         build_network,
-        build_torch_loaded,
         load_ms_weights,
+        load_torch_weights,
         not_loaded_report,
     )
     from .check.parity import correspondence_from_pairs, run_parity
@@ -485,10 +485,10 @@ def verify(
         torch_model = lambda: torch_from_config(src.config, where)  # noqa: E731
 
     step("building the PyTorch network")
-    # the Source read above; no second unpickling
-    tnet = build_torch_loaded(torch_model, "--torch-model", entry, src)
+    tnet = build_network(torch_model, "--torch-model", entry, "torch")
+    load_torch_weights(tnet, src)  # the Source read above; no second unpickling
     step("building the MindSpore network")
-    mnet = build_network(ms_model, "--ms-model", entry)
+    mnet = build_network(ms_model, "--ms-model", entry, "mindspore")
     step(f"loading {checkpoint}")
     not_loaded, unused = load_ms_weights(mnet, ckpt)  # the Source read above
 

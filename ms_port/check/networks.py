@@ -16,16 +16,20 @@ from ..read.sources import Source, read_source
 from .report import FAIL, ParityReport
 
 
-def build_network(spec: Any, option: str, arch: Any) -> Any:
-    """The MindSpore network from the architecture, a ``module:callable`` string, a
-    factory, or as given.
+def build_network(spec: Any, option: str, arch: Any, side: str) -> Any:
+    """A network from the architecture, a ``module:callable`` string, a factory, or as given.
 
-    It is built under ``no_init_parameters`` (MindSpore >= 2.5): its weights come from the
-    checkpoint, so drawing random ones first only costs time (ResNet50: 0.6 s of 0.7 s).
-    A parameter the checkpoint does not fill is named before anything runs
-    (:func:`load_ms_weights`).
+    The MindSpore side is built under ``no_init_parameters`` (MindSpore >= 2.5): its
+    weights come from the checkpoint, so drawing random ones first only costs time
+    (ResNet50: 0.6 s of 0.7 s). A parameter the checkpoint does not fill is named before
+    anything runs (:func:`load_ms_weights`).
     """
-    from ..read.targets import instantiate, without_weights
+
+    from ..read.targets import instantiate
+
+    if side == "torch":
+        return arch.build_torch() if spec is None else instantiate(spec, option)
+    from ..read.targets import without_weights
 
     # a factory that reads its parameters while building (MindCV's ConvNeXt) is built the
     # ordinary way
@@ -33,60 +37,11 @@ def build_network(spec: Any, option: str, arch: Any) -> Any:
         lambda: arch.build_mindspore() if spec is None else instantiate(spec, option))
 
 
-def build_torch_loaded(spec: Any, option: str, arch: Any, src: Source) -> Any:
-    """The PyTorch network holding ``src``'s weights.
-
-    Where the checkpoint fills the network exactly (every parameter and buffer by name,
-    with its dtype and shape, nothing tied, no buffer left out of the state dict), the
-    network is built on the meta device and handed the loaded tensors
-    (``load_state_dict(assign=True)``): its random initial weights are never drawn nor
-    held beside the loaded ones (VGG16: 1.2 s and 528 MiB). Otherwise, or if the factory
-    cannot build on the meta device, it is built the ordinary way and loaded into.
-    A network given as an object is loaded into as it is.
-    """
+def load_torch_weights(model: Any, src: Source) -> None:
+    """Load an already-read checkpoint into a torch module; a mismatch names the tensors."""
     import torch
 
-    from ..read.targets import instantiate
-
-    state = _torch_state(src)
-    if spec is None:
-        def build() -> Any:
-            return arch.build_torch()
-    elif isinstance(spec, (str, type)) or (callable(spec) and not hasattr(spec, "state_dict")):
-        def build() -> Any:
-            return instantiate(spec, option)
-    else:
-        load_torch_weights(spec, src, state)
-        return spec
-    try:
-        with torch.device("meta"):
-            skeleton = build()
-    except Exception:  # a factory that computes while building: built the ordinary way
-        skeleton = None
-    if skeleton is not None and _fills_exactly(skeleton, state):
-        skeleton.load_state_dict(state, strict=True, assign=True)
-        return skeleton
-    model = build()
-    load_torch_weights(model, src, state)
-    return model
-
-
-def _fills_exactly(model: Any, state: dict[str, Any]) -> bool:
-    if not hasattr(model, "named_parameters"):
-        return False
-    tensors = [*model.named_parameters(remove_duplicate=False),
-               *model.named_buffers(remove_duplicate=False)]
-    if len({id(t) for _, t in tensors}) != len(tensors):
-        return False  # tied: assigning would untie them
-    persistent = set(model.state_dict(keep_vars=True))
-    return (set(state) == {n for n, _ in tensors} == persistent
-            and all(state[n].dtype == t.dtype and state[n].shape == t.shape
-                    for n, t in tensors))
-
-
-def _torch_state(src: Source) -> dict[str, Any]:
-    import torch
-
+    source = src.path
     state = {}
     for info in src:
         array = info.load()
@@ -94,14 +49,6 @@ def _torch_state(src: Source) -> dict[str, Any]:
             state[info.name] = torch.from_numpy(array.view("int16").copy()).view(torch.bfloat16)
         else:
             state[info.name] = torch.from_numpy(array.copy())
-    return state
-
-
-def load_torch_weights(model: Any, src: Source, state: dict[str, Any] | None = None) -> None:
-    """Load an already-read checkpoint into a torch module; a mismatch names the tensors."""
-    source = src.path
-    if state is None:
-        state = _torch_state(src)
     result = model.load_state_dict(state, strict=False)
     tied = tied_names(model)
     # a tied parameter (an LM head that is the embedding) is filled through its twin
