@@ -537,35 +537,49 @@ def test_order_pairing_takes_a_weightless_composite_as_one_unit():
 
 _CONV = """
 import sys
-from ms_port.check.devices import prefer_fast_cpu_kernels
-if sys.argv[1] == "capped":
-    prefer_fast_cpu_kernels()
+from ms_port.check.devices import cpu_kernels_note, prefer_fast_cpu_kernels
 import numpy as np, mindspore as ms
 conv = ms.nn.Conv2d(8, 8, 3, pad_mode="pad", padding=1)
-conv(ms.Tensor(np.ones((1, 8, 8, 8), np.float32))).asnumpy()
+x = ms.Tensor(np.ones((1, 8, 8, 8), np.float32))
+if sys.argv[1] == "late":  # oneDNN has read its limit by now
+    conv(x).asnumpy()
+if sys.argv[1] != "uncapped":
+    prefer_fast_cpu_kernels()
+conv(x).asnumpy()
+print("note:", cpu_kernels_note())
 """
 
 
-def _conv_kernels(mode: str) -> list[str]:
-    env = {k: v for k, v in os.environ.items() if k != devices.ONEDNN_ISA}
+def _conv_kernels(mode: str) -> tuple[list[str], str]:
+    env = {k: v for k, v in os.environ.items() if k not in devices.ISA_VARS}
     env["ONEDNN_VERBOSE"] = "1"
     out = subprocess.run([sys.executable, "-c", _CONV, mode], env=env, capture_output=True,
                          text=True, timeout=300, check=True).stdout
-    return [line.split(",")[6] for line in out.splitlines()
-            if line.startswith("onednn_verbose") and ",exec,cpu,convolution," in line]
+    kernels = [line.split(",")[6] for line in out.splitlines()
+               if line.startswith("onednn_verbose") and ",exec,cpu,convolution," in line]
+    return kernels, out.rpartition("note: ")[2].strip()
 
 
 def test_cpu_cap_keeps_mindspore_convolutions_off_onednn_reference_kernel():
     """The reason for the cap, held on this machine: uncapped on an AVX-512 CPU, MindSpore's
-    NCHW convolution runs oneDNN's reference kernel (100x slower); capped, it does not."""
-    capped = _conv_kernels("capped")
+    NCHW convolution runs oneDNN's reference kernel (100x slower); capped in time, it does
+    not, and the report says which limit was in force, or that it came too late."""
+    capped, note = _conv_kernels("capped")
     assert capped and not any("ref" in k for k in capped), capped
+    assert note == "MindSpore's CPU kernels: oneDNN limited to AVX2 (ONEDNN_MAX_CPU_ISA)"
     if devices._avx512():
-        assert any("ref" in k for k in _conv_kernels("uncapped"))
+        uncapped, note = _conv_kernels("uncapped")
+        assert any("ref" in k for k in uncapped)
+        assert "set ONEDNN_MAX_CPU_ISA=AVX2 before" in note
+        late, note = _conv_kernels("late")
+        assert all("ref" in k for k in late), late
+        assert note.startswith("ONEDNN_MAX_CPU_ISA=AVX2 was set after oneDNN's first "
+                               "operation in this process"), note
 
 
 def test_cpu_cap_set_only_where_unset_and_reported(monkeypatch):
-    monkeypatch.delenv(devices.ONEDNN_ISA, raising=False)
+    for var in devices.ISA_VARS:
+        monkeypatch.delenv(var, raising=False)
     monkeypatch.setattr(devices, "_avx512", lambda: True)
     assert "set ONEDNN_MAX_CPU_ISA=AVX2" in devices.cpu_kernels_note()
     monkeypatch.setattr(devices, "_avx512", lambda: False)
@@ -577,5 +591,11 @@ def test_cpu_cap_set_only_where_unset_and_reported(monkeypatch):
     assert devices.prefer_fast_cpu_kernels() is False
     assert os.environ[devices.ONEDNN_ISA] == "AVX512_CORE"
     net, twin, corr = make_twins()
-    assert ("MindSpore's CPU kernels: oneDNN capped at AVX512_CORE (ONEDNN_MAX_CPU_ISA)"
+    assert ("MindSpore's CPU kernels: oneDNN limited to AVX512_CORE (ONEDNN_MAX_CPU_ISA)"
             in parity(net, twin, corr).notes)
+    monkeypatch.delenv(devices.ONEDNN_ISA)
+    monkeypatch.setenv("DNNL_MAX_CPU_ISA", "SSE41")  # the older name is a choice too
+    assert devices.prefer_fast_cpu_kernels() is False
+    assert devices.ONEDNN_ISA not in os.environ
+    assert devices.cpu_kernels_note() == ("MindSpore's CPU kernels: oneDNN limited to SSE41 "
+                                          "(DNNL_MAX_CPU_ISA)")

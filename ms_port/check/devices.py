@@ -33,13 +33,25 @@ _NO_KERNEL = (re.compile(r"Unsupported op \[(\w+)\] on (\w+)"),
               re.compile(r"kernel for (\w+) is not (?:registered|supported)"))
 
 
-#: oneDNN (MindSpore's and PyTorch's CPU kernels) reads this once, at its first operation
-ONEDNN_ISA = "ONEDNN_MAX_CPU_ISA"
+#: oneDNN (MindSpore's and PyTorch's CPU kernels) reads one of these once, at its first
+#: operation; the ONEDNN_ name wins over the older DNNL_ one
+ISA_VARS = ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA")
+ONEDNN_ISA = ISA_VARS[0]
+#: ``dnnl_cpu_isa_avx2`` in oneDNN 3's ``dnnl_cpu_isa_t``, a bit mask: higher levels add bits
+_ISA_AVX2 = 0x7
+
+
+def _isa_choice() -> tuple[str, str] | None:
+    """(variable, value) of the instruction-set limit set in the environment, if any."""
+    for var in ISA_VARS:
+        if os.environ.get(var):
+            return var, os.environ[var]
+    return None
 
 
 def prefer_fast_cpu_kernels() -> bool:
-    """Cap oneDNN at AVX2 for this process unless ``ONEDNN_MAX_CPU_ISA`` is already set;
-    True if this call set it.
+    """Cap oneDNN at AVX2 for this process unless an instruction-set limit is already set
+    (``ONEDNN_MAX_CPU_ISA`` or ``DNNL_MAX_CPU_ISA``); True if this call set it.
 
     MindSpore 2.10 hands oneDNN its convolutions in the plain NCHW layout. On an AVX-512
     CPU oneDNN 3.10 then picks ``jit_uni_ncsp:conv+ref:any``, its reference kernel: a
@@ -47,11 +59,29 @@ def prefer_fast_cpu_kernels() -> bool:
     kernel: 4 ms, and a float32 result of the same quality (ResNet50's MindSpore forward
     5.3 s -> 0.7 s, VGG16's 26 s -> 0.3 s; PyTorch's forward 61 -> 76 ms). The cap only
     takes effect if set before the process's first oneDNN operation, so the CLI sets it
-    at start; in a notebook call this before anything runs MindSpore on the CPU."""
-    if os.environ.get(ONEDNN_ISA):
+    at start; in a notebook call this before anything runs MindSpore on the CPU (the
+    report says whether it took effect)."""
+    if _isa_choice():
         return False
     os.environ[ONEDNN_ISA] = "AVX2"
     return True
+
+
+def effective_isa() -> int | None:
+    """The instruction set MindSpore's oneDNN uses (a ``dnnl_cpu_isa_t``), asked of its own
+    library; None where it cannot be asked."""
+    import ctypes
+    from pathlib import Path
+
+    try:
+        import mindspore
+
+        library = ctypes.CDLL(str(Path(mindspore.__file__).parent / "lib" / "libdnnl.so.3"))
+        query = library.dnnl_get_effective_cpu_isa
+    except (ImportError, OSError, AttributeError):
+        return None
+    query.restype, query.argtypes = ctypes.c_int, []
+    return int(query())
 
 
 def _avx512() -> bool:
@@ -63,10 +93,18 @@ def _avx512() -> bool:
 
 
 def cpu_kernels_note() -> str | None:
-    """What the report says about the CPU kernels' instruction set, where it matters."""
-    value = os.environ.get(ONEDNN_ISA)
-    if value:
-        return f"MindSpore's CPU kernels: oneDNN capped at {value} ({ONEDNN_ISA})"
+    """What the report says about the CPU kernels' instruction set, where it matters:
+    the limit in force, or that it came too late to apply, or how to set one."""
+    choice = _isa_choice()
+    if choice:
+        var, value = choice
+        effective = effective_isa()
+        if value.upper() == "AVX2" and effective is not None and effective & ~_ISA_AVX2:
+            return (f"{var}={value} was set after oneDNN's first operation in this "
+                    "process, so MindSpore's CPU kernels ignored it (its convolutions may "
+                    "have run oneDNN's reference kernel, up to 100x slower): set it before "
+                    "MindSpore's first CPU operation")
+        return f"MindSpore's CPU kernels: oneDNN limited to {value} ({var})"
     if _avx512():
         return (f"MindSpore's CPU convolutions may have run oneDNN's reference kernel on "
                 f"this AVX-512 CPU (up to 100x slower): set {ONEDNN_ISA}=AVX2 before "
