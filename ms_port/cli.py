@@ -465,37 +465,36 @@ def diff(a: str, b: str, arch: str | None, ms_model: str | None, maps: tuple[str
     _finish(report, as_json=as_json, show="all" if show_all else "summary")
 
 
-#: the exit status once the command has ended with one (see :func:`run`)
-_STATUS: list[int] = []
-
-
-def _skip_teardown() -> None:
-    """The last atexit handler: output flushed, every other handler run, exit now."""
-    if not _STATUS:
-        return  # ended by an uncaught exception or a signal: leave it to Python
+def _exit_now(status: int) -> None:
+    """What Python's own exit does before it tears the interpreter down: wait for
+    non-daemon threads, run every atexit handler (a temporary log folder's removal),
+    flush the output; then exit with ``status`` and skip the teardown."""
+    import atexit
     import contextlib
+    import threading
 
+    for thread in threading.enumerate():
+        if thread is not threading.current_thread() and not thread.daemon:
+            thread.join()
+    atexit._run_exitfuncs()  # the handlers a normal exit runs, in order
     for stream in (sys.stdout, sys.stderr):
         # a closed pipe (| head): nothing more can be written
         with contextlib.suppress(OSError, ValueError):
             stream.flush()
-    os._exit(_STATUS[0])
+    os._exit(status)
 
 
 def run() -> None:
     """The ``ms-port`` command: :func:`main`, then an exit without the interpreter's
     teardown. Unloading torch and MindSpore took 1.4 s after a verify had printed its
-    verdict (of 8.3 s in all). Files are closed by then and atexit handlers (a temporary
-    log folder's removal) still run first; only the teardown is skipped. The in-process
-    ``main`` (CliRunner, tests) is unchanged."""
-    import atexit
-
-    atexit.register(_skip_teardown)  # registered first, so run last
+    verdict (of 8.3 s in all). Only a command that ended with an exit status exits this
+    way; an uncaught exception (``--debug``) is left to Python. The in-process ``main``
+    (CliRunner, tests) is unchanged."""
     try:
         main()
     except SystemExit as exc:
         if exc.code is None or isinstance(exc.code, int):
-            _STATUS.append(exc.code or 0)
+            _exit_now(exc.code or 0)
         raise
 
 

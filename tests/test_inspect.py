@@ -106,6 +106,14 @@ def test_command_exits_early_with_its_status_and_all_its_output(tmp_path):
     differs = subprocess.run([*command, "diff", str(path), str(other)],
                              capture_output=True, text=True, timeout=120)
     assert differs.returncode == 1 and "layer7.weight" in differs.stdout
+    # an atexit handler registered before the command (a coverage hook) still runs
+    marker = tmp_path / "atexit-ran"
+    code = ("import atexit, pathlib, sys; from ms_port.cli import run\n"
+            "atexit.register(pathlib.Path(sys.argv[1]).touch)\n"
+            "sys.argv = ['ms-port', 'inspect', sys.argv[2]]\nrun()")
+    early = subprocess.run([sys.executable, "-c", code, str(marker), str(path)],
+                           capture_output=True, text=True, timeout=120)
+    assert early.returncode == 0 and marker.exists()
 
 
 def test_help_imports_no_framework():
