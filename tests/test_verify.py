@@ -149,3 +149,48 @@ def test_resnet50_full_size(tmp_path):
     bad_ckpt = rewrite_checkpoint(tmp_path / "r50.ckpt", tmp_path / "bad.ckpt", swap)
     bad = ms_port.verify(pth, bad_ckpt, arch="resnet50", tol=1e-5)
     assert bad.verdict == "FAIL" and bad.first_divergence.ms_name == "layer2.3.bn3"
+
+
+def _torch_with_plain_tensors():
+    import torch
+
+    class Net(torch.nn.Module):
+        """A tensor attribute that is no parameter or buffer, and a parameter also held in a
+        list: a build that put every created tensor on the meta device broke both."""
+
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(4, 3)
+            self.scale = torch.full((3,), 2.0)
+            self._ws = [self.lin.weight]
+
+        def forward(self, x):
+            return (x @ self._ws[0].t() + self.lin.bias) * self.scale
+
+    return Net()
+
+
+def _ms_with_plain_tensors():
+    import mindspore as ms
+
+    class Net(ms.nn.Cell):
+        def __init__(self):
+            super().__init__()
+            self.lin = ms.nn.Dense(4, 3)
+
+        def construct(self, x):
+            return self.lin(x) * 2.0
+
+    return Net()
+
+
+def test_a_network_holding_plain_tensors_and_aliased_parameters_verifies(tmp_path):
+    import torch
+
+    torch.manual_seed(0)
+    pth, ckpt = tmp_path / "n.pth", tmp_path / "n.ckpt"
+    torch.save(_torch_with_plain_tensors().state_dict(), pth)
+    assert ms_port.convert(pth, ms_model=_ms_with_plain_tensors, output=ckpt).ok
+    report = ms_port.verify(pth, ckpt, torch_model=_torch_with_plain_tensors,
+                            ms_model=_ms_with_plain_tensors, input_shape=(4,), batch=4)
+    assert report.verdict == "PASS", report.message
