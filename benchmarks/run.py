@@ -173,6 +173,9 @@ def llm_case(name: str) -> ToolsCase:
         "cp": Tool([["/bin/cp", str(st), str(copy)]], scratch=[copy]),
         "cp + fsync": Tool([["/bin/sh", "-c", 'cp "$1" "$2" && sync "$2"', "sh", str(st),
                              str(copy)]], scratch=[copy]),
+        # what ms-port's guarantees cost with standard tools: durable, then read back
+        "cp + fsync + cmp": Tool([["/bin/sh", "-c", 'cp "$1" "$2" && sync "$2" && cmp "$1" "$2"',
+                                   "sh", str(st), str(copy)]], scratch=[copy]),
         "ms-port fused": Tool([[ms, *ms_args, str(fused), "--ms-option", "qkv_concat=true",
                                 "--force", "-q"]], [fused]),
         "ms-port separate": Tool([[ms, *ms_args, str(sep), "--force", "-q"]], [sep]),
