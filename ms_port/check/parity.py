@@ -503,7 +503,7 @@ def run_parity(
         seed=seed, dtype=dtype, torch_device=torch_device, ms_device=ms_device,
         timings=timings, layers_checked=len(compared), nonfinite_weights=nonfinite_weights,
         notes=notes, verdict=verdict, k=K if scaled else 0.0, layers=compared,
-        drift=drift.ratio, drift_at=drift.where,
+        drift=drift.peak, drift_at=drift.where,
         inputs=[i.to_dict() for i in feed], reasons=reasons, tensors=tensor_diff,
         known_differences=known)
     report.message = _message(report)
@@ -512,7 +512,8 @@ def run_parity(
 
 def _message(report: ParityReport) -> str:
     if report.verdict == PASS:
-        return pass_message(report.outputs, report.layers, report.tol, report.drift_at)
+        return pass_message(report.outputs, report.layers, report.tol, report.drift_at,
+                            report.drift)
     if report.verdict == INCONCLUSIVE:
         return f"INCONCLUSIVE: {report.reasons[0]}"
     text = f"FAIL: {'; '.join(report.reasons[:3])}" if report.reasons else "FAIL"
