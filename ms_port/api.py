@@ -497,15 +497,20 @@ def verify(
     plan = make_plan(src, tgt, resolve_mapping(mapping, arch=arch, config=src.config,
                                                target=tgt),
                      allow_missing=True, allow_unused=True)
+    # the plan names MindSpore's tensors by Parameter.name, which need not be the cell path
+    # the hooks see (MindCV's RegNet: '0.blocks.0.proj.weight' at 'stages.0.blocks.0.proj')
+    paths = {param.name: path for path, param in mnet.parameters_and_names()}
     # a fused or split tensor's layer computes several of the other side's layers at once
-    correspondence = correspondence_from_pairs((m.target, m.source) for m in plan.matches
+    correspondence = correspondence_from_pairs((paths.get(m.target, m.target), m.source)
+                                               for m in plan.matches
                                                if not m.parts and m.part is None)
     if not_loaded:
         return not_loaded_report(checkpoint, not_loaded, unused, tol=tol, feed=feed,
                                  seed=seed, dtype=dtype, torch_device=torch_device,
                                  ms_device=ms_device)
     step("comparing every tensor through the plan")
-    values = {name: (lambda p=param: p.asnumpy()) for name, param in mnet.parameters_and_names()}
+    values = {param.name: (lambda p=param: p.asnumpy())
+              for _, param in mnet.parameters_and_names()}
     tensors = compare_through_plan(plan, values, a=str(source), b=str(checkpoint))
     result = run_parity(tnet, mnet, inputs=feed, seed=seed, tol=tol, dtype=dtype,
                         torch_device=torch_device, ms_device=ms_device,

@@ -303,3 +303,30 @@ def test_saved_map_of_an_aligned_zoo_model_is_small_and_reproduces_it(tmp_path):
     assert again.ok and not again.counts.get("aligned")
     assert {(m.target, m.source) for m in again.matches} == \
         {(m.target, m.source) for m in plan.matches}
+
+
+def test_regnet_whose_parameter_names_are_not_its_cell_paths_is_checked_tensor_by_tensor(
+        tmp_path):
+    """MindCV's RegNet names its parameters '0.blocks.0.proj.weight' while the cell sits at
+    'stages.0.blocks.0.proj': verify's tensor check used the paths, found 324 of 331 tensors
+    'missing', and a gamma scaled by 1.00003 passed. Keyed by Parameter.name, every tensor
+    is compared, layers pair by name, and the scaled gamma FAILs, named."""
+    from ms_port.testing import rewrite_checkpoint
+
+    pth, ckpt, plan = _convert(tmp_path, "regnet_y_400mf", _mindcv("regnet_y_400mf"))
+    assert not plan.missing and not plan.unused
+    kwargs = {"torch_model": torchvision.models.regnet_y_400mf,
+              "ms_model": _mindcv("regnet_y_400mf"), "input_shape": SHAPE, "tol": 1e-5}
+    right = ms_port.verify(pth, ckpt, **kwargs)
+    assert right.verdict == "PASS", right.message
+    assert right.tensors.ok and right.tensors.counts["identical"] == len(plan.matches) == 331
+    assert sum(c.paired_by == "name" for c in right.layers) > 150  # was 4: by cell paths
+    name = [m.target for m in plan.matches if m.target.endswith("c_bn.gamma")][-3]
+
+    def scale(arrays):
+        arrays[name] = arrays[name] * np.float32(1.00003)
+
+    wrong = rewrite_checkpoint(ckpt, tmp_path / "wrong.ckpt", scale)
+    report = ms_port.verify(pth, wrong, **kwargs)
+    assert report.verdict == "FAIL" and not report.tensors.ok
+    assert [d.target for d in report.tensors.problems] == [name]

@@ -241,12 +241,10 @@ def _params_of(model: Any, path: str, torch_side: bool) -> list[str]:
     layer = layers.get(path)
     if layer is None:
         return []
-    names = (layer.named_parameters(recurse=False) if torch_side
-             else layer.parameters_and_names(expand=False))
-    found = [f"{path}.{n.rsplit('.', 1)[-1]}" for n, _ in names]
-    if torch_side:
-        found += [f"{path}.{n}" for n, _ in layer.named_buffers(recurse=False)]
-    return found
+    if not torch_side:  # tensors are named by Parameter.name, as in the checkpoint
+        return [p.name for _, p in layer.parameters_and_names(expand=False)]
+    found = [f"{path}.{n}" for n, _ in layer.named_parameters(recurse=False)]
+    return found + [f"{path}.{n}" for n, _ in layer.named_buffers(recurse=False)]
 
 
 def _first_text(divergence: Divergence | None, drift: Drift) -> str | None:
