@@ -599,3 +599,45 @@ def test_cpu_cap_set_only_where_unset_and_reported(monkeypatch):
     assert devices.ONEDNN_ISA not in os.environ
     assert devices.cpu_kernels_note() == ("MindSpore's CPU kernels: oneDNN limited to SSE41 "
                                           "(DNNL_MAX_CPU_ISA)")
+
+
+# --- where the shapes part ------------------------------------------------------------------
+
+
+def test_a_pool_rounding_its_size_the_other_way_is_named_where_the_shapes_part():
+    """torchvision's SqueezeNet pools with ceil_mode=True, MindCV's does not: every layer
+    after the pool has another shape, so the first comparable layer (the head) is where it
+    fails. The report must say where the shapes part, and why."""
+    import torch.nn as tnn
+
+    class T(tnn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = tnn.Conv2d(3, 4, 3, padding=1)
+            self.pool = tnn.MaxPool2d(3, 2, ceil_mode=True)
+            self.head = tnn.Linear(4, 5)
+
+        def forward(self, x):
+            return self.head(self.pool(self.conv(x)).mean((2, 3)))
+
+    class M(ms.nn.Cell):
+        def __init__(self):
+            super().__init__()
+            self.conv = ms.nn.Conv2d(3, 4, 3, pad_mode="pad", padding=1, has_bias=True)
+            self.pool = ms.nn.MaxPool2d(3, 2)
+            self.head = ms.nn.Dense(4, 5)
+
+        def construct(self, x):
+            return self.head(self.pool(self.conv(x)).mean((2, 3)))
+
+    torch.manual_seed(0)
+    net, twin = T().eval(), M()
+    for (_, t), (_, m) in zip(net.named_parameters(), twin.parameters_and_names()):
+        m.set_data(ms.Tensor(t.detach().numpy()))
+    report = run_parity(net, twin, input_shape=(3, 8, 8), batch=2,
+                        correspondence=[("conv", "conv"), ("pool", "pool"), ("head", "head")])
+    assert report.verdict == "FAIL"
+    assert ("the shapes part before the first divergence, at pool (shapes differ: MindSpore"
+            in report.message)
+    assert "PyTorch rounds this pool's output size up (ceil_mode=True), MindSpore down" \
+        in report.message

@@ -42,6 +42,14 @@ def _gelu(t: Any, m: Any) -> tuple[str, str]:
     return str(getattr(t, "approximate", "none")), str(getattr(m, "approximate", "none"))
 
 
+def _ceil(t: Any, m: Any) -> tuple[bool, bool]:
+    return bool(getattr(t, "ceil_mode", False)), bool(getattr(m, "ceil_mode", False))
+
+
+def _rounds(up: bool) -> str:
+    return "up" if up else "down"
+
+
 KNOWN: tuple[KnownDifference, ...] = (
     KnownDifference(
         frozenset({"Conv2d", "MaxPool2d", "AvgPool2d", "Conv1d", "Conv3d"}),
@@ -62,6 +70,13 @@ KNOWN: tuple[KnownDifference, ...] = (
         lambda t, m: (f"GELU approximation differs: PyTorch {_gelu(t, m)[0]!r}, MindSpore "
                       f"{_gelu(t, m)[1]!r} — use the exact GELU (approximate=False) on the "
                       "MindSpore side")),
+    KnownDifference(
+        frozenset({"MaxPool2d", "AvgPool2d", "MaxPool1d", "AvgPool1d"}),
+        lambda t, m: _ceil(t, m)[0] != _ceil(t, m)[1],
+        lambda t, m: (f"PyTorch rounds this pool's output size {_rounds(_ceil(t, m)[0])} "
+                      f"(ceil_mode={_ceil(t, m)[0]}), MindSpore {_rounds(_ceil(t, m)[1])}: a "
+                      "network difference, not a conversion error — build the MindSpore "
+                      f"pool with pad_mode='pad' and ceil_mode={_ceil(t, m)[0]}")),
     KnownDifference(
         frozenset({"Conv2d", "Dense", "Conv1d"}),
         lambda t, m: getattr(t, "bias", None) is not None and not getattr(m, "has_bias", True),

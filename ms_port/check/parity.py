@@ -257,6 +257,21 @@ def _first_text(divergence: Divergence | None, drift: Drift) -> str | None:
     return text
 
 
+def _shapes_part(skipped: list[LayerComparison], first_bad: LayerComparison | None,
+                 torch_model: Any, ms_model: Any) -> str | None:
+    """Where the two networks' shapes first part, if before the first failing layer (a
+    pool rounding its size the other way: every layer after it is not comparable, and the
+    first one that is, the head, is where it fails), with what is known about it."""
+    parted = next((c for c in skipped if c.note and c.note.startswith("shapes differ") and
+                   (first_bad is None or c.index < first_bad.index)), None)
+    if parted is None:
+        return None
+    known = explain(dict(torch_model.named_modules()).get(parted.torch),
+                    dict(ms_model.cells_and_names()).get(parted.ms))
+    return (f"the shapes part before the first divergence, at {parted.name} ({parted.note})"
+            + (f" — {known[0]}" if known else ""))
+
+
 def tensor_note(delta: Any) -> str:
     """``layer1.bn.moving_mean holds layer1.bn.running_var`` (or how it differs)."""
     if delta.status == "differs" and delta.holds:
@@ -484,6 +499,10 @@ def run_parity(
     verdict, reasons = decide(outputs, compared, problems=problems,
                               tensor_problems=tensor_problems,
                               first=_first_text(divergence, drift), tol=tol)
+    if verdict == FAIL:
+        parted = _shapes_part(skipped, first_bad, torch_main, ms_model)
+        if parted:
+            reasons.insert(min(1, len(reasons)), parted)
     timings["total"] = time.perf_counter() - started
 
     error = max((o.error for o in outputs), default=math.inf)
