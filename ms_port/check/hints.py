@@ -46,8 +46,12 @@ def _ceil(t: Any, m: Any) -> tuple[bool, bool]:
     return bool(getattr(t, "ceil_mode", False)), bool(getattr(m, "ceil_mode", False))
 
 
-def _rounds(up: bool) -> str:
-    return "up" if up else "down"
+def _ceil_says(t: Any, m: Any) -> str:
+    torch_up, ms_up = _ceil(t, m)
+    return (f"PyTorch rounds this pool's output size {'up' if torch_up else 'down'} "
+            f"(ceil_mode={torch_up}), MindSpore {'up' if ms_up else 'down'}: a network "
+            "difference, not a conversion error — build the MindSpore pool with "
+            f"pad_mode='pad' and ceil_mode={torch_up}")
 
 
 KNOWN: tuple[KnownDifference, ...] = (
@@ -73,10 +77,7 @@ KNOWN: tuple[KnownDifference, ...] = (
     KnownDifference(
         frozenset({"MaxPool2d", "AvgPool2d", "MaxPool1d", "AvgPool1d"}),
         lambda t, m: _ceil(t, m)[0] != _ceil(t, m)[1],
-        lambda t, m: (f"PyTorch rounds this pool's output size {_rounds(_ceil(t, m)[0])} "
-                      f"(ceil_mode={_ceil(t, m)[0]}), MindSpore {_rounds(_ceil(t, m)[1])}: a "
-                      "network difference, not a conversion error — build the MindSpore "
-                      f"pool with pad_mode='pad' and ceil_mode={_ceil(t, m)[0]}")),
+        _ceil_says),
     KnownDifference(
         frozenset({"Conv2d", "Dense", "Conv1d"}),
         lambda t, m: getattr(t, "bias", None) is not None and not getattr(m, "has_bias", True),

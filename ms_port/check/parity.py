@@ -140,9 +140,9 @@ def _compare_output(index: int, tname: str, mname: str, ms_arr: np.ndarray,
                     torch_arr: np.ndarray, *, tol: float, noise: float | None,
                     sensitivity: float | None, scaled: bool,
                     drift: float = 1.0) -> OutputComparison:
-    counts = {"ms_nan_count": nonfinite(ms_arr)[0], "ms_inf_count": nonfinite(ms_arr)[1],
-              "torch_nan_count": nonfinite(torch_arr)[0],
-              "torch_inf_count": nonfinite(torch_arr)[1]}
+    (ms_nan, ms_inf), (torch_nan, torch_inf) = nonfinite(ms_arr), nonfinite(torch_arr)
+    counts = {"ms_nan_count": ms_nan, "ms_inf_count": ms_inf, "torch_nan_count": torch_nan,
+              "torch_inf_count": torch_inf}
     bound = bound_for(tol, noise, scaled=scaled, drift=drift)
     common = {"index": index, "name": tname, "ms_name": mname, "ms_shape": ms_arr.shape,
               "torch_shape": torch_arr.shape, "noise": noise, "bound": bound, "drift": drift,
@@ -257,6 +257,12 @@ def _first_text(divergence: Divergence | None, drift: Drift) -> str | None:
     return text
 
 
+def _known(c: LayerComparison, torch_model: Any, ms_model: Any) -> list[str]:
+    """The known network differences (:mod:`.hints`) between a compared pair's layers."""
+    return explain(dict(torch_model.named_modules()).get(c.torch),
+                   dict(ms_model.cells_and_names()).get(c.ms))
+
+
 def _shapes_part(skipped: list[LayerComparison], first_bad: LayerComparison | None,
                  torch_model: Any, ms_model: Any) -> str | None:
     """Where the two networks' shapes first part, if before the first failing layer (a
@@ -266,8 +272,7 @@ def _shapes_part(skipped: list[LayerComparison], first_bad: LayerComparison | No
                    (first_bad is None or c.index < first_bad.index)), None)
     if parted is None:
         return None
-    known = explain(dict(torch_model.named_modules()).get(parted.torch),
-                    dict(ms_model.cells_and_names()).get(parted.ms))
+    known = _known(parted, torch_model, ms_model)
     return (f"the shapes part before the first divergence, at {parted.name} ({parted.note})"
             + (f" — {known[0]}" if known else ""))
 
@@ -480,9 +485,7 @@ def run_parity(
     first_bad = next((c for c in compared if c.status in ("fail", "nonfinite")), None)
     divergence = (None if first_bad is None else
                   _divergence(first_bad, ms_model, torch_main, pairs_in, tensor_diff))
-    known = [] if first_bad is None else explain(
-        dict(torch_main.named_modules()).get(first_bad.torch),
-        dict(ms_model.cells_and_names()).get(first_bad.ms))
+    known = [] if first_bad is None else _known(first_bad, torch_main, ms_model)
 
     problems = []
     if nonfinite_weights:
