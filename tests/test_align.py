@@ -266,8 +266,9 @@ def test_loose_tensors_pair_by_a_unique_shape_and_a_shared_word(tmp_path):
     got = {m.target: (m.source, m.how, m.detail) for m in plan.matches}
     assert got["cls_token"][:2] == ("class_token", "aligned")
     assert got["pos_embed"][:2] == ("encoder.pos_embedding", "aligned")
-    assert "only unpaired 1×5×8 tensor on either side" in got["pos_embed"][2]
-    assert "'pos'" in got["pos_embed"][2]
+    assert ("the only unpaired tensor of its shape on either side (1×5×8, size-1 axes "
+            "aside)") in got["pos_embed"][2]
+    assert got["pos_embed"][2].count("'pos'") == 1  # each shared word named once
 
 
 @pytest.mark.parametrize(("extra_source", "extra_target", "left"), [
@@ -280,6 +281,18 @@ def test_loose_tensors_are_never_guessed_among_equals(tmp_path, extra_source, ex
     plan = make_plan(_source(tmp_path, src), _target(tgt, KINDS))
     assert left in {t.name for t in plan.missing}
     assert {m.target: m.source for m in plan.matches}["cls_token"] == "class_token"
+
+
+def test_a_layers_tensor_is_never_paired_as_a_loose_tensor(tmp_path):
+    """Unique leftovers of one shape whose names share a word, but named as a layer names
+    its tensors ('weight'): the alignment's to pair, by its layer, never a loose guess."""
+    from ms_port.match.plan import _loose_pairs
+
+    source = _source(tmp_path, {"adapter.weight": (3, 7), "adapter_token": (1, 2, 7)})
+    target = _target({"bridge.weight": (3, 7), "bridge_token": (1, 2, 7)}, {})
+    left = [("bridge.weight", (3, 7)), ("bridge_token", (1, 2, 7))]
+    made = _loose_pairs(source, target, {}, set(), left, None)
+    assert [(m.target, m.source) for m in made] == [("bridge_token", "adapter_token")]
 
 
 def test_loose_tensors_with_no_word_in_common_stay_leftovers(tmp_path):

@@ -905,20 +905,24 @@ def _align_leftovers(source: Source, target: Target, mapping: MappingTable,
                 matches[m.target] = m
                 used.add(m.source)
     for m in _loose_pairs(source, target, matches, used | {d.name for d in dropped},
-                          pending_t, layer_of, dtype):
+                          pending_t, dtype):
         matches[m.target] = m
         used.add(m.source)
     return {t: c for t, c in result.ambiguous.items() if t not in matches}
 
 
-#: what layers call their tensors, on either side (a loose tensor is named otherwise)
-_LAYER_PARAMS = frozenset({"weight", "bias", "gamma", "beta", "moving_mean", "moving_variance",
-                           "running_mean", "running_var", "embedding_table", "w",
-                           "in_proj_weight", "in_proj_bias"})
+def _layer_params() -> frozenset[str]:
+    """What layers call their tensors, on either side (a loose tensor is named otherwise):
+    every name the layer rules and the alignment's source aliases know."""
+    from .align import SOURCE_ALIASES
+    from .rules import RULES
+
+    return frozenset({n for rule in RULES for pair in rule.params.items() for n in pair}
+                     | set(SOURCE_ALIASES) | {"weight", "bias"})
 
 
 def _loose_pairs(source: Source, target: Target, matches: dict[str, Match], gone: set[str],
-                 pending_t: list[tuple[str, tuple[int, ...]]], layer_of: dict[str, Any],
+                 pending_t: list[tuple[str, tuple[int, ...]]],
                  dtype: str | None) -> list[Match]:
     """A network's loose tensors — held by a block, not by a layer, and named as no layer
     names its tensors (a ViT's class token and position embedding) — have no layer to
@@ -928,6 +932,7 @@ def _loose_pairs(source: Source, target: Target, matches: dict[str, Match], gone
     ``encoder.pos_embedding`` / ``pos_embed``): reported as ``aligned`` with that evidence."""
     from .closest import _tokens
 
+    layer_params = _layer_params()
     left_t = [(n, shape) for n, shape in pending_t if n not in matches]
     left_s = [i for i in source if i.name not in gone and not known_drop(i.name)]
     by_shape_s: dict[tuple[int, ...], list[TensorInfo]] = {}
@@ -942,21 +947,24 @@ def _loose_pairs(source: Source, target: Target, matches: dict[str, Match], gone
         if len(names) != 1 or len(sources) != 1:
             continue
         name, info = names[0], sources[0]
-        if {name.rpartition(".")[2], info.name.rpartition(".")[2]} & _LAYER_PARAMS:
+        if {name.rpartition(".")[2], info.name.rpartition(".")[2]} & layer_params:
             continue  # a layer's tensor: alignment's, by its layer
         # a word of the tensors' own names, not of their paths (`blocks`, `attn`)
         words = {w for w in _tokens(name.rpartition(".")[2].lower()) if not w.isdigit()}
-        shared = sorted(a for a in words
-                        for b in _tokens(info.name.rpartition(".")[2].lower())
-                        if len(min(a, b, key=len)) >= 3 and (a.startswith(b) or b.startswith(a)))
+        theirs = _tokens(info.name.rpartition(".")[2].lower())
+        shared = sorted({a for a in words for b in theirs
+                         if len(min(a, b, key=len)) >= 3 and (a.startswith(b) or
+                                                              b.startswith(a))})
         if not shared:
             continue
         tt = target.tensors[name]
         fitted = (() if info.shape == tt.shape  # else equal but for size-1 axes
                   else (Transform("reshape", list(tt.shape)),))
+        shapes = (format_shape(tt.shape) if not fitted else
+                  f"{format_shape(info.shape)} / {format_shape(tt.shape)} (reshaped)")
         made.append(Match(name, info.name, "aligned", (
-            f"aligned loose tensor {info.name} -> {name}: the only unpaired "
-            f"{format_shape(tt.shape)} tensor on either side; the names share "
+            f"aligned loose tensor {info.name} -> {name}: the only unpaired tensor of its "
+            f"shape on either side ({shapes}, size-1 axes aside); the names share "
             f"{', '.join(repr(w) for w in shared)}"), info.shape, tt.shape, info.dtype,
             _cast(info.dtype, dtype), fitted))
     return made
