@@ -350,6 +350,10 @@ def test_a_renumbering_regex_that_would_catch_a_tensor_outside_the_plan_is_not_w
     (["net.0.cls_token", "net.1.cls_token", "net.2.cls_token"], ["a", "b", "c"]),
     (["a.\u00b2.c.w", "a.\u00b3.c.w", "a.\u00b9.c.w"],              # superscripts: not numbers
      ["x.2.c.w", "x.3.c.w", "x.1.c.w"]),
+    ([f"a.{'9' * 5000}{i}.c.w" for i in range(3)],                  # int() refuses 4,300+ digits
+     [f"x.{i}.c.w" for i in range(3)]),
+    ([f"a.{i}.c.w" for i in range(3)], [f"x\\9.{i + 1}.c.w" for i in range(3)]),  # group ref
+    ([f"a.{i}.c.w" for i in range(3)], [f"x{{1+5}}.{i + 1}.c.w" for i in range(3)]),  # sums
 ])
 def test_saved_map_never_drops_a_line_a_regex_does_not_reproduce(tmp_path, src_names,
                                                                   tgt_names):

@@ -27,6 +27,8 @@ _OPTIONS.max_mem = 8 << 20  # a pattern that needs more is refused, not compiled
 _GROUP_REF = re.compile(r"\\(\d+)|\\g<(\w+)>")
 #: index arithmetic in a replacement: {1-1} is group 1 as a number minus one
 _ARITH = re.compile(r"\{(\d+)([+-]\d+)?\}")
+#: the longest group ``{N+K}`` computes with; a longer one makes the rename not apply
+MAX_DIGITS = 18
 
 
 class PatternError(ValueError):
@@ -61,7 +63,8 @@ class Pattern:
         def number(m: re.Match) -> str:
             nonlocal failed
             value = match.group(int(m.group(1))) or ""
-            if not value.isdigit():
+            # an index, not a 5,000-digit number (int() refuses those; nothing has them)
+            if not (value.isascii() and value.isdigit()) or len(value) > MAX_DIGITS:
                 failed = True
                 return ""
             result = int(value) + int(m.group(2) or 0)

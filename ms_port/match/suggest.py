@@ -19,6 +19,7 @@ import re
 from collections import Counter
 from typing import Any
 
+from .patterns import _ARITH, MAX_DIGITS
 from .rules import RULES
 
 #: MindSpore suffix -> PyTorch suffixes some rule maps it from ("gamma" -> {"weight"})
@@ -45,7 +46,7 @@ def _explained(m: Any, segments: dict[str, str]) -> bool:
     *t_path, t_leaf = m.target.split(".")
     if _renamed(s_path, segments) != t_path:
         return False
-    return s_leaf == t_leaf or s_leaf in _RULE_SUFFIXES.get(t_leaf, ())
+    return _leaf_ok(s_leaf, t_leaf)
 
 
 def _one_segment_diff(source: str, target: str) -> tuple[str, str] | None:
@@ -98,8 +99,9 @@ _MAX_REGEXES = 200
 
 
 def _number(part: str) -> bool:
-    """An ASCII number (what a regex's ``[0-9]+`` matches; ``"²".isdigit()`` is true)."""
-    return part.isascii() and part.isdigit()
+    """An ASCII number (what a regex's ``[0-9]+`` matches; ``"²".isdigit()`` is true) short
+    enough to be an index; a longer run of digits is a word."""
+    return part.isascii() and part.isdigit() and len(part) <= MAX_DIGITS
 
 
 def _skeleton(path: list[str]) -> tuple[str, ...]:
@@ -142,7 +144,8 @@ def _renumbering(lines: list[Any], matches: list[Any], source_names: Any
             # with the fewest regexes
             best: tuple[int, int, list[dict[str, str]], set[str]] = (0, 0, [], set())
             for fixed in itertools.combinations(s_slots, size):
-                rules, done = _partition(pool, s_skel, t_skel, fixed, names, target_of)
+                rules, done = _partition(pool, s_skel, t_skel, fixed, names, target_of,
+                                         _MAX_REGEXES - len(regexes))
                 if (len(done), -len(rules)) > (best[0], best[1]):
                     best = (len(done), -len(rules), rules, done)
             if not best[2]:
@@ -158,20 +161,28 @@ def _renumbering(lines: list[Any], matches: list[Any], source_names: Any
 
 def _partition(pool: list[Any], s_skel: tuple[str, ...], t_skel: tuple[str, ...],
                fixed: tuple[int, ...], names: dict[tuple[str, ...], list[str]],
-               target_of: dict[str, str]
+               target_of: dict[str, str], budget: int
                ) -> tuple[list[dict[str, str]], set[str]]:
     """The safe regexes for ``pool`` split by the values of the ``fixed`` source numbers,
-    and the targets they explain."""
+    and the targets they explain; none where that needs more than ``budget`` regexes."""
+    def values_of(name: str) -> tuple[str, ...]:
+        path = name.split(".")
+        return tuple(path[i] for i in fixed)
+
     cells: dict[tuple[str, ...], list[Any]] = {}
     for m in pool:
-        path = m.source.split(".")
-        cells.setdefault(tuple(path[i] for i in fixed), []).append(m)
+        cells.setdefault(values_of(m.source), []).append(m)
+    candidates = [(values, cell) for values, cell in cells.items() if len(cell) >= _LEAST]
+    if len(candidates) > budget:
+        return [], set()  # more regexes than a map may hold: not worth checking
+    # a regex spells the fixed numbers out: only names with those values can match it
+    by_values: dict[tuple[str, ...], list[str]] = {}
+    for name in names.get(s_skel, []):
+        by_values.setdefault(values_of(name), []).append(name)
     rules, done = [], set()
-    for values, cell in cells.items():
-        if len(cell) < _LEAST:
-            continue
+    for values, cell in candidates:
         rule = _infer(cell, s_skel, t_skel, dict(zip(fixed, values)))
-        if rule and _safe(rule, cell, names.get(s_skel, []), target_of):
+        if rule and _safe(rule, cell, by_values.get(values, []), target_of):
             rules.append(rule)
             done.update(m.target for m in cell)
     return rules, done
@@ -195,6 +206,8 @@ def _infer(cell: list[Any], s_skel: tuple[str, ...], t_skel: tuple[str, ...],
     tslot = 0
     for part in t_skel:
         if part != "#":
+            if "\\" in part or _ARITH.search(part):
+                return None  # would read as a group reference or arithmetic: keep the lines
             t_pieces.append(part)
             continue
         values = [nums[tslot] for nums in t_nums]
