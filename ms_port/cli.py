@@ -473,9 +473,13 @@ def _exit_now(status: int) -> None:
     import contextlib
     import threading
 
-    for thread in threading.enumerate():
-        if thread is not threading.current_thread() and not thread.daemon:
-            thread.join()
+    shutdown = getattr(threading, "_shutdown", None)
+    if shutdown is not None:  # wakes idle thread pools first, then joins, as exit does
+        shutdown()
+    else:
+        for thread in threading.enumerate():
+            if thread is not threading.current_thread() and not thread.daemon:
+                thread.join()
     atexit._run_exitfuncs()  # the handlers a normal exit runs, in order
     for stream in (sys.stdout, sys.stderr):
         # a closed pipe (| head): nothing more can be written

@@ -785,3 +785,24 @@ def test_join_into_a_reused_buffer_equals_a_fresh_join():
         assert np.shares_memory(reused, buffer)
     small = np.empty(8, np.uint8)  # too small: a fresh array, never a truncated one
     assert not np.shares_memory(layout.join(parts, out=small), small)
+
+
+def test_an_array_being_written_is_never_overwritten_by_the_next_one_prepared():
+    """Adjacent fused targets: the writer holds one while the next is joined meanwhile,
+    into the other of two reused buffers (with one buffer, each would be overwritten)."""
+    import time
+
+    from ms_port.write.writers import _prepared
+
+    layers = (0, 1, 2, 3)
+    arrays = _qkv_arrays(layers)
+    plan = make_plan(_source(arrays, CONFIG), _qkv_target(layers),
+                     parse_mapping(QKV, origin="t.yaml"))
+    assert plan.ok and all(m.layout is not None for m in plan.matches)
+    seen = []
+    with _prepared(plan, "ckpt", {}) as stream:
+        for m, array in stream:
+            time.sleep(0.05)  # the next one is prepared meanwhile, in the worker
+            assert _same_bits(array, plan.expected(m)), m.target
+            seen.append(m.target)
+    assert seen == [f"layers.{i}.qkv.weight" for i in layers]

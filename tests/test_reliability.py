@@ -97,6 +97,7 @@ def test_full_disk_is_a_clean_error(big_pth, tmp_path, monkeypatch):
         ms_port.convert(big_pth, target=_identity_target(big_pth), output=out, force=True)
     assert out.read_bytes() == b"previous output"
     assert not _temps(out)
+    assert not _preparing_threads()  # the worker preparing the next tensor stopped too
 
 
 def test_oserror_while_writing_names_the_output(big_pth, tmp_path, monkeypatch):
@@ -110,6 +111,40 @@ def test_oserror_while_writing_names_the_output(big_pth, tmp_path, monkeypatch):
     with pytest.raises(WriteError, match=r"out\.ckpt: cannot write \(No space left on device\)"):
         ms_port.convert(big_pth, target=_identity_target(big_pth), output=out)
     assert not out.exists() and not _temps(out)
+
+
+def _preparing_threads() -> list[str]:
+    import threading
+
+    return [t.name for t in threading.enumerate() if t.name.startswith("ms-port-")]
+
+
+def test_a_tensor_failing_to_read_while_the_last_is_written_is_a_clean_error(tmp_path):
+    """Tensors are read in a worker thread while the one before is written: its error
+    reaches the caller, nothing is put in place and the worker does not outlive it."""
+    from ms_port.errors import SourceError
+    from ms_port.match.plan import make_plan
+    from ms_port.read.sources import Source
+    from ms_port.read.tensors import TensorInfo
+    from ms_port.write.writers import write_plan
+
+    def loader(i: int):
+        def load():
+            if i == 5:
+                raise SourceError("mem.safetensors: tensor 't5' lies past the end of the file",
+                                  path="mem.safetensors")
+            return np.full((256, 256), i, np.float32)
+        return load
+
+    infos = [TensorInfo(f"t{i}", (256, 256), "float32", loader(i)) for i in range(9)]
+    source = Source("mem.safetensors", "safetensors", {t.name: t for t in infos})
+    plan = make_plan(source, from_infos(infos, "same"))
+    out = tmp_path / "out.ckpt"
+    out.write_bytes(b"previous output")
+    with pytest.raises(SourceError, match="'t5' lies past the end"):
+        write_plan(plan, out, force=True)
+    assert out.read_bytes() == b"previous output" and not _temps(out)
+    assert not _preparing_threads()
 
 
 _names = st.lists(

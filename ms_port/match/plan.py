@@ -221,21 +221,23 @@ class Plan(Renderable):
             lines += [_unused_line(u) for u in self.unused]
         return lines
 
-    def arrays(self, *, reuse: bool = False):
+    def arrays(self, *, buffers: int = 0):
         """Yield ``(match, array)`` in target order: source data, transformed and cast.
 
-        ``reuse``: fused tensors are joined into one buffer, reused for the next one (for a
-        writer that is done with each array before asking for the next): a 1.1B model's
-        1.3 GB of fused tensors then cost one allocation, not 44 fresh ones.
+        ``buffers``: fused tensors are joined into that many byte buffers, used in turn
+        (for a writer holding at most that many arrays at once): a 1.1B model's 1.3 GB of
+        fused tensors then cost ``buffers`` allocations, not 44 fresh ones. 0: fresh arrays.
         """
         fused = [m for m in self.matches if m.parts and m.layout is not None]
-        buffer = None
-        if reuse and fused:
+        pool: list[np.ndarray] = []
+        if buffers and fused:
             largest = max(_numel(m.source_shape) * itemsize(m.dtype) for m in fused)
-            buffer = np.empty(largest, np.uint8)
+            pool = [np.empty(largest, np.uint8) for _ in range(buffers)]
+        turn = 0
         for m in self.matches:
-            if buffer is not None and m.parts and m.layout is not None:
-                yield m, materialize(m, [self.source.tensors[p] for p in m.parts], out=buffer)
+            if pool and m.parts and m.layout is not None:
+                out, turn = pool[turn % len(pool)], turn + 1
+                yield m, materialize(m, [self.source.tensors[p] for p in m.parts], out=out)
             else:
                 yield m, self.expected(m)
 
