@@ -158,9 +158,10 @@ def test_large_tensors_split_like_save_checkpoint(tmp_path, monkeypatch):
 
 def _rss_file() -> int:
     """Bytes of mapped files resident in this process (Linux)."""
-    for line in open("/proc/self/status"):
-        if line.startswith("RssFile:"):
-            return int(line.split()[1]) << 10
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("RssFile:"):
+                return int(line.split()[1]) << 10
     pytest.skip("no RssFile in /proc/self/status")
 
 

@@ -51,7 +51,7 @@ def _convert_cmd(src: Path, out: Path, *extra: str) -> list[str]:
 
 
 def _temps(out: Path) -> list[Path]:
-    return list(out.parent.glob(f".{out.name}.ms-port-*.tmp"))
+    return list(out.parent.glob(".ms-port-*.tmp"))
 
 
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGINT])
@@ -145,6 +145,26 @@ def test_a_tensor_failing_to_read_while_the_last_is_written_is_a_clean_error(tmp
         write_plan(plan, out, force=True)
     assert out.read_bytes() == b"previous output" and not _temps(out)
     assert not _preparing_threads()
+
+
+@pytest.mark.parametrize("fmt", ["safetensors", "ckpt"])
+def test_readback_sees_the_whole_file_however_late_the_fsync_starts(tmp_path, monkeypatch, fmt):
+    """The readback opens the file anew while the fsync runs in a worker: the writer's
+    buffered tail must be in the file before either starts (a late worker, here)."""
+    import ms_port.write.writers as writers
+    from ms_port.match.plan import make_plan
+    from ms_port.read.sources import Source
+    from ms_port.read.tensors import TensorInfo
+
+    real = writers.fsynced
+    monkeypatch.setattr(writers, "fsynced", lambda f: (time.sleep(0.05), real(f)))
+    arrays = {"big": np.ones((1024, 1024), np.float32), "small": np.arange(16, dtype=np.float32)}
+    infos = [TensorInfo(n, a.shape, "float32", lambda a=a: a) for n, a in arrays.items()]
+    source = Source(f"mem.{fmt}", fmt, {t.name: t for t in infos})
+    result = writers.write_plan(make_plan(source, from_infos(infos, "same")),
+                                tmp_path / f"out.{fmt}", format=fmt)
+    assert result.readback == "bit-exact"
+    assert result.nbytes == (tmp_path / f"out.{fmt}").stat().st_size
 
 
 _names = st.lists(

@@ -449,9 +449,10 @@ class CkptReader:
         shown: list[tuple[int, int]] = []
 
         def view(name: str) -> np.ndarray:
-            for offset, n in shown:
+            for offset, n in shown if hasattr(mmap, "MADV_DONTNEED") else ():
                 start = offset - offset % mmap.PAGESIZE
-                buf.madvise(mmap.MADV_DONTNEED, start, offset + n - start)
+                with contextlib.suppress(OSError):  # only memory is at stake
+                    buf.madvise(mmap.MADV_DONTNEED, start, offset + n - start)
             entry = self._by_name[name]
             shown[:] = entry.pieces or ((entry.offset, entry.nbytes),)
             return _array(buf, entry, self.path)

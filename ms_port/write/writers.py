@@ -288,6 +288,7 @@ def write_plan(
                 _write_pth(arrays, f)
             else:
                 _write_safetensors(plan, arrays, f, progress=progress, metadata=metadata)
+            f.flush()  # here: the readback opens the file anew (review)
             # the disk works while the page cache is read back; both end before the rename
             synced = pool.submit(fsynced, f)
             if nonfinite and check_finite:
