@@ -12,8 +12,9 @@ shared libraries, which RSS counts too). The process's own ``VmHWM`` closes the 
 
 ms-port's phases come from the library's own steps: imports, reading the source,
 describing the target, planning, then the writer's progress callbacks (``write``,
-``readback``), then the rest (fsync is inside ``write``'s last step, the rename after
-``readback``). ``llm-1b`` (``-fused``: ``qkv_concat=true``) runs ``api.convert`` with
+``readback``), then the rest (the fsync starts after ``write``'s last step and runs beside
+the readback; the rest waits for its end, then renames). ``llm-1b``
+(``-fused``: ``qkv_concat=true``) runs ``api.convert`` with
 ``ms_model="mindformers:llama"`` on the synthetic 1.1B LLaMA, its first phase
 ending at the first tensor written. The recipe's phases are its lines: imports, ``torch.load``, the
 ``ms.Tensor`` loop, ``save_checkpoint``.
@@ -107,9 +108,9 @@ def profile_ms_port(case: str, ph: Phases, cprofile: int) -> None:
 
     def progress(phase: str, done: int, total: int) -> None:
         if phase == "write" and done >= total:  # the last tensor is out
-            ph.mark("fsync, reopen for readback")
+            ph.mark("flush, reopen for readback (fsync alongside)")
         elif phase == "write":
-            ph.mark("write (read, count, encode)")
+            ph.mark("write (the next tensor read, joined, counted meanwhile)")
         elif phase == "readback":
             ph.mark("readback")
 
@@ -129,7 +130,7 @@ def profile_ms_port(case: str, ph: Phases, cprofile: int) -> None:
         table = api.resolve_mapping(None, arch=target.get("arch"))
         ph.mark("plan")
         plan = make_plan(src, tgt, table)
-        ph.mark("write (read, count, encode)")
+        ph.mark("write (the next tensor read, joined, counted meanwhile)")
 
         def go() -> None:
             write_plan(plan, out, force=True, progress=progress)
