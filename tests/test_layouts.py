@@ -751,7 +751,8 @@ def test_readback_compares_a_fused_tensor_part_by_part_and_sees_one_wrong_bit():
 
     import ml_dtypes
 
-    from ms_port.write.writers import _count_nonfinite, _same_parts, same_bits
+    from ms_port.read.tensors import same_bits
+    from ms_port.write.writers import _count_nonfinite, _same_parts
 
     rng = np.random.default_rng(0)
     parts = [rng.standard_normal((n, 6)).astype(ml_dtypes.bfloat16) for n in (8, 2, 2)]

@@ -24,8 +24,7 @@ import numpy as np
 
 from ..display import Renderable
 from ..match.transforms import Transform, apply_all, shape_after
-from ..read.tensors import FLOAT_DTYPES, TensorInfo, dtype_name, format_shape
-from ..write.writers import same_bits
+from ..read.tensors import FLOAT_DTYPES, TensorInfo, dtype_name, format_shape, same_bits
 
 STATUSES = ("identical", "differs", "shape", "missing", "unplanned")
 #: same-shape tensors scored by cosine per differing tensor, best named first

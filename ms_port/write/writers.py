@@ -27,7 +27,7 @@ import numpy as np
 from ..errors import NonFiniteError, OutputExistsError, ReadbackError, WriteError
 from ..match.plan import Plan
 from ..read.sources import SAFETENSORS_DTYPES, read_source
-from ..read.tensors import FLOAT_DTYPES, itemsize
+from ..read.tensors import FLOAT_DTYPES, itemsize, same_bits
 
 FORMATS = ("ckpt", "safetensors", "pth")  # pth: export, MindSpore -> PyTorch
 _ST_CODES = {v: k for k, v in SAFETENSORS_DTYPES.items()}
@@ -465,31 +465,12 @@ def _views(written: Any, path: Path, format: str) -> contextlib.AbstractContextM
     return contextlib.nullcontext(lambda name: written.tensors[name].load())
 
 
-#: bytes compared (or scanned for NaN/Inf) at a time: bounds the boolean temporaries
+#: bytes scanned for NaN/Inf at a time: bounds the boolean temporaries
 _CHUNK = 1 << 24
 
 
 def _numel(shape: tuple[int, ...]) -> int:
     return int(np.prod(shape, dtype=np.int64))
-
-
-def _words(a: np.ndarray) -> np.ndarray:
-    """A contiguous array's bytes as the widest unsigned words that tile it (comparing
-    uint64 words is several times faster than bytes, and NaN == NaN bit for bit)."""
-    flat = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
-    word = next(w for w in (8, 4, 2, 1) if flat.nbytes % w == 0)
-    return flat.view(f"<u{word}")
-
-
-def same_bits(a: np.ndarray, b: np.ndarray) -> bool:
-    """Whether two arrays hold the same bytes, compared as wide words a chunk at a time."""
-    if a.nbytes != b.nbytes:
-        return False
-    wa, wb = _words(a), _words(b)
-    if wa.dtype != wb.dtype:
-        return bool(np.array_equal(wa.view(np.uint8), wb.view(np.uint8)))
-    step = max(1, _CHUNK // wa.itemsize)
-    return all(np.array_equal(wa[i:i + step], wb[i:i + step]) for i in range(0, wa.size, step))
 
 
 def _same_parts(got: np.ndarray, match: Any, parts: list[np.ndarray]) -> bool:
