@@ -167,6 +167,54 @@ def test_readback_sees_the_whole_file_however_late_the_fsync_starts(tmp_path, mo
     assert result.nbytes == (tmp_path / f"out.{fmt}").stat().st_size
 
 
+def _flip_byte_before_readback(monkeypatch, where: float) -> None:
+    """Corrupt the written temporary file (one byte at ``where`` of its length, or cut it
+    there when ``where`` is negative) just before the readback looks at it."""
+    import ms_port.write.writers as writers
+
+    real = writers.readback
+
+    def corrupted(plan, path, **kwargs):
+        data = bytearray(Path(path).read_bytes())
+        at = int(len(data) * abs(where))
+        Path(path).write_bytes(data[:at] if where < 0 else
+                               data[:at] + bytes([data[at] ^ 0x01]) + data[at + 1:])
+        return real(plan, path, **kwargs)
+
+    monkeypatch.setattr(writers, "readback", corrupted)
+
+
+@pytest.mark.parametrize("fmt, crc, where, says", [
+    ("ckpt", False, 0.9, r"1 tensors differ from their source after writing: t3"),
+    ("ckpt", True, 0.9, r"fails its own CRC check"),
+    ("ckpt", False, -0.6, r"cannot be read back"),  # cut inside a record
+    ("ckpt", False, -0.5, r"read back 2 tensors, expected 4 \(missing \['t2', 't3'\]"),
+    ("safetensors", False, 0.9, r"1 tensors differ from their source after writing: t3"),
+    ("safetensors", False, -0.5, r"cannot be read back"),
+])
+def test_readback_says_no_to_a_file_changed_after_writing(tmp_path, monkeypatch, fmt, crc,
+                                                          where, says):
+    """The readback is the claim "bit-exact": a flipped bit in the data, a broken CRC or a
+    cut file each fail it, naming the tensor, and nothing is put in place."""
+    from ms_port.errors import ReadbackError
+    from ms_port.match.plan import make_plan
+    from ms_port.read.sources import Source
+    from ms_port.read.tensors import TensorInfo
+    from ms_port.write.writers import write_plan
+
+    arrays = {f"t{i}": np.full((64, 64), i, np.float32) for i in range(4)}
+    infos = [TensorInfo(n, a.shape, "float32", lambda a=a: a) for n, a in arrays.items()]
+    plan = make_plan(Source("mem.safetensors", "safetensors", {t.name: t for t in infos}),
+                     from_infos(infos, "same"))
+    out = tmp_path / f"out.{fmt}"
+    write_plan(plan, out, format=fmt, crc=crc)  # untouched: bit-exact
+    out.unlink()
+    _flip_byte_before_readback(monkeypatch, where)
+    with pytest.raises(ReadbackError, match=says):
+        write_plan(plan, out, format=fmt, crc=crc)
+    assert not out.exists() and not _temps(out)
+
+
 _names = st.lists(
     st.from_regex(r"[a-z][a-z0-9_]{0,6}(\.[a-z0-9_]{1,6}){0,3}", fullmatch=True),
     min_size=1, max_size=6, unique=True)

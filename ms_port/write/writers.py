@@ -276,12 +276,11 @@ def write_plan(
     with atomic_output(output, force=force) as (final, tmp):
         replaced = final.exists()
         nonfinite: dict[str, int] = {}
-        arrays = _prepared(plan, format, nonfinite)
         # "r+b", not "wb": the file is new and empty, and a truncation (O_TRUNC) makes
         # ext4 flush the whole file when any descriptor of it closes (auto_da_alloc),
         # which stalled the readback's first read behind the fsync (0.6 s for 2 GiB)
         with open(tmp, "r+b") as f, ThreadPoolExecutor(1, "ms-port-fsync") as pool, \
-                arrays as arrays:
+                _prepared(plan, format, nonfinite) as arrays:
             if format == "ckpt":
                 _write_ckpt(plan, arrays, f, crc=crc, progress=progress)
             elif format == "pth":
@@ -417,30 +416,32 @@ def readback(plan: Plan, path: Path, *, format: str = "ckpt",
         ReadbackError: naming the first tensors that differ, are missing or extra.
     """
     try:
-        written = read_source(path, strip_prefixes=False)
+        listed, views = _written(path, format)
+    except ReadbackError:
+        raise
     except Exception as exc:
         raise ReadbackError(f"{path}: the written file cannot be read back ({exc})",
                             path=path) from exc
     expected = [m.target for m in plan.matches]
-    if sorted(written.tensors) != sorted(expected):  # safetensors lists names sorted
-        extra = sorted(set(written.tensors) - set(expected))
-        lost = sorted(set(expected) - set(written.tensors))
-        raise ReadbackError(f"{path}: read back {len(written)} tensors, expected "
+    if sorted(listed) != sorted(expected):  # safetensors lists names sorted
+        extra = sorted(set(listed) - set(expected))
+        lost = sorted(set(expected) - set(listed))
+        raise ReadbackError(f"{path}: read back {len(listed)} tensors, expected "
                             f"{len(expected)} (missing {lost[:3]}, extra {extra[:3]})",
                             path=path)
     bad: list[str] = []
     total, done = plan.nbytes, 0
-    with _views(written, path, format) as view:
+    with views as view:
         for m in plan.matches:
-            got = written.tensors[m.target]
+            shape, dtype = listed[m.target]
             fused = m.parts and not m.transforms and m.out_dtype == m.dtype
             if fused and m.layout is not None:
                 # a fused tensor is compared part by part: no second join of its sources
-                same = got.shape == m.shape and got.dtype == m.out_dtype and _same_parts(
+                same = shape == m.shape and dtype == m.out_dtype and _same_parts(
                     view(m.target), m, [plan.source.tensors[p].load() for p in m.parts])
             else:
                 want = plan.expected(m)
-                same = (got.shape == tuple(want.shape) and got.dtype == m.out_dtype
+                same = (shape == tuple(want.shape) and dtype == m.out_dtype
                         and same_bits(view(m.target), want))
             if not same:
                 bad.append(m.target)
@@ -453,16 +454,24 @@ def readback(plan: Plan, path: Path, *, format: str = "ckpt",
                             "faulty — nothing was put in place", path=path, tensors=bad)
 
 
-def _views(written: Any, path: Path, format: str) -> contextlib.AbstractContextManager:
-    """``view(name)``: a written tensor's data for one comparison. A checkpoint's are
-    views of one map (reading them into fresh arrays took most of a 2 GiB readback);
-    a safetensors file's loads are maps already."""
+def _written(path: Path, format: str) -> tuple[dict[str, tuple[tuple[int, ...], str]],
+                                               contextlib.AbstractContextManager]:
+    """What the written file lists (name -> shape, dtype), and ``view(name)`` for one
+    comparison each. A checkpoint is listed once and viewed over one map (reading its
+    tensors into fresh arrays took most of a 2 GiB readback); other formats are read as
+    any source, and a safetensors file's loads are maps already."""
     if format == "ckpt":
         from ..read.ckpt import CkptReader
 
-        # listed and CRC-checked by read_source already: this listing only locates
-        return CkptReader(path, verify_crc=False).views()
-    return contextlib.nullcontext(lambda name: written.tensors[name].load())
+        reader = CkptReader(path)
+        if reader.has_crc and reader.crc_ok is False:
+            raise ReadbackError(f"{path}: the written file fails its own CRC check; the disk "
+                                "or the writer is faulty — nothing was put in place",
+                                path=path)
+        return {e.name: (e.shape, e.dtype) for e in reader.entries}, reader.views()
+    written = read_source(path, strip_prefixes=False)
+    return ({n: (t.shape, t.dtype) for n, t in written.tensors.items()},
+            contextlib.nullcontext(lambda name: written.tensors[name].load()))
 
 
 #: bytes scanned for NaN/Inf at a time: bounds the boolean temporaries
