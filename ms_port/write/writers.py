@@ -389,6 +389,8 @@ def _write_safetensors(plan: Plan, arrays: Iterator, f: BinaryIO, *,
                        progress: Progress | None,
                        metadata: dict[str, str] | None = None) -> None:
     """Stream a safetensors file: the header is known from the Plan before any data."""
+    from ..read.ckpt import write_all
+
     header: dict[str, Any] = {"__metadata__": dict(metadata or {"format": "ms-port"})}
     offset = 0
     for m in plan.matches:
@@ -402,7 +404,7 @@ def _write_safetensors(plan: Plan, arrays: Iterator, f: BinaryIO, *,
     done = 0
     for _, array in arrays:
         # a byte view: memoryview cannot describe bfloat16 itself
-        f.write(memoryview(np.ascontiguousarray(array).reshape(-1).view(np.uint8)))
+        write_all(f, memoryview(np.ascontiguousarray(array).reshape(-1).view(np.uint8)))
         done += array.nbytes
         if progress:
             progress("write", done, offset)
