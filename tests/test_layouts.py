@@ -774,6 +774,37 @@ def test_readback_compares_a_fused_tensor_part_by_part_and_sees_one_wrong_bit():
     assert _count_nonfinite(half, "float16") == 2
 
 
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32", "float64"])
+def test_nonfinite_count_from_bits_equals_isfinite_on_every_edge(dtype, monkeypatch):
+    """Every NaN and Inf pattern counts, nothing finite does (the largest finite values,
+    subnormals, -0), also across chunk ends, in chunks with none, in big-endian data."""
+    import ml_dtypes
+
+    import ms_port.write.writers as writers
+
+    monkeypatch.setattr(writers, "_SCAN", 7)
+    np_dtype = np.dtype(ml_dtypes.bfloat16) if dtype == "bfloat16" else np.dtype(dtype)
+    word = np.dtype(f"u{np_dtype.itemsize}")
+    bits = np.random.default_rng(5).integers(0, np.iinfo(word).max, 300, dtype=word,
+                                             endpoint=True)
+    info = ml_dtypes.finfo(np_dtype) if dtype == "bfloat16" else np.finfo(np_dtype)
+    edges = np.array([info.max, -info.max, info.tiny, info.smallest_subnormal, -0.0,
+                      np.inf, -np.inf, np.nan, -np.nan], np_dtype).view(word)
+    exponent = int(np.array(np.inf, np_dtype).view(word))
+    payloads = np.array([exponent | 1, exponent | (exponent >> 1) | 1,
+                         exponent | (1 << (8 * word.itemsize - 1)) | 2], word)
+    bits = np.concatenate([bits, edges, payloads, np.zeros(20, word)])
+    values = bits.view(np_dtype)
+    with np.errstate(invalid="ignore"):  # NaN payloads cast to float64 stay NaN
+        want = int(np.count_nonzero(~np.isfinite(values.astype(np.float64))))
+    assert want > 5
+    assert writers._count_nonfinite(values, dtype) == want
+    assert writers._count_nonfinite(values.astype(values.dtype.newbyteorder(">")), dtype) \
+        == want
+    assert writers._count_nonfinite(values[-20:], dtype) == 0
+    assert writers._count_nonfinite(values.reshape(-1, 2)[:, ::-1], dtype) == want
+
+
 def test_join_into_a_reused_buffer_equals_a_fresh_join():
     rng = np.random.default_rng(3)
     layout = grouped(2, [4, 1, 1])

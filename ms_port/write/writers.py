@@ -339,21 +339,38 @@ def _counting_nonfinite(arrays: Iterator, found: dict[str, int]) -> Iterator:
         yield match, array
 
 
-#: half-precision formats: (unsigned view, exponent mask) — NaN/Inf have every exponent bit
-_HALF_EXPONENT = {"bfloat16": 0x7F80, "float16": 0x7C00}
+#: a float's exponent mask shifted left by one: NaN/Inf are the bit patterns that, shifted
+#: left by one, reach it
+_NONFINITE_FROM = {"bfloat16": 0x7F80 << 1, "float16": 0x7C00 << 1,
+                   "float32": 0x7F80_0000 << 1, "float64": 0x7FF0_0000_0000_0000 << 1}
+#: values scanned for NaN/Inf at a time (2-8 MiB): the shifted copy stays in cache
+_SCAN = 1 << 20
 
 
 def _count_nonfinite(array: np.ndarray, dtype: str) -> int:
-    """NaN/Inf values, by bits for bfloat16/float16 (ml_dtypes' isfinite is 5x slower),
-    a chunk at a time."""
+    """NaN/Inf values, counted from their bits a cache-sized chunk at a time.
+
+    A float is NaN or Inf when every exponent bit is set: its bits shifted left by one
+    (the sign dropped) are then at least :data:`_NONFINITE_FROM`. One shift into a reused
+    buffer and its maximum per chunk answer "none" for the usual weights; only a chunk
+    holding some is counted. (``np.isfinite`` on 16 Mi values at a time allocated fresh
+    temporaries for every chunk and took 0.65 s of a 2 GiB conversion; ml_dtypes'
+    ``isfinite`` is 5x slower still.)
+    """
     flat = np.ascontiguousarray(array).reshape(-1)
-    step = max(1, _CHUNK // max(flat.itemsize, 1))
-    if dtype in _HALF_EXPONENT and flat.itemsize == 2:
-        bits, mask = flat.view(np.uint16), _HALF_EXPONENT[dtype]
-        return sum(int(np.count_nonzero((bits[i:i + step] & mask) == mask))
-                   for i in range(0, bits.size, step))
-    return sum(int(flat[i:i + step].size - np.count_nonzero(np.isfinite(flat[i:i + step])))
-               for i in range(0, flat.size, step))
+    limit = _NONFINITE_FROM.get(dtype)
+    if limit is None or flat.itemsize != itemsize(dtype) or not flat.dtype.isnative:
+        with np.errstate(invalid="ignore"):
+            return int(flat.size - np.count_nonzero(np.isfinite(flat)))
+    bits = flat.view(f"u{flat.itemsize}")
+    shifted = np.empty(min(_SCAN, bits.size), bits.dtype)
+    count = 0
+    for start in range(0, bits.size, _SCAN):
+        chunk = shifted[:min(_SCAN, bits.size - start)]
+        np.left_shift(bits[start:start + _SCAN], 1, out=chunk)
+        if chunk.max() >= limit:
+            count += int(np.count_nonzero(chunk >= limit))
+    return count
 
 
 def _write_ckpt(plan: Plan, arrays: Iterator, f: BinaryIO, *, crc: bool,
@@ -474,10 +491,6 @@ def _written(path: Path, format: str) -> tuple[dict[str, tuple[tuple[int, ...], 
     written = read_source(path, strip_prefixes=False)
     return ({n: (t.shape, t.dtype) for n, t in written.tensors.items()},
             contextlib.nullcontext(lambda name: written.tensors[name].load()))
-
-
-#: bytes scanned for NaN/Inf at a time: bounds the boolean temporaries
-_CHUNK = 1 << 24
 
 
 def _numel(shape: tuple[int, ...]) -> int:
