@@ -13,6 +13,7 @@ These runs are never timed; they answer "did inspect import torch or MindSpore?"
 give the baseline that "above imports" is measured from.
 """
 
+import atexit
 import contextlib
 import importlib
 import json
@@ -21,15 +22,17 @@ import sys
 
 
 def record(out: str, script: str, args: list[str]) -> None:
+    """Run the script; write the modules at exit. From an atexit handler: the ``ms-port``
+    script ends with ``os._exit`` (it skips the interpreter's teardown), after running
+    the atexit handlers, so code after the script's run would never be reached."""
     sys.argv = [script, *args]
-    code = 0
-    try:
-        runpy.run_path(script, run_name="__main__")
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-    with open(out, "w") as f:
-        json.dump({"exit": code, "modules": list(sys.modules)}, f)
-    sys.exit(code)
+
+    def dump() -> None:
+        with open(out, "w") as f:
+            json.dump({"modules": list(sys.modules)}, f)
+
+    atexit.register(dump)
+    runpy.run_path(script, run_name="__main__")
 
 
 def import_only(path: str) -> None:

@@ -94,6 +94,7 @@ def median_run(runs: list[Run]) -> dict[str, float]:
 def record_modules(script: str, args: list[str], name: str) -> list[str]:
     """The modules ``python SCRIPT ARGS`` has imported when it ends (an untimed run)."""
     path = OUT / f"modules-{name}.json"
+    path.unlink(missing_ok=True)  # never a previous run's list
     subprocess.run([PY, str(HERE / "_modules.py"), "record", str(path), script, *args],
                    check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     return json.loads(path.read_text())["modules"]
