@@ -26,6 +26,7 @@ import numpy as np
 
 from ..errors import NonFiniteError, OutputExistsError, ReadbackError, WriteError
 from ..match.plan import Plan
+from ..read.ckpt import CkptReader, CkptWriter, write_all
 from ..read.sources import SAFETENSORS_DTYPES, read_source
 from ..read.tensors import FLOAT_DTYPES, itemsize, same_bits
 
@@ -375,8 +376,6 @@ def _count_nonfinite(array: np.ndarray, dtype: str) -> int:
 
 def _write_ckpt(plan: Plan, arrays: Iterator, f: BinaryIO, *, crc: bool,
                 progress: Progress | None) -> None:
-    from ..read.ckpt import CkptWriter
-
     total, done = plan.nbytes, 0
     with CkptWriter(f, crc=crc) as writer:
         for match, array in arrays:
@@ -406,8 +405,6 @@ def _write_safetensors(plan: Plan, arrays: Iterator, f: BinaryIO, *,
                        progress: Progress | None,
                        metadata: dict[str, str] | None = None) -> None:
     """Stream a safetensors file: the header is known from the Plan before any data."""
-    from ..read.ckpt import write_all
-
     header: dict[str, Any] = {"__metadata__": dict(metadata or {"format": "ms-port"})}
     offset = 0
     for m in plan.matches:
@@ -480,8 +477,6 @@ def _written(path: Path, format: str) -> tuple[dict[str, tuple[tuple[int, ...], 
     tensors into fresh arrays took most of a 2 GiB readback); other formats are read as
     any source, and a safetensors file's loads are maps already."""
     if format == "ckpt":
-        from ..read.ckpt import CkptReader
-
         reader = CkptReader(path)
         if reader.has_crc and reader.crc_ok is False:
             raise ReadbackError(f"{path}: the written file fails its own CRC check; the disk "
