@@ -774,6 +774,66 @@ def test_readback_compares_a_fused_tensor_part_by_part_and_sees_one_wrong_bit():
     assert _count_nonfinite(half, "float16") == 2
 
 
+@pytest.mark.parametrize("memcmp", [True, False], ids=["memcmp", "numpy"])
+def test_same_bits_at_any_alignment_sees_one_flipped_bit_anywhere(memcmp, monkeypatch):
+    """A checkpoint's tensors start at any byte offset: every misalignment compares
+    equal when equal and unequal for one bit flipped at the first, a middle or the last
+    byte, with the C library's memcmp and without it (numpy, in several chunks)."""
+    import ms_port.read.tensors as tensors
+
+    if not memcmp:
+        monkeypatch.setattr(tensors, "_MEMCMP", None)
+        monkeypatch.setattr(tensors, "COMPARE_BYTES", 48)
+    elif tensors._MEMCMP is None:
+        pytest.skip("no C library memcmp reachable through ctypes here")
+    values = _random((37, 5), "bfloat16", 11)
+    raw = values.view(np.uint8).reshape(-1)
+    for shift in range(8):
+        buf = np.zeros(raw.size + 8, np.uint8)
+        buf[shift:shift + raw.size] = raw
+        moved = buf[shift:shift + raw.size].view(ml_dtypes.bfloat16).reshape(values.shape)
+        assert tensors.same_bits(moved, values) and tensors.same_bits(values, moved)
+        for at in (0, raw.size // 2, raw.size - 1):
+            buf[shift + at] ^= 0x10
+            assert not tensors.same_bits(moved, values), (shift, at)
+            buf[shift + at] ^= 0x10
+    assert not tensors.same_bits(values[:-1], values)
+    assert tensors.same_bits(values[:0], values[:0])
+    assert tensors.same_bits(values.T, np.ascontiguousarray(values.T))
+
+
+@pytest.mark.parametrize("layout", [grouped(3, [4, 1, 1]), interleave(rows=7, parts=2),
+                                    concat([5, 2]), grouped(2, [2, 1], axis=1)],
+                         ids=["grouped", "interleave", "concat", "axis1"])
+def test_readback_joins_a_few_groups_at_a_time_and_sees_one_wrong_bit_in_any_part(
+        layout, monkeypatch):
+    """The readback joins a fused tensor's parts a few groups at a time (here less than
+    one group's bytes, and chunks that do not divide the groups) and compares them with
+    what was written: a bit flipped in any part's first or last value is seen."""
+    from types import SimpleNamespace
+
+    import ms_port.write.writers as writers
+
+    monkeypatch.setattr(writers, "_JOIN_BYTES", 40)
+    sizes = [layout.groups * s for s in layout.sizes]
+    if layout.axis == 0:
+        parts = [_random((n, 3), "float32", i) for i, n in enumerate(sizes)]
+    else:
+        parts = [_random((2, n, 3), "float32", i) for i, n in enumerate(sizes)]
+    fused = layout.join(parts)
+    match = SimpleNamespace(layout=layout)
+    assert writers._same_parts(fused, match, parts)
+    for i, part in enumerate(parts):
+        for at in (0, part.size - 1):
+            changed = [p.copy() for p in parts]
+            changed[i].reshape(-1).view(np.uint32)[at] ^= 1
+            assert not writers._same_parts(fused, match, changed), (i, at)
+    assert not writers._same_parts(fused[:-1], match, parts)
+    assert not writers._same_parts(fused, match, [parts[0][:-1], *parts[1:]])
+    empty = [p[..., :0] for p in parts]
+    assert writers._same_parts(layout.join(empty), match, empty)
+
+
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32", "float64"])
 def test_nonfinite_count_from_bits_equals_isfinite_on_every_edge(dtype, monkeypatch):
     """Every NaN and Inf pattern counts, nothing finite does (the largest finite values,

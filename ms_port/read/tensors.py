@@ -63,27 +63,42 @@ def itemsize(name: str) -> int:
     return numpy_dtype(name).itemsize
 
 
-#: bytes compared at a time by :func:`same_bits`: bounds its boolean temporaries
+#: bytes compared at a time where numpy compares: bounds its boolean temporaries
 COMPARE_BYTES = 1 << 24
 
 
-def _words(a: np.ndarray) -> np.ndarray:
-    """A contiguous array's bytes as the widest unsigned words that tile it (comparing
-    uint64 words is several times faster than bytes, and NaN == NaN bit for bit)."""
-    flat = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
-    word = next(w for w in (8, 4, 2, 1) if flat.nbytes % w == 0)
-    return flat.view(f"<u{word}")
+def _libc_memcmp() -> Callable[[int, int, int], int] | None:
+    """The C library's ``memcmp`` through ctypes, or None where it cannot be found."""
+    try:
+        import ctypes
+
+        memcmp = ctypes.CDLL(None).memcmp
+    except (ImportError, OSError, AttributeError, TypeError):  # no ctypes, or Windows
+        return None
+    memcmp.argtypes = (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t)
+    memcmp.restype = ctypes.c_int
+    return memcmp
+
+
+#: ``memcmp(a, b, n)``: compares bytes at any alignment without copying them. A
+#: checkpoint's tensors start at whatever offset its protobuf framing leaves them, and
+#: numpy copies misaligned words into aligned buffers before comparing them: memcmp
+#: compared the 0.9 GB of a 1.1B LLaMA's unfused tensors in 0.14-0.17 s, numpy's
+#: uint64 words in 0.28-0.32 s.
+_MEMCMP = _libc_memcmp()
 
 
 def same_bits(a: np.ndarray, b: np.ndarray) -> bool:
-    """Whether two arrays hold the same bytes, compared as wide words a chunk at a time."""
+    """Whether two arrays hold the same bytes (NaN equals NaN bit for bit): by
+    ``memcmp`` where the C library is reachable, else by numpy a bounded chunk at a time."""
     if a.nbytes != b.nbytes:
         return False
-    wa, wb = _words(a), _words(b)
-    if wa.dtype != wb.dtype:
-        return bool(np.array_equal(wa.view(np.uint8), wb.view(np.uint8)))
-    step = max(1, COMPARE_BYTES // wa.itemsize)
-    return all(np.array_equal(wa[i:i + step], wb[i:i + step]) for i in range(0, wa.size, step))
+    a = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
+    b = np.ascontiguousarray(b).reshape(-1).view(np.uint8)
+    if _MEMCMP is not None:
+        return a.nbytes == 0 or _MEMCMP(a.ctypes.data, b.ctypes.data, a.nbytes) == 0
+    return all(np.array_equal(a[i:i + COMPARE_BYTES], b[i:i + COMPARE_BYTES])
+               for i in range(0, a.nbytes, COMPARE_BYTES))
 
 
 @dataclass(frozen=True)

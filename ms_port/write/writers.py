@@ -13,6 +13,7 @@ import contextlib
 import ctypes
 import errno
 import json
+import math
 import os
 import tempfile
 import time
@@ -492,21 +493,41 @@ def _numel(shape: tuple[int, ...]) -> int:
     return int(np.prod(shape, dtype=np.int64))
 
 
+#: bytes of a fused tensor joined at a time by the readback (stays in cache)
+_JOIN_BYTES = 1 << 20
+
+
 def _same_parts(got: np.ndarray, match: Any, parts: list[np.ndarray]) -> bool:
-    """Whether a fused tensor read back holds each part where its layout puts it."""
+    """Whether a fused tensor read back holds each part where its layout puts it.
+
+    The parts are joined a few groups at a time into one small buffer, which is compared
+    with the bytes it should equal: an interleaved gate/up weight alternates 4 KiB rows,
+    and comparing each row where it lies (11,264 calls per layer) took twice as long."""
     layout = match.layout
-    if got.dtype.itemsize not in (1, 2, 4, 8) or any(p.dtype != got.dtype for p in parts):
+    if got.ndim <= layout.axis or any(p.dtype != got.dtype for p in parts):
         return same_bits(got, layout.join(parts))
-    word = f"<u{got.dtype.itemsize}"
-    a = layout.axis
-    bits = np.ascontiguousarray(got).view(word)
-    blocks = bits.reshape(*bits.shape[:a], layout.groups, layout.block, *bits.shape[a + 1:])
-    start = 0
-    for part, size in zip(parts, layout.sizes):
-        pbits = np.ascontiguousarray(part).view(word)
-        want = pbits.reshape(*pbits.shape[:a], layout.groups, size, *pbits.shape[a + 1:])
-        index = (slice(None),) * (a + 1) + (slice(start, start + size),)
-        if want.shape != blocks[index].shape or not np.array_equal(blocks[index], want):
+    # the fused tensor as rows of bytes, one per group (and per index before the axis)
+    rows = math.prod(got.shape[:layout.axis]) * layout.groups
+    row = got.dtype.itemsize * math.prod(got.shape[layout.axis + 1:])
+    if got.nbytes != rows * layout.block * row or any(
+            p.nbytes != rows * size * row for p, size in zip(parts, layout.sizes)):
+        return False
+    if got.nbytes == 0:
+        return True
+    have = _byte_rows(got, rows)
+    wants = [_byte_rows(p, rows) for p in parts]
+    step = max(1, _JOIN_BYTES // have.shape[1])
+    joined = np.empty((min(step, rows), have.shape[1]), np.uint8)
+    for i in range(0, rows, step):
+        k = min(step, rows - i)
+        start = 0
+        for want in wants:
+            joined[:k, start:start + want.shape[1]] = want[i:i + k]
+            start += want.shape[1]
+        if not same_bits(have[i:i + k], joined[:k]):
             return False
-        start += size
     return True
+
+
+def _byte_rows(array: np.ndarray, rows: int) -> np.ndarray:
+    return np.ascontiguousarray(array).reshape(-1).view(np.uint8).reshape(rows, -1)
