@@ -167,6 +167,75 @@ def test_readback_sees_the_whole_file_however_late_the_fsync_starts(tmp_path, mo
     assert result.nbytes == (tmp_path / f"out.{fmt}").stat().st_size
 
 
+@pytest.mark.parametrize("fmt", ["safetensors", "ckpt"])
+@pytest.mark.parametrize("refused", [False, True], ids=["started", "unsupported"])
+def test_writeback_is_started_behind_the_writer(tmp_path, monkeypatch, fmt, refused):
+    """While a file is written, the kernel is asked, from the fsync thread and not the
+    writing one, to start putting it on the disk, from its first byte; a system that
+    refuses is asked once and then left to the fsync. Bit-exact either way."""
+    import threading
+
+    import ms_port.write.writers as writers
+    from ms_port.match.plan import make_plan
+    from ms_port.read.sources import Source
+    from ms_port.read.tensors import TensorInfo
+
+    asked: list[tuple[int, int, int, str]] = []
+
+    def sync_file_range(fd, offset, nbytes, flags):
+        asked.append((offset, nbytes, flags, threading.current_thread().name))
+        return -1 if refused else 0
+
+    monkeypatch.setattr(writers, "_SYNC_FILE_RANGE", sync_file_range)
+    monkeypatch.setattr(writers, "WRITE_BEHIND", 50_000)
+    arrays = {f"t{i}": np.full((64, 96 + i), i, np.float32) for i in range(12)}
+    infos = [TensorInfo(n, a.shape, "float32", lambda a=a: a) for n, a in arrays.items()]
+    source = Source(f"mem.{fmt}", fmt, {t.name: t for t in infos})
+    out = tmp_path / f"out.{fmt}"
+    result = writers.write_plan(make_plan(source, from_infos(infos, "same")), out,
+                                format=fmt)
+    assert result.readback == "bit-exact"
+    assert asked[0][:3] == (0, asked[0][1], 2) and asked[0][1] >= 50_000
+    assert all(thread.startswith("ms-port-fsync") for *_, thread in asked)
+    assert len(asked) == 1 if refused else asked[-1][0] + asked[-1][1] <= out.stat().st_size
+
+
+def test_writeback_requests_follow_each_other_and_wait_for_the_last(tmp_path, monkeypatch):
+    """Each request starts where the last ended and covers at least WRITE_BEHIND bytes;
+    none is made while the last is still running (the next then covers all since)."""
+    from concurrent.futures import Future
+
+    import ms_port.write.writers as writers
+
+    asked, seen, running = [], [], []
+
+    class Pool:
+        def submit(self, fn, fd, offset, nbytes, flags):
+            asked.append((offset, nbytes))
+            future = running.pop() if running else Future()
+            if not future.running():
+                future.set_result(0)
+            return future
+
+    step = 1000
+    monkeypatch.setattr(writers, "WRITE_BEHIND", step)
+    with open(tmp_path / "out", "wb") as f:
+        behind = writers._WriteBehind(f, Pool(), lambda *a: seen.append(a))
+        behind._fn = object()  # called only through the pool above
+        for i, n in enumerate([step // 2, step // 2, step * 3, 10, step, step]):
+            if i == 4:
+                slow = Future()
+                slow.set_running_or_notify_cancel()  # the request made now keeps running
+                running.append(slow)
+            f.write(b"x" * n)
+            behind("write", f.tell(), 0)
+        assert asked == [(0, step), (step, 3 * step), (4 * step, step + 10)]
+        slow.set_result(0)
+        f.write(b"x")
+        behind("write", f.tell(), 0)
+    assert asked[-1] == (5 * step + 10, step + 1) and len(seen) == 7
+
+
 def _flip_byte_before_readback(monkeypatch, where: float) -> None:
     """Corrupt the written temporary file (one byte at ``where`` of its length, or cut it
     there when ``where`` is negative) just before the readback looks at it."""

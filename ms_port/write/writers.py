@@ -18,7 +18,7 @@ import os
 import tempfile
 import time
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO, Callable
@@ -283,14 +283,15 @@ def write_plan(
         # which stalled the readback's first read behind the fsync (0.6 s for 2 GiB)
         with open(tmp, "r+b") as f, ThreadPoolExecutor(1, "ms-port-fsync") as pool, \
                 _prepared(plan, format, nonfinite) as arrays:
+            written = _WriteBehind(f, pool, progress)
             if format == "ckpt":
-                _write_ckpt(plan, arrays, f, crc=crc, progress=progress)
+                _write_ckpt(plan, arrays, f, crc=crc, progress=written)
             elif format == "pth":
                 _write_pth(arrays, f)
             else:
-                _write_safetensors(plan, arrays, f, progress=progress, metadata=metadata)
+                _write_safetensors(plan, arrays, f, progress=written, metadata=metadata)
             f.flush()  # here: the readback opens the file anew (review)
-            # the disk works while the page cache is read back; both end before the rename
+            # the disk finishes while the page cache is read back; both end before the rename
             synced = pool.submit(fsynced, f)
             if nonfinite and check_finite:
                 names = ", ".join(f"{k} ({v})" for k, v in list(nonfinite.items())[:5])
@@ -303,6 +304,64 @@ def write_plan(
         nbytes = tmp.stat().st_size
     return WriteResult(str(final), format, len(plan.matches), nbytes, "bit-exact", replaced,
                        crc, time.perf_counter() - start, nonfinite)
+
+
+#: bytes written between two requests to start putting them on the disk
+WRITE_BEHIND = 32 << 20
+_SYNC_FILE_RANGE_WRITE = 2  # <linux/fs.h>: start writeback of the range's dirty pages
+
+
+def _libc_sync_file_range() -> Callable[[int, int, int, int], int] | None:
+    """Linux's ``sync_file_range`` through ctypes, or None where there is none."""
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).sync_file_range
+    except (OSError, AttributeError, TypeError):
+        return None
+    fn.argtypes = (ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint)
+    fn.restype = ctypes.c_int
+    return fn
+
+
+_SYNC_FILE_RANGE = _libc_sync_file_range()
+
+
+class _WriteBehind:
+    """A writer's progress callback that also has the kernel start putting what was
+    written so far on the disk, every :data:`WRITE_BEHIND` bytes, so that the disk works
+    while the rest is prepared and written and the final fsync finds only the tail left
+    (2 GiB: the fsync's 0.7-0.9 s beside the readback fell to the readback's own 0.35 s).
+
+    ``sync_file_range(SYNC_FILE_RANGE_WRITE)`` only starts writeback; the fsync still
+    makes the file durable. It can block while the device's queue is full, so it runs in
+    the fsync thread, one request at a time, the next covering all written since. Where
+    it is missing or fails, the fsync does all the work, as before.
+    """
+
+    def __init__(self, f: BinaryIO, pool: ThreadPoolExecutor,
+                 progress: Progress | None) -> None:
+        self._f, self._pool, self._progress = f, pool, progress
+        self._started = 0  # bytes whose writeback has been asked for
+        self._request: Future[int] | None = None
+        self._fn = _SYNC_FILE_RANGE
+
+    def __call__(self, phase: str, done: int, total: int) -> None:
+        if self._fn is not None:
+            self._start_writeback()
+        if self._progress:
+            self._progress(phase, done, total)
+
+    def _start_writeback(self) -> None:
+        if self._request is not None:
+            if not self._request.done():
+                return
+            if self._request.result() != 0:  # not supported here: leave it to the fsync
+                self._fn = None
+                return
+        upto = self._f.tell()
+        if upto - self._started >= WRITE_BEHIND:
+            self._request = self._pool.submit(self._fn, self._f.fileno(), self._started,
+                                              upto - self._started, _SYNC_FILE_RANGE_WRITE)
+            self._started = upto
 
 
 def _prepared(plan: Plan, format: str, nonfinite: dict[str, int]
