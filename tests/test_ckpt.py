@@ -478,6 +478,45 @@ def test_large_tensors_reach_the_kernel_in_small_writes(tmp_path, fmt):
     assert sum(c for c in calls if c == WRITE_STEP) >= 3 * WRITE_STEP
 
 
+def test_listing_lets_go_of_the_pages_it_walked_past(tmp_path, monkeypatch):
+    """Listing a checkpoint touches each record's header, and each touch maps a folio of
+    up to 2 MiB: the pages walked past are released as it goes (page-aligned, in order,
+    from byte 0), and the listing is the same as without releasing them."""
+    import ms_port.read.ckpt as ckpt
+
+    path = tmp_path / "many.ckpt"
+    with open(path, "wb") as f, CkptWriter(f) as writer:
+        for i in range(40):
+            writer.write(f"layers.{i}.weight", np.full((32, 100 + i), i, np.float32))
+    released: list[tuple[int, int]] = []
+
+    class Recording:
+        def __init__(self, buf):
+            self._buf = buf
+
+        def __len__(self):
+            return len(self._buf)
+
+        def __getitem__(self, index):
+            return self._buf[index]
+
+        def madvise(self, option, start, length):
+            assert option == mmap.MADV_DONTNEED
+            released.append((start, length))
+            self._buf.madvise(option, start, length)
+
+    monkeypatch.setattr(ckpt, "_UNMAP_STEP", 3 * mmap.PAGESIZE)
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+        listed = ckpt._scan(Recording(buf), str(path), True)
+    assert listed == ckpt.CkptReader(path).index
+    assert len(released) >= 5 and released[0][0] == 0
+    for (start, length), nxt in zip(released, [*released[1:], None]):
+        assert start % mmap.PAGESIZE == 0 and length % mmap.PAGESIZE == 0
+        assert length >= 3 * mmap.PAGESIZE and (nxt is None or nxt[0] == start + length)
+    left = path.stat().st_size - sum(length for _, length in released)
+    assert left < 4 * mmap.PAGESIZE + 32 * 140 * 4  # under one step and the last record
+
+
 def test_writer_turns_os_errors_into_write_error(tmp_path):
     class Full(io.BytesIO):
         name = str(tmp_path / "out.ckpt")

@@ -285,7 +285,7 @@ def _scan(buf: Any, path: str, verify_crc: bool) -> CkptIndex:
     entries: list[CkptEntry] = []
     skipped: list[SkippedValue] = []
     group: list[Any] | None = None  # the tensor being read: [name, type, dims, pieces, at]
-    has_crc, pos = False, 0
+    has_crc, pos, dropped = False, 0, 0
     last: tuple[str, str] | None = None
     try:
         while pos < size:
@@ -317,6 +317,7 @@ def _scan(buf: Any, path: str, verify_crc: bool) -> CkptIndex:
                     group = [name, ttype, dims, [(c0, c1 - c0)], pos]
             last = (name, ttype)
             pos = b
+            dropped = _unmap_before(buf, dropped, pos)
         if group:
             _finish_group(path, group, entries)
     except _Malformed as exc:
@@ -337,6 +338,27 @@ def _scan(buf: Any, path: str, verify_crc: bool) -> CkptIndex:
         stored = int.from_bytes(buf[size - 10:size], "big")
         crc_ok = stored == _file_crc32(path, size - CRC_TRAILER_SIZE)
     return CkptIndex(path, tuple(entries), tuple(skipped), has_crc, crc_ok)
+
+
+#: bytes walked past before the pages touched in them are let go
+_UNMAP_STEP = 64 * 1024 * 1024
+
+
+def _unmap_before(buf: Any, dropped: int, pos: int) -> int:
+    """Let go of the mapped pages before ``pos`` (from ``dropped`` on), every
+    :data:`_UNMAP_STEP` bytes; returns the new ``dropped``.
+
+    Reading one record's header maps the page-cache folio it lies in, and a file read
+    in by readahead sits in folios of up to 2 MiB: listing a 3 GiB checkpoint of 288
+    tensors kept 465 MiB mapped, all counted in this process's RSS, until the map closed.
+    """
+    end = pos - pos % mmap.PAGESIZE
+    if end - dropped < _UNMAP_STEP or not hasattr(mmap, "MADV_DONTNEED") \
+            or not hasattr(buf, "madvise"):
+        return dropped
+    with contextlib.suppress(OSError, ValueError):  # only memory is at stake
+        buf.madvise(mmap.MADV_DONTNEED, dropped, end - dropped)
+    return end
 
 
 def _open_map(path: str | os.PathLike) -> mmap.mmap:
