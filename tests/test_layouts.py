@@ -832,6 +832,10 @@ def test_readback_joins_a_few_groups_at_a_time_and_sees_one_wrong_bit_in_any_par
     assert not writers._same_parts(fused, match, [parts[0][:-1], *parts[1:]])
     empty = [p[..., :0] for p in parts]
     assert writers._same_parts(layout.join(empty), match, empty)
+    reshaped = parts[-1].reshape(1, -1) if layout.axis == 0 else parts[-1].reshape(1, 2, -1)
+    assert reshaped.nbytes == parts[-1].nbytes  # the right size in the wrong shape
+    assert not writers._same_parts(fused, match, [*parts[:-1], reshaped])
+    assert not writers._same_parts(fused, match, parts[:-1])
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32", "float64"])

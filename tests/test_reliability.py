@@ -168,11 +168,13 @@ def test_readback_sees_the_whole_file_however_late_the_fsync_starts(tmp_path, mo
 
 
 @pytest.mark.parametrize("fmt", ["safetensors", "ckpt"])
-@pytest.mark.parametrize("refused", [False, True], ids=["started", "unsupported"])
+@pytest.mark.parametrize("refused", [False, True, "raises"],
+                         ids=["started", "unsupported", "failing"])
 def test_writeback_is_started_behind_the_writer(tmp_path, monkeypatch, fmt, refused):
     """While a file is written, the kernel is asked, from the fsync thread and not the
     writing one, to start putting it on the disk, from its first byte; a system that
-    refuses is asked once and then left to the fsync. Bit-exact either way."""
+    refuses (or a call that fails) is asked once and then left to the fsync. Bit-exact
+    either way."""
     import threading
 
     import ms_port.write.writers as writers
@@ -184,6 +186,8 @@ def test_writeback_is_started_behind_the_writer(tmp_path, monkeypatch, fmt, refu
 
     def sync_file_range(fd, offset, nbytes, flags):
         asked.append((offset, nbytes, flags, threading.current_thread().name))
+        if refused == "raises":
+            raise OSError("no such call here")
         return -1 if refused else 0
 
     monkeypatch.setattr(writers, "_SYNC_FILE_RANGE", sync_file_range)

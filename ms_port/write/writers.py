@@ -26,6 +26,7 @@ from typing import Any, BinaryIO, Callable
 import numpy as np
 
 from ..errors import NonFiniteError, OutputExistsError, ReadbackError, WriteError
+from ..match.layouts import LayoutError
 from ..match.plan import Plan
 from ..read.ckpt import CkptReader, CkptWriter, write_all
 from ..read.sources import SAFETENSORS_DTYPES, read_source
@@ -354,7 +355,9 @@ class _WriteBehind:
         if self._request is not None:
             if not self._request.done():
                 return
-            if self._request.result() != 0:  # not supported here: leave it to the fsync
+            # refused (not supported here) or failed: only a head start is lost, the
+            # fsync does the rest
+            if self._request.exception() is not None or self._request.result() != 0:
                 self._fn = None
                 return
         upto = self._f.tell()
@@ -565,12 +568,14 @@ def _same_parts(got: np.ndarray, match: Any, parts: list[np.ndarray]) -> bool:
     layout = match.layout
     if got.ndim <= layout.axis or any(p.dtype != got.dtype for p in parts):
         return same_bits(got, layout.join(parts))
+    try:  # each part's shape where the layout puts it: a right size alone is not enough
+        shapes = [layout.part_shape(got.shape, i) for i in range(len(layout.sizes))]
+    except LayoutError:
+        return False
+    if len(parts) != len(shapes) or any(p.shape != s for p, s in zip(parts, shapes)):
+        return False
     # the fused tensor as rows of bytes, one per group (and per index before the axis)
     rows = math.prod(got.shape[:layout.axis]) * layout.groups
-    row = got.dtype.itemsize * math.prod(got.shape[layout.axis + 1:])
-    if got.nbytes != rows * layout.block * row or any(
-            p.nbytes != rows * size * row for p, size in zip(parts, layout.sizes)):
-        return False
     if got.nbytes == 0:
         return True
     have = _byte_rows(got, rows)
