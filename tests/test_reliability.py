@@ -480,3 +480,23 @@ def _save_small(tmp_path: Path) -> Path:
     path = tmp_path / "small.pth"
     torch.save({"a": torch.randn(3, 3), "b": torch.arange(4)}, path)
     return path
+
+
+def test_renameat2_publishes_without_replacing(tmp_path):
+    """Where a filesystem has no hard links, renameat2(RENAME_NOREPLACE) publishes: it
+    moves the temporary file into a free name, and refuses a taken one, leaving both."""
+    import ms_port.write.writers as writers
+    from ms_port._libc import libc_function
+    from ms_port.errors import OutputExistsError
+
+    assert libc_function("no_such_function_in_any_libc", None) is None
+    if libc_function("renameat2", None) is None:  # types set on a copy of its own
+        pytest.skip("no renameat2 in this C library")
+    tmp, out = tmp_path / ".ms-port-1.tmp", tmp_path / "out.ckpt"
+    tmp.write_bytes(b"new")
+    writers._renameat2_noreplace(tmp, out)
+    assert out.read_bytes() == b"new" and not tmp.exists()
+    tmp.write_bytes(b"newer")
+    with pytest.raises(OutputExistsError, match=r"out\.ckpt exists"):
+        writers._renameat2_noreplace(tmp, out)
+    assert out.read_bytes() == b"new" and tmp.read_bytes() == b"newer"

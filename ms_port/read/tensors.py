@@ -7,12 +7,15 @@ Dtypes are named by one canonical string each (``"float32"``, ``"bfloat16"``, ``
 
 from __future__ import annotations
 
+import ctypes
 import math
 from dataclasses import dataclass, field
 from typing import Callable
 
 import ml_dtypes
 import numpy as np
+
+from .._libc import libc_function
 
 #: canonical dtype name -> numpy dtype
 NUMPY_DTYPES: dict[str, np.dtype] = {
@@ -67,25 +70,13 @@ def itemsize(name: str) -> int:
 COMPARE_BYTES = 1 << 24
 
 
-def _libc_memcmp() -> Callable[[int, int, int], int] | None:
-    """The C library's ``memcmp`` through ctypes, or None where it cannot be found."""
-    try:
-        import ctypes
-
-        memcmp = ctypes.CDLL(None).memcmp
-    except (ImportError, OSError, AttributeError, TypeError):  # no ctypes, or Windows
-        return None
-    memcmp.argtypes = (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t)
-    memcmp.restype = ctypes.c_int
-    return memcmp
-
-
 #: ``memcmp(a, b, n)``: compares bytes at any alignment without copying them. A
 #: checkpoint's tensors start at whatever offset its protobuf framing leaves them, and
 #: numpy copies misaligned words into aligned buffers before comparing them: memcmp
 #: compared the 0.9 GB of a 1.1B LLaMA's unfused tensors in 0.14-0.17 s, numpy's
 #: uint64 words in 0.28-0.32 s.
-_MEMCMP = _libc_memcmp()
+_MEMCMP = libc_function("memcmp", ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p,
+                         ctypes.c_size_t)
 
 
 def same_bits(a: np.ndarray, b: np.ndarray) -> bool:

@@ -25,6 +25,7 @@ from typing import Any, BinaryIO, Callable
 
 import numpy as np
 
+from .._libc import libc_function
 from ..errors import NonFiniteError, OutputExistsError, ReadbackError, WriteError
 from ..match.layouts import LayoutError
 from ..match.plan import Plan
@@ -163,8 +164,8 @@ def _publish_no_replace(tmp: Path, output: Path) -> None:
 
 
 def _renameat2_noreplace(tmp: Path, output: Path) -> None:
-    libc = ctypes.CDLL(None, use_errno=True)
-    fn = getattr(libc, "renameat2", None)
+    fn = libc_function("renameat2", ctypes.c_int, ctypes.c_int, ctypes.c_char_p,
+                       ctypes.c_int, ctypes.c_char_p, ctypes.c_uint)
     if fn is None:
         raise WriteError(f"{output}: this filesystem supports neither hard links nor "
                          "renameat2, so ms-port cannot publish without a race; pass --force "
@@ -312,18 +313,8 @@ WRITE_BEHIND = 32 << 20
 _SYNC_FILE_RANGE_WRITE = 2  # <linux/fs.h>: start writeback of the range's dirty pages
 
 
-def _libc_sync_file_range() -> Callable[[int, int, int, int], int] | None:
-    """Linux's ``sync_file_range`` through ctypes, or None where there is none."""
-    try:
-        fn = ctypes.CDLL(None, use_errno=True).sync_file_range
-    except (OSError, AttributeError, TypeError):
-        return None
-    fn.argtypes = (ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint)
-    fn.restype = ctypes.c_int
-    return fn
-
-
-_SYNC_FILE_RANGE = _libc_sync_file_range()
+_SYNC_FILE_RANGE = libc_function("sync_file_range", ctypes.c_int, ctypes.c_int, ctypes.c_int64,
+                                   ctypes.c_int64, ctypes.c_uint)
 
 
 class _WriteBehind:
