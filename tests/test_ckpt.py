@@ -448,7 +448,7 @@ def test_writer_handles_short_writes_and_does_not_copy_data():
 
 
 @pytest.mark.parametrize("fmt", ["ckpt", "safetensors"])
-def test_large_tensors_reach_the_kernel_in_small_writes(tmp_path, fmt):
+def test_large_tensors_reach_the_kernel_in_small_writes(fmt):
     """A write() of 1 MiB or more gets large page-cache folios, which a VM with free page
     reporting must fault back in from its host: 6 s instead of 1 for 2 GiB (WRITE_STEP)."""
     from types import SimpleNamespace
@@ -466,14 +466,12 @@ def test_large_tensors_reach_the_kernel_in_small_writes(tmp_path, fmt):
     out = Counting()
     if fmt == "ckpt":
         CkptWriter(out).write("w", array)
-        expected = io.BytesIO()
-        CkptWriter(expected).write("w", array)
-        assert out.getvalue() == expected.getvalue()
     else:
         match = SimpleNamespace(target="w", shape=array.shape, out_dtype="float32")
         _write_safetensors(SimpleNamespace(matches=[match]), iter([(match, array)]), out,
                            progress=None)
-        assert out.getvalue().endswith(array.tobytes())
+    assert out.getvalue().endswith(array.tobytes())  # every byte, in order, once
+    assert sum(calls) == len(out.getvalue())
     assert max(calls) <= WRITE_STEP
     assert sum(c for c in calls if c == WRITE_STEP) >= 3 * WRITE_STEP
 
