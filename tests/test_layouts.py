@@ -752,7 +752,8 @@ def test_readback_compares_a_fused_tensor_part_by_part_and_sees_one_wrong_bit():
     import ml_dtypes
 
     from ms_port.read.tensors import same_bits
-    from ms_port.write.writers import _count_nonfinite, _same_parts
+    from ms_port.write.proof import _same_parts
+    from ms_port.write.writers import _count_nonfinite
 
     rng = np.random.default_rng(0)
     parts = [rng.standard_normal((n, 6)).astype(ml_dtypes.bfloat16) for n in (8, 2, 2)]
@@ -812,9 +813,9 @@ def test_readback_joins_a_few_groups_at_a_time_and_sees_one_wrong_bit_in_any_par
     what was written: a bit flipped in any part's first or last value is seen."""
     from types import SimpleNamespace
 
-    import ms_port.write.writers as writers
+    import ms_port.write.proof as proof
 
-    monkeypatch.setattr(writers, "_JOIN_BYTES", 40)
+    monkeypatch.setattr(proof, "_JOIN_BYTES", 40)
     sizes = [layout.groups * s for s in layout.sizes]
     if layout.axis == 0:
         parts = [_random((n, 3), "float32", i) for i, n in enumerate(sizes)]
@@ -822,20 +823,20 @@ def test_readback_joins_a_few_groups_at_a_time_and_sees_one_wrong_bit_in_any_par
         parts = [_random((2, n, 3), "float32", i) for i, n in enumerate(sizes)]
     fused = layout.join(parts)
     match = SimpleNamespace(layout=layout)
-    assert writers._same_parts(fused, match, parts)
+    assert proof._same_parts(fused, match, parts)
     for i, part in enumerate(parts):
         for at in (0, part.size - 1):
             changed = [p.copy() for p in parts]
             changed[i].reshape(-1).view(np.uint32)[at] ^= 1
-            assert not writers._same_parts(fused, match, changed), (i, at)
-    assert not writers._same_parts(fused[:-1], match, parts)
-    assert not writers._same_parts(fused, match, [parts[0][:-1], *parts[1:]])
+            assert not proof._same_parts(fused, match, changed), (i, at)
+    assert not proof._same_parts(fused[:-1], match, parts)
+    assert not proof._same_parts(fused, match, [parts[0][:-1], *parts[1:]])
     empty = [p[..., :0] for p in parts]
-    assert writers._same_parts(layout.join(empty), match, empty)
+    assert proof._same_parts(layout.join(empty), match, empty)
     reshaped = parts[-1].reshape(1, -1) if layout.axis == 0 else parts[-1].reshape(1, 2, -1)
     assert reshaped.nbytes == parts[-1].nbytes  # the right size in the wrong shape
-    assert not writers._same_parts(fused, match, [*parts[:-1], reshaped])
-    assert not writers._same_parts(fused, match, parts[:-1])
+    assert not proof._same_parts(fused, match, [*parts[:-1], reshaped])
+    assert not proof._same_parts(fused, match, parts[:-1])
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32", "float64"])

@@ -1,1 +1,1 @@
-"""Writing outputs: .ckpt / safetensors / .pth writers, atomic publish, read-back."""
+"""Writing outputs: .ckpt / safetensors / .pth writers, atomic publish (writers), read-back (proof)."""
