@@ -12,8 +12,10 @@ shared libraries, which RSS counts too). The process's own ``VmHWM`` closes the 
 
 ms-port's phases come from the library's own steps: imports, reading the source,
 describing the target, planning, then the writer's progress callbacks (``write``,
-``readback``), then the rest (the fsync starts after ``write``'s last step and runs beside
-the readback; the rest waits for its end, then renames). ``llm-1b``
+``readback``: each tensor is read back beside the writer, and this phase is the wait for
+the last of them and the check of the file's framing), then the rest (the fsync starts
+after ``write``'s last step and runs beside the last read-backs; the rest waits for its
+end, then renames). ``llm-1b``
 (``-fused``: ``qkv_concat=true``) runs ``api.convert`` with
 ``ms_model="mindformers:llama"`` on the synthetic 1.1B LLaMA, its first phase
 ending at the first tensor written. The recipe's phases are its lines: imports, ``torch.load``, the
@@ -108,11 +110,11 @@ def profile_ms_port(case: str, ph: Phases, cprofile: int) -> None:
 
     def progress(phase: str, done: int, total: int) -> None:
         if phase == "write" and done >= total:  # the last tensor is out
-            ph.mark("flush, reopen for readback (fsync alongside)")
+            ph.mark("flush (fsync alongside)")
         elif phase == "write":
-            ph.mark("write (the next tensor read, joined, counted meanwhile)")
+            ph.mark("write (next tensor prepared, last ones read back, meanwhile)")
         elif phase == "readback":
-            ph.mark("readback")
+            ph.mark("last read-backs, framing")
 
     if case.startswith("llm-1b"):
         options = {"qkv_concat": True} if case.endswith("-fused") else None
@@ -130,7 +132,7 @@ def profile_ms_port(case: str, ph: Phases, cprofile: int) -> None:
         table = api.resolve_mapping(None, arch=target.get("arch"))
         ph.mark("plan")
         plan = make_plan(src, tgt, table)
-        ph.mark("write (the next tensor read, joined, counted meanwhile)")
+        ph.mark("write (next tensor prepared, last ones read back, meanwhile)")
 
         def go() -> None:
             write_plan(plan, out, force=True, progress=progress)

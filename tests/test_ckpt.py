@@ -84,9 +84,10 @@ def ms_save(path, arrays: dict[str, np.ndarray], **kwargs) -> bytes:
 def our_save(path, arrays: dict[str, np.ndarray], **kwargs) -> bytes:
     """CkptWriter of ``arrays``; return the file's bytes."""
     with open(path, "wb") as f, CkptWriter(f, **kwargs) as writer:
-        for name, array in arrays.items():
-            writer.write(name, array)
+        spans = {name: writer.write(name, array) for name, array in arrays.items()}
     assert writer.bytes_written == path.stat().st_size
+    # where the writer says each tensor's data went is where a reader finds it
+    assert spans == {e.name: e.pieces for e in read_ckpt(path, verify_crc=False).entries}
     return path.read_bytes()
 
 
@@ -534,8 +535,8 @@ def test_roundtrip_property(dtype, shape, slice_bytes, seed, crc):
     array = sample(dtype, shape, seed)
     buf = io.BytesIO()
     with CkptWriter(buf, crc=crc, slice_bytes=slice_bytes) as writer:
-        writer.write("t", array)
-        writer.write("u", array[..., :1] if array.ndim else array)
+        spans = [writer.write("t", array),
+                 writer.write("u", array[..., :1] if array.ndim else array)]
     fd, name = tempfile.mkstemp(suffix=".ckpt")
     try:
         os.write(fd, buf.getvalue())
@@ -544,6 +545,7 @@ def test_roundtrip_property(dtype, shape, slice_bytes, seed, crc):
             assert (reader.has_crc, reader.crc_ok) == (crc, True if crc else None)
             assert same_bits(reader.load("t"), array)
             assert reader.entries[0].nbytes == array.nbytes
+            assert [e.pieces for e in reader.entries] == spans
     finally:
         os.unlink(name)
 

@@ -20,6 +20,7 @@ from ms_port.read.sources import read_source
 from ms_port.read.targets import from_infos
 from ms_port.read.tensors import TensorInfo
 from ms_port.write import writers
+from ms_port.write.proof import Checks
 
 # -- mapping files ----------------------------------------------------------------------
 
@@ -220,13 +221,13 @@ def test_long_output_names_are_fine(pair, tmp_path):
 
 def test_a_file_appearing_during_the_run_is_never_replaced(pair, tmp_path, monkeypatch):
     out = tmp_path / "o.ckpt"
-    real = writers.readback
+    real = Checks.finish
 
-    def and_meanwhile(*args, **kwargs):
+    def and_meanwhile(self):
         out.write_text("someone else's")  # appears after the start-up check
-        return real(*args, **kwargs)
+        return real(self)
 
-    monkeypatch.setattr(writers, "readback", and_meanwhile)
+    monkeypatch.setattr(Checks, "finish", and_meanwhile)
     with pytest.raises(OutputExistsError, match="appeared"):
         ms_port.convert(pair, target=pair, output=out)
     assert out.read_text() == "someone else's"

@@ -240,52 +240,161 @@ def test_writeback_requests_follow_each_other_and_wait_for_the_last(tmp_path, mo
     assert asked[-1] == (5 * step + 10, step + 1) and len(seen) == 7
 
 
-def _flip_byte_before_readback(monkeypatch, where: float) -> None:
-    """Corrupt the written temporary file (one byte at ``where`` of its length, or cut it
-    there when ``where`` is negative) just before the readback looks at it."""
+def _change_file(path: Path, where: float, size: int) -> None:
+    """Flip the byte at ``where`` of ``size`` bytes in ``path``, or cut the file there
+    when ``where`` is negative."""
+    at = int(size * abs(where))
+    with open(path, "r+b") as f:
+        if where < 0:
+            f.truncate(at)
+        else:
+            f.seek(at)
+            byte = f.read(1)[0]
+            f.seek(at)
+            f.write(bytes([byte ^ 0x01]))
+
+
+def _corrupt_output(monkeypatch, where: float, when: str, size: int) -> None:
+    """Change the temporary output (see :func:`_change_file`; ``size``: its full length):
+    once the byte is written, just before the check of the tensor holding it
+    (``"check"``); once every tensor was compared, just before the framing is read
+    (``"finish"``); or just before a whole-file read-back (``"readback"``, a ``.pth``)."""
+    import ms_port.write.proof as proof
     import ms_port.write.writers as writers
 
-    real = writers.readback
+    if when == "readback":
+        real_readback = writers.readback
 
-    def corrupted(plan, path, **kwargs):
-        data = bytearray(Path(path).read_bytes())
-        at = int(len(data) * abs(where))
-        Path(path).write_bytes(data[:at] if where < 0 else
-                               data[:at] + bytes([data[at] ^ 0x01]) + data[at + 1:])
-        return real(plan, path, **kwargs)
+        def corrupted(plan, path, **kwargs):
+            _change_file(Path(path), where, size)
+            return real_readback(plan, path, **kwargs)
 
-    monkeypatch.setattr(writers, "readback", corrupted)
+        monkeypatch.setattr(writers, "readback", corrupted)
+    elif when == "check":
+        real_written, changed = proof.Checks.written, []
+
+        def written(self, match, spans):
+            self._file.flush()
+            if not changed and spans[-1][0] + spans[-1][1] > int(size * where):
+                _change_file(self._path, where, size)
+                changed.append(match.target)
+            return real_written(self, match, spans)
+
+        monkeypatch.setattr(proof.Checks, "written", written)
+    else:
+        real_finish = proof.Checks.finish
+
+        def finish(self):
+            for *_, compared in self._checks:
+                compared.result()  # no comparison is reading the file while it changes
+            _change_file(self._path, where, size)
+            return real_finish(self)
+
+        monkeypatch.setattr(proof.Checks, "finish", finish)
 
 
-@pytest.mark.parametrize("fmt, crc, where, says", [
-    ("ckpt", False, 0.9, r"1 tensors differ from their source after writing: t3"),
-    ("ckpt", True, 0.9, r"fails its own CRC check"),
-    ("ckpt", False, -0.6, r"cannot be read back"),  # cut inside a record
-    ("ckpt", False, -0.5, r"read back 2 tensors, expected 4 \(missing \['t2', 't3'\]"),
-    ("safetensors", False, 0.9, r"1 tensors differ from their source after writing: t3"),
-    ("safetensors", False, -0.5, r"cannot be read back"),
-])
-def test_readback_says_no_to_a_file_changed_after_writing(tmp_path, monkeypatch, fmt, crc,
-                                                          where, says):
-    """The readback is the claim "bit-exact": a flipped bit in the data, a broken CRC or a
-    cut file each fail it, naming the tensor, and nothing is put in place."""
-    from ms_port.errors import ReadbackError
+def _four_tensors_plan(values=(0, 1, 2, 3)):
     from ms_port.match.plan import make_plan
     from ms_port.read.sources import Source
     from ms_port.read.tensors import TensorInfo
+
+    arrays = {f"t{i}": np.full((64, 64), v, np.float32) for i, v in enumerate(values)}
+    infos = [TensorInfo(n, a.shape, "float32", lambda a=a: a) for n, a in arrays.items()]
+    return make_plan(Source("mem.safetensors", "safetensors", {t.name: t for t in infos}),
+                     from_infos(infos, "same"))
+
+
+@pytest.mark.parametrize("fmt, crc, where, when, says", [
+    ("ckpt", False, 0.9, "check", r"1 tensors differ from their source after writing: t3"),
+    ("ckpt", True, 0.9, "finish", r"fails its own CRC check"),  # after t3 was compared
+    ("ckpt", False, -0.6, "finish", r"cannot be read back"),  # cut inside a record
+    ("ckpt", False, -0.5, "finish", r"read back 2 tensors, expected 4 \(missing \['t2', 't3'\]"),
+    ("safetensors", False, 0.9, "check", r"1 tensors differ from their source after writing: t3"),
+    ("safetensors", False, -0.5, "finish", r"cannot be read back"),
+    ("pth", False, 0.9, "readback", r"cannot be read back .*'archive/data/3' is corrupt"),
+    ("pth", False, -0.5, "readback", r"cannot be read back"),
+])
+def test_readback_says_no_to_a_file_changed_after_writing(tmp_path, monkeypatch, fmt, crc,
+                                                          where, when, says):
+    """The readback is the claim "bit-exact": a flipped bit in a tensor's data as it is
+    compared, a broken CRC or a cut file once all were compared each fail it, naming the
+    tensor, and nothing is put in place."""
+    from ms_port.errors import ReadbackError
     from ms_port.write.writers import write_plan
 
-    arrays = {f"t{i}": np.full((64, 64), i, np.float32) for i in range(4)}
-    infos = [TensorInfo(n, a.shape, "float32", lambda a=a: a) for n, a in arrays.items()]
-    plan = make_plan(Source("mem.safetensors", "safetensors", {t.name: t for t in infos}),
-                     from_infos(infos, "same"))
+    plan = _four_tensors_plan()
     out = tmp_path / f"out.{fmt}"
     write_plan(plan, out, format=fmt, crc=crc)  # untouched: bit-exact
+    size = out.stat().st_size
     out.unlink()
-    _flip_byte_before_readback(monkeypatch, where)
+    _corrupt_output(monkeypatch, where, when, size)
     with pytest.raises(ReadbackError, match=says):
         write_plan(plan, out, format=fmt, crc=crc)
     assert not out.exists() and not _temps(out)
+
+
+@pytest.mark.parametrize("fmt", ["ckpt", "safetensors"])
+@pytest.mark.parametrize("fault", ["elsewhere", "unreported"])
+def test_a_tensor_the_file_lists_elsewhere_than_its_compared_bytes_fails(
+        tmp_path, monkeypatch, fmt, fault):
+    """Each tensor is compared where the writer says it wrote it; the finished file's
+    framing must then put it exactly there. A writer that reports a twin's bytes (equal
+    data, so the comparison passes) or that never reports a tensor is caught, by name."""
+    import ms_port.write.proof as proof
+    from ms_port.errors import ReadbackError
+    from ms_port.write.writers import write_plan
+
+    plan = _four_tensors_plan(values=(0, 1, 1, 3))  # t1 and t2 hold the same values
+    real_written, seen = proof.Checks.written, {}
+
+    def written(self, match, spans):
+        seen[match.target] = spans
+        if match.target == "t2":
+            if fault == "unreported":
+                return None
+            spans = seen["t1"]
+        return real_written(self, match, spans)
+
+    monkeypatch.setattr(proof.Checks, "written", written)
+    out = tmp_path / f"out.{fmt}"
+    with pytest.raises(ReadbackError, match=r"1 tensors differ from their source after "
+                                            r"writing: t2;"):
+        write_plan(plan, out, format=fmt)
+    assert not out.exists() and not _temps(out)
+
+
+def test_each_tensor_is_compared_beside_the_writer_from_its_own_data(tmp_path, monkeypatch):
+    """The comparisons run in their own thread while the writer goes on (the first is
+    made before the last tensor is written), and read the plan's data anew: the writer's
+    buffers are reused for the next fused tensors."""
+    import threading
+
+    import ms_port.write.proof as proof
+    from ms_port.write.writers import write_plan
+
+    plan = _four_tensors_plan()
+    events: list[tuple[str, str, str]] = []
+    real_same, real_written = proof.Checks._same, proof.Checks.written
+
+    def same(self, match, spans):
+        events.append(("compared", match.target, threading.current_thread().name))
+        return real_same(self, match, spans)
+
+    def written(self, match, spans):
+        events.append(("written", match.target, threading.current_thread().name))
+        real_written(self, match, spans)
+        if match.target == "t0":
+            self._checks[0][2].result()  # compared before t1 is even prepared
+
+    monkeypatch.setattr(proof.Checks, "_same", same)
+    monkeypatch.setattr(proof.Checks, "written", written)
+    result = write_plan(plan, tmp_path / "out.ckpt")
+    assert result.readback == "bit-exact"
+    compared = [(t, thread) for kind, t, thread in events if kind == "compared"]
+    assert [t for t, _ in compared] == ["t0", "t1", "t2", "t3"]
+    assert all(thread.startswith("ms-port-check") for _, thread in compared)
+    assert events.index(("compared", "t0", compared[0][1])) < \
+        [e[:2] for e in events].index(("written", "t3"))
 
 
 _names = st.lists(

@@ -577,7 +577,7 @@ class CkptWriter:
                              "and permissions") from exc
         self.bytes_written += len(data)
 
-    def write(self, name: str, array: Any) -> int:
+    def write(self, name: str, array: Any) -> tuple[tuple[int, int], ...]:
         """Encode and write one tensor.
 
         Args:
@@ -586,7 +586,8 @@ class CkptWriter:
                 ``ml_dtypes.bfloat16``.
 
         Returns:
-            The number of bytes written for it.
+            Where its data went: ``(offset, nbytes)`` of each record's data, as a
+            reader's :attr:`CkptEntry.pieces` (offsets counted from the writer's start).
 
         Raises:
             WriteError: the writer is finished, the name repeats, the array is empty or
@@ -614,14 +615,15 @@ class CkptWriter:
         # kept first because ascontiguousarray turns a 0-d array into shape (1,)
         shape = array.shape
         raw = np.ascontiguousarray(array, dtype=NUMPY_DTYPES[dtype]).reshape(-1).view(np.uint8)
-        before = self.bytes_written
         ttype, tag = MS_TENSOR_TYPES[dtype].encode(), name.encode("utf-8")
+        pieces = []
         for start in range(0, raw.size, self._slice):
             piece = raw[start:start + self._slice]
             self._put(_record_header(tag, shape, ttype, piece.size))
+            pieces.append((self.bytes_written, piece.size))
             self._put(memoryview(piece))
         self._names.add(name)
-        return self.bytes_written - before
+        return tuple(pieces)
 
     def finish(self) -> None:
         """Write the CRC trailer if asked for and flush; the file stays open."""

@@ -1,1 +1,2 @@
-"""Writing outputs: .ckpt / safetensors / .pth writers, atomic publish (writers), read-back (proof)."""
+"""Writing outputs: .ckpt / safetensors / .pth writers and atomic publish (writers),
+the read-back that proves them (proof)."""

@@ -1,10 +1,12 @@
 """Write a Plan to disk safely, then prove the file holds exactly what was planned.
 
 The output is streamed, one tensor at a time, into a temporary file beside the
-destination; it is fsynced, read back and compared bit for bit with the source, and
-only then renamed into place. An existing output is replaced only with ``force``.
-Whatever goes wrong, the temporary file is removed and the old output is untouched; a
-run killed outright leaves a ``.ms-port-PID-*.tmp`` file that the next run removes.
+destination; each tensor is read back from it and compared bit for bit with the source
+as soon as it is written (:mod:`.proof`), the finished file's framing is checked and
+the file fsynced, and only then is it renamed into place. An existing output is
+replaced only with ``force``. Whatever goes wrong, the temporary file is removed and the
+old output is untouched; a run killed outright leaves a ``.ms-port-PID-*.tmp`` file that
+the next run removes.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from ..match.plan import Plan
 from ..read.ckpt import CkptWriter, write_all
 from ..read.sources import SAFETENSORS_DTYPES
 from ..read.tensors import FLOAT_DTYPES, itemsize
-from .proof import Progress, readback
+from .proof import Checks, Progress, readback
 
 FORMATS = ("ckpt", "safetensors", "pth")  # pth: export, MindSpore -> PyTorch
 _ST_CODES = {v: k for k, v in SAFETENSORS_DTYPES.items()}
@@ -280,16 +282,19 @@ def write_plan(
         # ext4 flush the whole file when any descriptor of it closes (auto_da_alloc),
         # which stalled the readback's first read behind the fsync (0.6 s for 2 GiB)
         with open(tmp, "r+b") as f, ThreadPoolExecutor(1, "ms-port-fsync") as pool, \
-                _prepared(plan, format, nonfinite) as arrays:
+                _prepared(plan, format, nonfinite) as arrays, \
+                _checks(plan, f, tmp, format, progress) as checks:
             written = _WriteBehind(f, pool, progress)
             if format == "ckpt":
-                _write_ckpt(plan, arrays, f, crc=crc, progress=written)
+                _write_ckpt(plan, arrays, f, crc=crc, progress=written, checks=checks)
             elif format == "pth":
                 _write_pth(arrays, f)
             else:
-                _write_safetensors(plan, arrays, f, progress=written, metadata=metadata)
-            f.flush()  # here: the readback opens the file anew (review)
-            # the disk finishes while the page cache is read back; both end before the rename
+                _write_safetensors(plan, arrays, f, progress=written, checks=checks,
+                                   metadata=metadata)
+            f.flush()  # here: the framing check and a .pth's readback open the file anew
+            # the disk finishes while the last tensors are read back and the framing is
+            # checked; both end before the rename
             synced = pool.submit(fsynced, f)
             if nonfinite and check_finite:
                 names = ", ".join(f"{k} ({v})" for k, v in list(nonfinite.items())[:5])
@@ -297,7 +302,10 @@ def write_plan(
                     f"{plan.source.path}: NaN/Inf values in {len(nonfinite)} tensors: "
                     f"{names}; fix the weights or drop --check-finite (nothing was written)",
                     path=plan.source.path, tensors=nonfinite)
-            readback(plan, tmp, format=format, progress=progress)
+            if checks is None:
+                readback(plan, tmp, format=format, progress=progress)
+            else:
+                checks.finish()
             synced.result()
         nbytes = tmp.stat().st_size
     return WriteResult(str(final), format, len(plan.matches), nbytes, "bit-exact", replaced,
@@ -424,12 +432,24 @@ def _count_nonfinite(array: np.ndarray, dtype: str) -> int:
     return count
 
 
+def _checks(plan: Plan, f: BinaryIO, tmp: Path, format: str, progress: Progress | None
+            ) -> contextlib.AbstractContextManager[Checks | None]:
+    """Each tensor read back as soon as it is written, beside the writer (a 1.1B LLaMA:
+    2.23 s with the read-back after the write, 1.99 s beside it); a ``.pth`` is written
+    whole at the end and read back then."""
+    if format == "pth":
+        return contextlib.nullcontext()
+    return Checks(plan, f, tmp, format=format, progress=progress)
+
+
 def _write_ckpt(plan: Plan, arrays: Iterator, f: BinaryIO, *, crc: bool,
-                progress: Progress | None) -> None:
+                progress: Progress | None, checks: Checks | None = None) -> None:
     total, done = plan.nbytes, 0
     with CkptWriter(f, crc=crc) as writer:
         for match, array in arrays:
-            writer.write(match.target, array)
+            spans = writer.write(match.target, array)
+            if checks:
+                checks.written(match, spans)
             done += array.nbytes
             if progress:
                 progress("write", done, total)
@@ -452,7 +472,7 @@ def _write_pth(arrays: Iterator, f: BinaryIO) -> None:
 
 
 def _write_safetensors(plan: Plan, arrays: Iterator, f: BinaryIO, *,
-                       progress: Progress | None,
+                       progress: Progress | None, checks: Checks | None = None,
                        metadata: dict[str, str] | None = None) -> None:
     """Stream a safetensors file: the header is known from the Plan before any data."""
     header: dict[str, Any] = {"__metadata__": dict(metadata or {"format": "ms-port"})}
@@ -466,9 +486,13 @@ def _write_safetensors(plan: Plan, arrays: Iterator, f: BinaryIO, *,
     blob += b" " * (-len(blob) % 8)  # the spec pads the header to 8-byte alignment
     f.write(len(blob).to_bytes(8, "little") + blob)
     done = 0
-    for _, array in arrays:
+    for match, array in arrays:
         # a byte view: memoryview cannot describe bfloat16 itself
-        write_all(f, memoryview(np.ascontiguousarray(array).reshape(-1).view(np.uint8)))
+        data = memoryview(np.ascontiguousarray(array).reshape(-1).view(np.uint8))
+        at = f.tell()
+        write_all(f, data)
+        if checks:
+            checks.written(match, ((at, data.nbytes),))
         done += array.nbytes
         if progress:
             progress("write", done, offset)
