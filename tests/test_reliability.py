@@ -609,3 +609,117 @@ def test_renameat2_publishes_without_replacing(tmp_path):
     with pytest.raises(OutputExistsError, match=r"out\.ckpt exists"):
         writers._renameat2_noreplace(tmp, out)
     assert out.read_bytes() == b"new" and tmp.read_bytes() == b"newer"
+
+
+def _open_on(path_part: str) -> list[str]:
+    """This process's open descriptors and mappings whose file name contains ``path_part``."""
+    fds = [os.readlink(f"/proc/self/fd/{fd}") for fd in os.listdir("/proc/self/fd")
+           if os.path.exists(f"/proc/self/fd/{fd}")]
+    with open("/proc/self/maps") as f:
+        maps = [line.split(None, 5)[-1].strip() for line in f]
+    return [name for name in fds + maps if path_part in name]
+
+
+def test_a_check_that_fails_leaves_no_map_or_descriptor_on_the_temporary_file(
+        tmp_path, monkeypatch):
+    """A comparison interrupted halfway (here an error from inside it): the error comes
+    through, and even while it is held (cyclic garbage collection off) nothing keeps the
+    deleted temporary file open: the failed frames' views of the map are cleared."""
+    import gc
+
+    import ms_port.write.proof as proof
+    from ms_port.write.writers import write_plan
+
+    real, calls = proof.same_bits, []
+
+    def interrupted(a, b):
+        calls.append(a.size)
+        if len(calls) == 3:
+            raise MemoryError("interrupted in the middle of a comparison")
+        return real(a, b)
+
+    monkeypatch.setattr(proof, "same_bits", interrupted)
+    gc.disable()
+    try:
+        with pytest.raises(MemoryError, match="interrupted in the middle") as caught:
+            write_plan(_four_tensors_plan(), tmp_path / "out.ckpt")
+        assert caught.value is not None and not _open_on(".ms-port-")
+    finally:
+        gc.enable()
+    assert not list(tmp_path.iterdir())
+
+
+def test_closing_the_checks_closes_their_descriptor_even_when_interrupted(tmp_path):
+    from ms_port.write.proof import Checks
+
+    path = tmp_path / "out.ckpt"
+    with open(path, "w+b") as f:
+        checks = Checks(_four_tensors_plan(), f, path, format="ckpt")
+        fd = checks._fd
+
+        def interrupted(**kwargs):
+            raise KeyboardInterrupt
+
+        checks._pool.shutdown, real = interrupted, checks._pool.shutdown
+        with pytest.raises(KeyboardInterrupt):
+            checks.close()
+        real()
+    with pytest.raises(OSError):
+        os.fstat(fd)
+
+
+@pytest.mark.parametrize("fmt", ["ckpt", "safetensors"])
+def test_each_check_maps_only_its_tensor_and_lets_its_pages_go_as_it_goes(
+        tmp_path, monkeypatch, fmt):
+    """A check maps its tensor's bytes only (not the file from byte 0: an address-space
+    limit would refuse that for late tensors of a large file), and a tensor split into
+    records is compared piece by piece, a release step at a time, no joined copy made;
+    a flipped bit in any record is still seen."""
+    import mmap
+
+    import ms_port.write.proof as proof
+    from ms_port.errors import ReadbackError
+    from ms_port.read.ckpt import CkptWriter
+    from ms_port.write.writers import write_plan
+
+    monkeypatch.setitem(CkptWriter.__init__.__kwdefaults__, "slice_bytes", 4096)
+    monkeypatch.setattr(proof, "_RELEASE_BYTES", 3000)
+    maps, steps = [], []
+    real_map, real_mapped = mmap.mmap, proof._mapped
+
+    def recording_map(fd, length, **kwargs):
+        if length:  # the framing check's whole-file map (length 0) is not a check's
+            maps.append((kwargs.get("offset", 0), length))
+        return real_map(fd, length, **kwargs)
+
+    def recording_mapped(buf, base, spans):
+        for step in real_mapped(buf, base, spans):
+            steps.append(step.size)
+            yield step
+
+    monkeypatch.setattr(proof.mmap, "mmap", recording_map)
+    monkeypatch.setattr(proof, "_mapped", recording_mapped)
+    plan = _four_tensors_plan()  # 16 KiB each: 4 records each in a .ckpt
+    out = tmp_path / f"out.{fmt}"
+    assert write_plan(plan, out, format=fmt).readback == "bit-exact"
+    tensor = 64 * 64 * 4
+    assert len(maps) == 4 and maps[-1][0] >= 3 * tensor - mmap.ALLOCATIONGRANULARITY
+    assert all(length <= tensor + 4 * 64 + mmap.ALLOCATIONGRANULARITY for _, length in maps)
+    assert max(steps) <= 3000 and sum(steps) == 4 * tensor
+    if fmt == "ckpt":
+        size = out.stat().st_size
+        out.unlink()
+        for where in (0.3, 0.55, 0.99):  # in t1's first record, t2's middle one, t3's last
+            _corrupt_output(monkeypatch, where, "check", size)
+            with pytest.raises(ReadbackError, match=r"1 tensors differ .*: t[123];"):
+                write_plan(plan, out, format=fmt)
+
+
+@pytest.mark.parametrize("fmt", ["safetensors", "pth"])
+def test_a_config_json_beside_the_output_is_not_the_outputs_business(tmp_path, fmt):
+    """The read-back reads the written file alone: an unreadable config.json in the
+    output's folder (a Hugging Face directory being edited) is not read."""
+    (tmp_path / "config.json").write_text("{ not json")
+    result = ms_port.write.writers.write_plan(_four_tensors_plan(), tmp_path / f"out.{fmt}",
+                                              format=fmt)
+    assert result.readback == "bit-exact"

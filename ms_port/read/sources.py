@@ -202,6 +202,7 @@ def read_source(
     key: str | None = None,
     strip_prefixes: bool = True,
     unsafe_pickle: bool = False,
+    config: bool = True,
 ) -> Source:
     """Open a checkpoint and list its tensors without loading their data.
 
@@ -213,6 +214,8 @@ def read_source(
         strip_prefixes: remove ``module.`` / ``_orig_mod.`` when every name has it.
         unsafe_pickle: allow arbitrary unpickling for a trusted legacy file. This runs
             whatever code the file contains; never use it on a file from elsewhere.
+        config: read the Hugging Face ``config.json`` beside the file, if any, into
+            ``Source.config``.
 
     Returns:
         A :class:`Source`.
@@ -231,9 +234,9 @@ def read_source(
         path = resolve_directory(path)
     source = _read(path, key=key, strip_prefixes=strip_prefixes, unsafe_pickle=unsafe_pickle)
     _check_sizes(source, path)
-    config = _find_config(path)
-    if config is not None:
-        source.config, source.config_path = read_config(config), str(config)
+    found = _find_config(path) if config else None
+    if found is not None:
+        source.config, source.config_path = read_config(found), str(found)
     return source
 
 
@@ -526,6 +529,27 @@ def _renamed(info: TensorInfo, name: str) -> TensorInfo:
 
 def _safetensors_tensors(path: Path) -> tuple[dict[str, TensorInfo], dict[str, str]]:
     """List a safetensors file; the library validates the header, numpy maps the data."""
+    entries, metadata = safetensors_layout(path)
+    tensors: dict[str, TensorInfo] = {}
+    for name, (shape, dtype, offset, nbytes) in entries.items():
+        tensors[name] = TensorInfo(
+            name, shape, dtype,
+            lambda p=path, o=offset, n=nbytes, s=shape, d=dtype: _map_region(p, o, n, s, d))
+    return tensors, metadata
+
+
+def safetensors_layout(path: str | Path) -> tuple[
+        dict[str, tuple[tuple[int, ...], str, int, int]], dict[str, str]]:
+    """Where a safetensors file keeps each tensor, once the safetensors library has
+    validated its header against the file (offsets tiling the data exactly).
+
+    Returns:
+        ``{name: (shape, dtype, file offset, nbytes)}``, and the
+        header's ``__metadata__``.
+
+    Raises:
+        SourceError: an invalid file, or a dtype MindSpore cannot hold.
+    """
     from safetensors import SafetensorError, safe_open
 
     try:
@@ -542,20 +566,16 @@ def _safetensors_tensors(path: Path) -> tuple[dict[str, TensorInfo], dict[str, s
         header_len = int.from_bytes(fh.read(8), "little")
         header = json.loads(fh.read(header_len))
     base = 8 + header_len
-    tensors: dict[str, TensorInfo] = {}
+    entries = {}
     for name in names:
         entry = header[name]
         dtype = SAFETENSORS_DTYPES.get(entry["dtype"])
         if dtype is None:
             raise SourceError(f"{path}: tensor {name!r} has dtype {entry['dtype']}, which "
                               "MindSpore cannot hold", path=path)
-        shape = tuple(entry["shape"])
         start, end = entry["data_offsets"]
-        tensors[name] = TensorInfo(
-            name, shape, dtype,
-            lambda p=path, o=base + start, n=end - start, s=shape, d=dtype:
-                _map_region(p, o, n, s, d))
-    return tensors, metadata
+        entries[name] = (tuple(entry["shape"]), dtype, base + start, end - start)
+    return entries, metadata
 
 
 def _map_region(path: Path, offset: int, nbytes: int, shape: tuple[int, ...],

@@ -12,10 +12,11 @@ which ``torch.save`` writes at once).
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import mmap
 import os
+import traceback
+from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, BinaryIO, Callable
@@ -25,8 +26,8 @@ import numpy as np
 from ..errors import ReadbackError
 from ..match.layouts import LayoutError
 from ..match.plan import Match, Plan
-from ..read.ckpt import CkptEntry, CkptReader, load_entry
-from ..read.sources import SAFETENSORS_DTYPES, read_source
+from ..read.ckpt import CkptReader
+from ..read.sources import read_source, safetensors_layout
 from ..read.tensors import itemsize, same_bits
 
 Progress = Callable[[str, int, int], None]  # (phase, done_bytes, total_bytes)
@@ -65,26 +66,33 @@ class Checks:
         self._checks.append((match, spans, self._pool.submit(self._same, match, spans)))
 
     def _same(self, match: Match, spans: Spans) -> bool:
-        entry = CkptEntry(match.target, match.shape, match.out_dtype, spans[0][0],
-                          sum(n for _, n in spans), spans)
-        end = spans[-1][0] + spans[-1][1]
-        if entry.nbytes != _numel(match.shape) * itemsize(match.out_dtype):
+        nbytes = sum(n for _, n in spans)
+        if nbytes != _numel(match.shape) * itemsize(match.out_dtype):
             return False
-        if entry.nbytes == 0:
-            return True
+        if nbytes == 0:
+            return _same_stream([], _planned_bytes(self._plan, match))
+        # only the tensor's own pages are mapped (from the page boundary before it)
+        base = spans[0][0] - spans[0][0] % mmap.ALLOCATIONGRANULARITY
+        end = spans[-1][0] + spans[-1][1]
         try:
-            buf = mmap.mmap(self._fd, end, access=mmap.ACCESS_READ)
-        except (OSError, ValueError) as exc:  # the file is shorter than the writer says
+            buf = mmap.mmap(self._fd, end - base, offset=base, access=mmap.ACCESS_READ)
+        except ValueError as exc:  # the file is shorter than the writer says
             raise ReadbackError(f"{self._path}: tensor {match.target!r} cannot be read back "
                                 f"from the written file ({exc})", path=self._path) from exc
+        except OSError as exc:
+            raise ReadbackError(f"{self._path}: tensor {match.target!r} cannot be mapped to "
+                                f"be read back ({exc.strerror or exc}); is the address space "
+                                "limited (ulimit -v)?", path=self._path) from exc
         try:
-            got = load_entry(buf, entry)
-            same = _same_data(self._plan, match, got)
-            del got  # its pages leave the process with the map
+            return _same_stream(_mapped(buf, base, spans), _planned_bytes(self._plan, match))
+        except BaseException as exc:
+            # the failed frames' views of the map would keep it (and the deleted temporary
+            # file) open for as long as the exception lives
+            traceback.clear_frames(exc.__traceback__)
+            raise
         finally:
             with contextlib.suppress(BufferError):
                 buf.close()
-        return same
 
     def finish(self) -> None:
         """Wait for every comparison, then check the complete file's framing.
@@ -127,8 +135,11 @@ class Checks:
                                 path=self._path) from exc
 
     def close(self) -> None:
-        self._pool.shutdown(wait=True, cancel_futures=True)
-        os.close(self._fd)
+        try:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+        finally:
+            os.close(self._fd)
+            self._checks.clear()  # a failed check's exception refers back to this object
 
     def __enter__(self) -> Checks:
         return self
@@ -138,27 +149,80 @@ class Checks:
 
 
 def _safetensors_framing(path: Path) -> dict[str, tuple[tuple[int, ...], str, Spans]]:
-    """A safetensors file's tensors where its header puts them, once the safetensors
-    library has validated that header against the file (offsets tiling the data)."""
-    read_source(path, strip_prefixes=False)  # validates, or raises
-    with open(path, "rb") as f:
-        size = int.from_bytes(f.read(8), "little")
-        header = json.loads(f.read(size))
-    header.pop("__metadata__", None)
-    return {name: (tuple(e["shape"]), SAFETENSORS_DTYPES[e["dtype"]],
-                   ((8 + size + e["data_offsets"][0],
-                     e["data_offsets"][1] - e["data_offsets"][0]),))
-            for name, e in header.items()}
+    """A safetensors file's tensors where its validated header puts them."""
+    entries, _ = safetensors_layout(path)
+    return {name: (shape, dtype, ((offset, nbytes),))
+            for name, (shape, dtype, offset, nbytes) in entries.items()}
 
 
 def _same_data(plan: Plan, m: Match, got: np.ndarray) -> bool:
     """Whether ``got`` holds the bits the plan puts in ``m``'s target."""
-    fused = m.parts and not m.transforms and m.out_dtype == m.dtype
-    if fused and m.layout is not None:
-        # a fused tensor is compared part by part: no second join of its sources
-        return _same_parts(got, m, [plan.source.tensors[p].load() for p in m.parts])
+    return _same_stream([_flat_bytes(got)], _planned_bytes(plan, m))
+
+
+class _NotPlanned(Exception):
+    """The plan's data for a target has another shape than the target: it differs."""
+
+
+def _planned_bytes(plan: Plan, m: Match) -> Iterator[np.ndarray]:
+    """The bytes the plan puts in ``m``'s target, in order, as consecutive ``uint8``
+    arrays. A fused tensor is joined again from its sources a few groups at a time (the
+    writer's joined copy is in a buffer it reuses), anything else is ``plan.expected``.
+
+    Raises:
+        _NotPlanned: when asked for the first chunk, if the data has another shape.
+    """
+    if m.parts and not m.transforms and m.out_dtype == m.dtype and m.layout is not None:
+        parts = [plan.source.tensors[p].load() for p in m.parts]
+        yield from _joined_bytes(m.shape, m.layout, parts)
+        return
     want = plan.expected(m)
-    return tuple(got.shape) == tuple(want.shape) and same_bits(got, want)
+    if tuple(want.shape) != tuple(m.shape):
+        raise _NotPlanned
+    yield _flat_bytes(want)
+
+
+def _same_stream(have: Iterable[np.ndarray], want: Iterable[np.ndarray]) -> bool:
+    """Whether two runs of byte arrays hold the same bytes end to end, however each is
+    cut (a checkpoint's records and release steps, a layout's joined rows)."""
+    pieces, piece = iter(have), _NOTHING
+    try:
+        for chunk in want:
+            while chunk.size:
+                while not piece.size:
+                    piece = next(pieces, None)
+                    if piece is None:
+                        return False
+                n = min(chunk.size, piece.size)
+                if not same_bits(piece[:n], chunk[:n]):
+                    return False
+                piece, chunk = piece[n:], chunk[n:]
+    except _NotPlanned:
+        return False
+    return not piece.size and not any(p.size for p in pieces)
+
+
+_NOTHING = np.empty(0, np.uint8)
+#: bytes of a written tensor compared before its pages are let go: the process holds
+#: at most this much of the output mapped (the pages stay in the page cache)
+_RELEASE_BYTES = 32 << 20
+
+
+def _mapped(buf: mmap.mmap, base: int, spans: Spans) -> Iterator[np.ndarray]:
+    """The bytes at ``spans`` of the file mapped in ``buf`` from offset ``base``, a
+    release step at a time; each step's pages leave the process once it is compared."""
+    for offset, n in spans:
+        for at in range(offset - base, offset - base + n, _RELEASE_BYTES):
+            k = min(_RELEASE_BYTES, offset - base + n - at)
+            yield np.frombuffer(buf, np.uint8, count=k, offset=at)
+            if hasattr(mmap, "MADV_DONTNEED"):
+                start = at - at % mmap.PAGESIZE
+                with contextlib.suppress(OSError):  # only memory is at stake
+                    buf.madvise(mmap.MADV_DONTNEED, start, at + k - start)
+
+
+def _flat_bytes(array: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(array).reshape(-1).view(np.uint8)
 
 
 def _same_names(path: Path, listed: Any, expected: list[str]) -> None:
@@ -221,7 +285,7 @@ def _written(path: Path, format: str) -> tuple[dict[str, tuple[tuple[int, ...], 
         reader = CkptReader(path)
         _check_crc(path, reader)
         return {e.name: (e.shape, e.dtype) for e in reader.entries}, reader.views()
-    written = read_source(path, strip_prefixes=False)
+    written = read_source(path, strip_prefixes=False, config=False)
     return ({n: (t.shape, t.dtype) for n, t in written.tensors.items()},
             contextlib.nullcontext(lambda name: written.tensors[name].load()))
 
@@ -235,36 +299,42 @@ _JOIN_BYTES = 1 << 20
 
 
 def _same_parts(got: np.ndarray, match: Any, parts: list[np.ndarray]) -> bool:
-    """Whether a fused tensor read back holds each part where its layout puts it.
+    """Whether a fused tensor read back holds each part where its layout puts it."""
+    return _same_stream([_flat_bytes(got)], _joined_bytes(got.shape, match.layout, parts))
 
-    The parts are joined a few groups at a time into one small buffer, which is compared
-    with the bytes it should equal: an interleaved gate/up weight alternates 4 KiB rows,
-    and comparing each row where it lies (11,264 calls per layer) took twice as long."""
-    layout = match.layout
-    if got.ndim <= layout.axis or any(p.dtype != got.dtype for p in parts):
-        return same_bits(got, layout.join(parts))
+
+def _joined_bytes(shape: tuple[int, ...], layout: Any, parts: list[np.ndarray]
+                  ) -> Iterator[np.ndarray]:
+    """A fused tensor's bytes from its parts, a few groups at a time, through one small
+    reused buffer: comparing an interleaved gate/up weight's 4 KiB rows one by one where
+    they lie (11,264 calls per layer) took twice as long.
+
+    Raises:
+        _NotPlanned: a part in another shape than the layout gives it in ``shape``.
+    """
+    dtypes = {p.dtype for p in parts}
+    if len(shape) <= layout.axis or len(dtypes) > 1:
+        joined = layout.join(parts)
+        if tuple(joined.shape) != tuple(shape):
+            raise _NotPlanned
+        yield _flat_bytes(joined)
+        return
     try:  # each part's shape where the layout puts it: a right size alone is not enough
-        shapes = [layout.part_shape(got.shape, i) for i in range(len(layout.sizes))]
+        shapes = [layout.part_shape(shape, i) for i in range(len(layout.sizes))]
     except LayoutError:
-        return False
+        raise _NotPlanned from None
     if len(parts) != len(shapes) or any(p.shape != s for p, s in zip(parts, shapes)):
-        return False
+        raise _NotPlanned
     # the fused tensor as rows of bytes, one per group (and per index before the axis)
-    rows = math.prod(got.shape[:layout.axis]) * layout.groups
-    if got.nbytes == 0:
-        return True
-    have = _byte_rows(got, rows)
-    wants = [_byte_rows(p, rows) for p in parts]
-    step = max(1, _JOIN_BYTES // have.shape[1])
-    joined = np.empty((min(step, rows), have.shape[1]), np.uint8)
+    rows = math.prod(shape[:layout.axis]) * layout.groups
+    if rows == 0 or not sum(p.nbytes for p in parts):
+        return
+    wants = [_flat_bytes(p).reshape(rows, -1) for p in parts]
+    width = sum(w.shape[1] for w in wants)
+    step = max(1, _JOIN_BYTES // width)
+    joined = np.empty((min(step, rows), width), np.uint8)
     for i in range(0, rows, step):
         k = min(step, rows - i)
         # a few groups' rows of every part side by side: the fused layout's bytes
         np.concatenate([want[i:i + k] for want in wants], axis=1, out=joined[:k])
-        if not same_bits(have[i:i + k], joined[:k]):
-            return False
-    return True
-
-
-def _byte_rows(array: np.ndarray, rows: int) -> np.ndarray:
-    return np.ascontiguousarray(array).reshape(-1).view(np.uint8).reshape(rows, -1)
+        yield joined[:k].reshape(-1)
