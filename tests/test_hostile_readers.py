@@ -207,6 +207,27 @@ def test_compressed_members_are_refused_before_decompressing(tmp_path, method):
     _bounded(rss, wall, "a refused bomb")
 
 
+@pytest.mark.parametrize("member", ["data.pkl", "data/0"])
+def test_a_member_claiming_more_bytes_than_the_file_is_refused_before_reading(
+        tmp_path, member):
+    """A stored member whose directory entry claims 2.4 GB in a file of a few KB (found by
+    fuzzing): zipfile sized its first read by the claim, a 2.4 GB allocation that under an
+    address-space limit ended in a MemoryError traceback. Refused, one line, nothing read."""
+    path = tmp_path / "lying.pth"
+    torch.save({"w": torch.ones(4)}, path)
+    data = bytearray(path.read_bytes())
+    name = next(i.filename for i in zipfile.ZipFile(path).infolist()
+                if i.filename.endswith(member))
+    entry = data.index(b"PK\x01\x02")
+    while not data[entry + 46:].startswith(name.encode()):  # this member's directory entry
+        entry = data.index(b"PK\x01\x02", entry + 4)
+    struct.pack_into("<I", data, entry + 20, 2_432_696_735)  # its compressed size
+    path.write_bytes(bytes(data))
+    proc, rss, wall = _run("inspect", str(path), cwd=tmp_path)
+    _refused(proc, "claims more bytes")
+    _bounded(rss, wall, "a refused lying member")
+
+
 def test_deeply_nested_pickle_is_one_line(tmp_path):
     """5,000 nested dicts, each holding a tensor: refused without a RecursionError."""
     from hostile import tensor_ops, value

@@ -346,7 +346,7 @@ def _torch_load(path: Path, fmt: str, *, unsafe_pickle: bool) -> Any:
 
 def _check_zip(path: Path) -> None:
     """Refuse damaged archives and compressed members before anything decompresses."""
-    from .torchzip import compressed_members
+    from .torchzip import compressed_members, oversized_members
 
     try:
         with zipfile.ZipFile(path) as zf:
@@ -357,6 +357,13 @@ def _check_zip(path: Path) -> None:
                     f"{path}: member {packed[0]!r} is compressed; torch.save never compresses "
                     "and a compressed member can hide a decompression bomb — re-save the "
                     "checkpoint with torch.save", path=path)
+            size = path.stat().st_size
+            lying = oversized_members(infos, size)
+            if lying:
+                raise SourceError(
+                    f"{path}: member {lying[0]!r} claims more bytes than the {size}-byte file "
+                    "holds; the file is truncated or corrupt — re-download or re-save it",
+                    path=path)
             # stored members only: the CRC pass reads each byte once, nothing expands
             bad = zf.testzip() if path.stat().st_size < (64 << 20) else None
     # zipfile raises more than BadZipFile on damaged directories (found by fuzzing)

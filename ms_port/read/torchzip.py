@@ -386,6 +386,14 @@ def compressed_members(infos: list[zipfile.ZipInfo]) -> list[str]:
     return [i.filename for i in infos if i.compress_type != zipfile.ZIP_STORED]
 
 
+def oversized_members(infos: list[zipfile.ZipInfo], size: int) -> list[str]:
+    """Stored members whose directory entry claims bytes the archive of ``size`` bytes
+    does not hold, or a stored size other than their own: ``zipfile`` sizes its first
+    read by the claim (a 2 KiB file claiming 2.4 GB asked for 2.4 GB at once)."""
+    return [i.filename for i in infos
+            if i.compress_size != i.file_size or i.header_offset + i.compress_size > size]
+
+
 def load(path: str | Path) -> Any:
     """Read a torch zip checkpoint into plain containers of :class:`LazyTensor`.
 
