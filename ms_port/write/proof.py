@@ -314,7 +314,10 @@ def _joined_bytes(shape: tuple[int, ...], layout: Any, parts: list[np.ndarray]
     """
     dtypes = {p.dtype for p in parts}
     if len(shape) <= layout.axis or len(dtypes) > 1:
-        joined = layout.join(parts)
+        try:
+            joined = layout.join(parts)
+        except LayoutError:
+            raise _NotPlanned from None
         if tuple(joined.shape) != tuple(shape):
             raise _NotPlanned
         yield _flat_bytes(joined)
