@@ -468,7 +468,8 @@ def test_large_tensors_reach_the_kernel_in_small_writes(fmt):
     if fmt == "ckpt":
         CkptWriter(out).write("w", array)
     else:
-        match = SimpleNamespace(target="w", shape=array.shape, out_dtype="float32")
+        match = SimpleNamespace(target="w", shape=array.shape, out_dtype="float32",
+                                nbytes=array.nbytes)
         _write_safetensors(SimpleNamespace(matches=[match]), iter([(match, array)]), out,
                            progress=None)
     assert out.getvalue().endswith(array.tobytes())  # every byte, in order, once

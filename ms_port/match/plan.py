@@ -80,6 +80,11 @@ class Match:
         return self.parts or ((self.source,) if self.source else ())
 
     @property
+    def nbytes(self) -> int:
+        """The bytes the target holds once written (its shape in ``out_dtype``)."""
+        return _numel(self.shape) * itemsize(self.out_dtype)
+
+    @property
     def lossy(self) -> bool:
         """Whether the cast to ``out_dtype`` can lose information."""
         return self.dtype != self.out_dtype and not _widens(self.dtype, self.out_dtype)
@@ -210,7 +215,7 @@ class Plan(Renderable):
 
     @property
     def nbytes(self) -> int:
-        return sum(_numel(m.shape) * itemsize(m.out_dtype) for m in self.matches)
+        return sum(m.nbytes for m in self.matches)
 
     def problems(self) -> list[str]:
         """One line per reason the plan is not ok, for messages."""

@@ -29,11 +29,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from ..errors import OutputExistsError, WriteError
 from ..match.plan import Match, Plan
-from ..read.tensors import itemsize
 from .writers import Progress, write_plan, write_text
 
 LAYOUTS = ("mindspore", "hf")
@@ -80,10 +77,6 @@ class DirectoryResult:
         return {**self.__dict__, "nonfinite": dict(self.nonfinite)}
 
 
-def _nbytes(m: Match) -> int:
-    return int(np.prod(m.shape, dtype=np.int64)) * itemsize(m.out_dtype)
-
-
 def shard_groups(matches: list[Match], max_bytes: int | None) -> list[list[Match]]:
     """Consecutive groups of at most ``max_bytes`` (a larger tensor gets a shard alone)."""
     if max_bytes is None:
@@ -91,7 +84,7 @@ def shard_groups(matches: list[Match], max_bytes: int | None) -> list[list[Match
     groups: list[list[Match]] = [[]]
     size = 0
     for m in matches:
-        n = _nbytes(m)
+        n = m.nbytes
         if groups[-1] and size + n > max_bytes:
             groups.append([])
             size = 0
@@ -183,7 +176,7 @@ def write_directory(plan: Plan, output: str | Path, *, layout: str = "mindspore"
     nonfinite: dict[str, int] = {}
     try:
         os.chmod(work, 0o777 & ~_umask())  # mkdtemp's 0700 ignores the umask
-        total = sum(_nbytes(m) for m in plan.matches)
+        total = sum(m.nbytes for m in plan.matches)
         done = 0
         for name, group in zip(names, groups):
             def step(phase: str, d: int, _t: int, base: int = done) -> None:
@@ -194,7 +187,7 @@ def write_directory(plan: Plan, output: str | Path, *, layout: str = "mindspore"
             written = write_plan(part, work / name, format="safetensors",
                                  check_finite=check_finite, progress=step, metadata=metadata)
             nonfinite.update(written.nonfinite)
-            done += sum(_nbytes(m) for m in group)
+            done += sum(m.nbytes for m in group)
         if config is not None:
             write_text(work / "config.json", json.dumps(config, indent=2) + "\n")
         if index_name is not None:

@@ -28,7 +28,7 @@ from ..match.layouts import LayoutError
 from ..match.plan import Match, Plan
 from ..read.ckpt import CkptReader
 from ..read.sources import read_source, safetensors_layout
-from ..read.tensors import itemsize, same_bits
+from ..read.tensors import same_bits
 
 Progress = Callable[[str, int, int], None]  # (phase, done_bytes, total_bytes)
 #: where a tensor's data lies in a file: ``(offset, nbytes)`` of each piece, in order
@@ -67,7 +67,7 @@ class Checks:
 
     def _same(self, match: Match, spans: Spans) -> bool:
         nbytes = sum(n for _, n in spans)
-        if nbytes != _numel(match.shape) * itemsize(match.out_dtype):
+        if nbytes != match.nbytes:
             return False
         if nbytes == 0:
             return _same_stream([], _planned_bytes(self._plan, match))
@@ -106,7 +106,7 @@ class Checks:
         for match, _, future in self._checks:
             if not future.result():
                 bad.append(match.target)
-            done += _numel(match.shape) * itemsize(match.out_dtype)
+            done += match.nbytes
             if self._progress:
                 self._progress("readback", done, total)
         listed = self._framing()
@@ -269,7 +269,7 @@ def readback(plan: Plan, path: Path, *, format: str = "ckpt",
             if listed[m.target] != (m.shape, m.out_dtype) or \
                     not _same_data(plan, m, view(m.target)):
                 bad.append(m.target)
-            done += _numel(m.shape) * itemsize(m.out_dtype)
+            done += m.nbytes
             if progress:
                 progress("readback", done, total)
     _raise_if_bad(path, bad)
@@ -288,10 +288,6 @@ def _written(path: Path, format: str) -> tuple[dict[str, tuple[tuple[int, ...], 
     written = read_source(path, strip_prefixes=False, config=False)
     return ({n: (t.shape, t.dtype) for n, t in written.tensors.items()},
             contextlib.nullcontext(lambda name: written.tensors[name].load()))
-
-
-def _numel(shape: tuple[int, ...]) -> int:
-    return int(np.prod(shape, dtype=np.int64))
 
 
 #: bytes of a fused tensor joined at a time by the readback (stays in cache)

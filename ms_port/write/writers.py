@@ -478,7 +478,7 @@ def _write_safetensors(plan: Plan, arrays: Iterator, f: BinaryIO, *,
     header: dict[str, Any] = {"__metadata__": dict(metadata or {"format": "ms-port"})}
     offset = 0
     for m in plan.matches:
-        size = int(np.prod(m.shape, dtype=np.int64)) * itemsize(m.out_dtype)
+        size = m.nbytes
         header[m.target] = {"dtype": _ST_CODES[m.out_dtype], "shape": list(m.shape),
                             "data_offsets": [offset, offset + size]}
         offset += size
