@@ -158,34 +158,6 @@ def test_large_tensors_split_like_save_checkpoint(tmp_path, monkeypatch):
             assert same_bits(ms_array(loaded[name]), array), name
 
 
-def _rss_file() -> int:
-    """Bytes of mapped files resident in this process (Linux)."""
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith("RssFile:"):
-                return int(line.split()[1]) << 10
-    pytest.skip("no RssFile in /proc/self/status")
-
-
-def test_views_equal_loads_hold_one_tensor_resident_and_stay_valid(tmp_path):
-    path = tmp_path / "big.ckpt"
-    arrays = {f"t{i}": sample("float32", (4 << 20,), seed=i) for i in range(4)}  # 16 MiB each
-    arrays["split"] = sample("bfloat16", (3, 700), seed=9)
-    our_save(path, arrays, slice_bytes=1024)  # "split" in pieces: a joined copy
-    reader = CkptReader(path)
-    with reader.views() as view:
-        before, peak, held = _rss_file(), 0, []
-        for name, array in arrays.items():
-            got = view(name)
-            assert same_bits(got, array) and same_bits(got, reader.load(name)), name
-            held.append((got, array))
-            peak = max(peak, _rss_file() - before)
-        # a tensor's pages leave the resident set when the next is viewed: not 64 MiB
-        assert peak < 24 << 20, peak
-        for got, array in held:  # earlier views read their pages again
-            assert same_bits(got, array)
-
-
 # -- (c) reading what MindSpore wrote -------------------------------------------------------
 
 

@@ -746,28 +746,33 @@ def test_a_part_index_out_of_range_is_a_layout_error():
         layout.part_shape((5, 4), -1)
 
 
-def test_readback_compares_a_fused_tensor_part_by_part_and_sees_one_wrong_bit():
-    from types import SimpleNamespace
+def _fused_equals(got: np.ndarray, layout, parts: list[np.ndarray]) -> bool:
+    """The read-back's verdict on a fused tensor: its bytes against its parts, joined a
+    few groups at a time where the layout puts them."""
+    from ms_port.read.tensors import flat_bytes
+    from ms_port.write.proof import _joined_bytes, _same_stream
 
+    return _same_stream([flat_bytes(got)], _joined_bytes(got.shape, layout, parts))
+
+
+def test_readback_compares_a_fused_tensor_part_by_part_and_sees_one_wrong_bit():
     import ml_dtypes
 
     from ms_port.read.tensors import same_bits
-    from ms_port.write.proof import _same_parts
     from ms_port.write.writers import _count_nonfinite
 
     rng = np.random.default_rng(0)
     parts = [rng.standard_normal((n, 6)).astype(ml_dtypes.bfloat16) for n in (8, 2, 2)]
     layout = grouped(2, [4, 1, 1])
     fused = layout.join(parts)
-    match = SimpleNamespace(layout=layout)
-    assert _same_parts(fused, match, parts)
+    assert _fused_equals(fused, layout, parts)
     for flat_index in (0, fused.size // 2, fused.size - 1):
         broken = fused.copy()
         bits = broken.reshape(-1).view(np.uint16)
         bits[flat_index] ^= 1  # one bit of one value
-        assert not _same_parts(broken, match, parts)
+        assert not _fused_equals(broken, layout, parts)
         assert not same_bits(broken, fused)
-    assert not _same_parts(layout.join([parts[0], parts[2], parts[1]]), match, parts)
+    assert not _fused_equals(layout.join([parts[0], parts[2], parts[1]]), layout, parts)
     nan = fused.copy()
     nan[0, 0], nan[3, 1] = np.nan, np.inf
     assert _count_nonfinite(nan, "bfloat16") == 2 and _count_nonfinite(fused, "bfloat16") == 0
@@ -811,8 +816,6 @@ def test_readback_joins_a_few_groups_at_a_time_and_sees_one_wrong_bit_in_any_par
     """The readback joins a fused tensor's parts a few groups at a time (here less than
     one group's bytes, and chunks that do not divide the groups) and compares them with
     what was written: a bit flipped in any part's first or last value is seen."""
-    from types import SimpleNamespace
-
     import ms_port.write.proof as proof
 
     monkeypatch.setattr(proof, "_JOIN_BYTES", 40)
@@ -822,21 +825,20 @@ def test_readback_joins_a_few_groups_at_a_time_and_sees_one_wrong_bit_in_any_par
     else:
         parts = [_random((2, n, 3), "float32", i) for i, n in enumerate(sizes)]
     fused = layout.join(parts)
-    match = SimpleNamespace(layout=layout)
-    assert proof._same_parts(fused, match, parts)
+    assert _fused_equals(fused, layout, parts)
     for i, part in enumerate(parts):
         for at in (0, part.size - 1):
             changed = [p.copy() for p in parts]
             changed[i].reshape(-1).view(np.uint32)[at] ^= 1
-            assert not proof._same_parts(fused, match, changed), (i, at)
-    assert not proof._same_parts(fused[:-1], match, parts)
-    assert not proof._same_parts(fused, match, [parts[0][:-1], *parts[1:]])
+            assert not _fused_equals(fused, layout, changed), (i, at)
+    assert not _fused_equals(fused[:-1], layout, parts)
+    assert not _fused_equals(fused, layout, [parts[0][:-1], *parts[1:]])
     empty = [p[..., :0] for p in parts]
-    assert proof._same_parts(layout.join(empty), match, empty)
+    assert _fused_equals(layout.join(empty), layout, empty)
     reshaped = parts[-1].reshape(1, -1) if layout.axis == 0 else parts[-1].reshape(1, 2, -1)
     assert reshaped.nbytes == parts[-1].nbytes  # the right size in the wrong shape
-    assert not proof._same_parts(fused, match, [*parts[:-1], reshaped])
-    assert not proof._same_parts(fused, match, parts[:-1])
+    assert not _fused_equals(fused, layout, [*parts[:-1], reshaped])
+    assert not _fused_equals(fused, layout, parts[:-1])
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32", "float64"])

@@ -27,7 +27,6 @@ import contextlib
 import math
 import mmap
 import os
-from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, BinaryIO, NamedTuple
 
@@ -481,31 +480,6 @@ class CkptReader:
     def load(self, name: str) -> np.ndarray:
         """Return tensor ``name``'s data as a fresh array; KeyError if absent."""
         return _read(self.path, self._by_name[name])
-
-    @contextlib.contextmanager
-    def views(self) -> Iterator[Callable[[str], np.ndarray]]:
-        """For one pass over the tensors (a readback): ``view(name)`` gives a read-only
-        view of the mapped file, neither allocated nor copied (a fresh multi-GB allocation
-        is what reading costs most). Each view's pages leave the process's resident set
-        when the next tensor is viewed, so memory stays bounded as with :meth:`load`; an
-        old view stays valid (its pages are read again from the page cache)."""
-        buf = _open_map(self.path)
-        shown: list[tuple[int, int]] = []
-
-        def view(name: str) -> np.ndarray:
-            for offset, n in shown if hasattr(mmap, "MADV_DONTNEED") else ():
-                start = offset - offset % mmap.PAGESIZE
-                with contextlib.suppress(OSError):  # only memory is at stake
-                    buf.madvise(mmap.MADV_DONTNEED, start, offset + n - start)
-            entry = self._by_name[name]
-            shown[:] = entry.pieces or ((entry.offset, entry.nbytes),)
-            return _array(buf, entry, self.path)
-
-        try:
-            yield view
-        finally:
-            with contextlib.suppress(BufferError):  # views still held: closed with them
-                buf.close()
 
     def close(self) -> None:
         """Nothing stays open between loads; kept for ``with`` and symmetry."""

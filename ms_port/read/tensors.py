@@ -79,13 +79,17 @@ _MEMCMP = libc_function("memcmp", ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p
                          ctypes.c_size_t)
 
 
+def flat_bytes(array: np.ndarray) -> np.ndarray:
+    """An array's bytes in C order as a flat ``uint8`` array (a view when contiguous)."""
+    return np.ascontiguousarray(array).reshape(-1).view(np.uint8)
+
+
 def same_bits(a: np.ndarray, b: np.ndarray) -> bool:
     """Whether two arrays hold the same bytes (NaN equals NaN bit for bit): by
     ``memcmp`` where the C library is reachable, else by numpy a bounded chunk at a time."""
     if a.nbytes != b.nbytes:
         return False
-    a = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
-    b = np.ascontiguousarray(b).reshape(-1).view(np.uint8)
+    a, b = flat_bytes(a), flat_bytes(b)
     if _MEMCMP is not None:
         return a.nbytes == 0 or _MEMCMP(a.ctypes.data, b.ctypes.data, a.nbytes) == 0
     return all(np.array_equal(a[i:i + COMPARE_BYTES], b[i:i + COMPARE_BYTES])

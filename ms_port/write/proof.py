@@ -28,7 +28,7 @@ from ..match.layouts import LayoutError
 from ..match.plan import Match, Plan
 from ..read.ckpt import CkptReader
 from ..read.sources import read_source, safetensors_layout
-from ..read.tensors import same_bits
+from ..read.tensors import flat_bytes, same_bits
 
 Progress = Callable[[str, int, int], None]  # (phase, done_bytes, total_bytes)
 #: where a tensor's data lies in a file: ``(offset, nbytes)`` of each piece, in order
@@ -155,11 +155,6 @@ def _safetensors_framing(path: Path) -> dict[str, tuple[tuple[int, ...], str, Sp
             for name, (shape, dtype, offset, nbytes) in entries.items()}
 
 
-def _same_data(plan: Plan, m: Match, got: np.ndarray) -> bool:
-    """Whether ``got`` holds the bits the plan puts in ``m``'s target."""
-    return _same_stream([_flat_bytes(got)], _planned_bytes(plan, m))
-
-
 class _NotPlanned(Exception):
     """The plan's data for a target has another shape than the target: it differs."""
 
@@ -179,7 +174,7 @@ def _planned_bytes(plan: Plan, m: Match) -> Iterator[np.ndarray]:
     want = plan.expected(m)
     if tuple(want.shape) != tuple(m.shape):
         raise _NotPlanned
-    yield _flat_bytes(want)
+    yield flat_bytes(want)
 
 
 def _same_stream(have: Iterable[np.ndarray], want: Iterable[np.ndarray]) -> bool:
@@ -221,10 +216,6 @@ def _mapped(buf: mmap.mmap, base: int, spans: Spans) -> Iterator[np.ndarray]:
                     buf.madvise(mmap.MADV_DONTNEED, start, at + k - start)
 
 
-def _flat_bytes(array: np.ndarray) -> np.ndarray:
-    return np.ascontiguousarray(array).reshape(-1).view(np.uint8)
-
-
 def _same_names(path: Path, listed: Any, expected: list[str]) -> None:
     if sorted(listed) != sorted(expected):  # safetensors lists names sorted
         extra = sorted(set(listed) - set(expected))
@@ -249,54 +240,33 @@ def _check_crc(path: Path, reader: CkptReader) -> None:
 
 def readback(plan: Plan, path: Path, *, format: str = "ckpt",
              progress: Progress | None = None) -> None:
-    """Read ``path`` and compare every tensor with the plan's data, bit for bit.
+    """Read a finished file as any source (a ``.pth`` that ``torch.save`` wrote whole)
+    and compare every tensor with the plan's data, bit for bit, one tensor at a time.
 
     Raises:
-        ReadbackError: naming the first tensors that differ, are missing or extra.
+        ReadbackError: naming the tensors that differ, or those missing or extra.
     """
     try:
-        listed, views = _written(path, format)
-    except ReadbackError:
-        raise
+        written = read_source(path, strip_prefixes=False, config=False)
     except Exception as exc:
         raise ReadbackError(f"{path}: the written file cannot be read back ({exc})",
                             path=path) from exc
+    listed = {n: (t.shape, t.dtype) for n, t in written.tensors.items()}
     _same_names(path, listed, [m.target for m in plan.matches])
     bad: list[str] = []
     total, done = plan.nbytes, 0
-    with views as view:
-        for m in plan.matches:
-            if listed[m.target] != (m.shape, m.out_dtype) or \
-                    not _same_data(plan, m, view(m.target)):
-                bad.append(m.target)
-            done += m.nbytes
-            if progress:
-                progress("readback", done, total)
+    for m in plan.matches:
+        if listed[m.target] != (m.shape, m.out_dtype) or not _same_stream(
+                [flat_bytes(written.tensors[m.target].load())], _planned_bytes(plan, m)):
+            bad.append(m.target)
+        done += m.nbytes
+        if progress:
+            progress("readback", done, total)
     _raise_if_bad(path, bad)
-
-
-def _written(path: Path, format: str) -> tuple[dict[str, tuple[tuple[int, ...], str]],
-                                               contextlib.AbstractContextManager]:
-    """What the written file lists (name -> shape, dtype), and ``view(name)`` for one
-    comparison each. A checkpoint is listed once and viewed over one map (reading its
-    tensors into fresh arrays took most of a 2 GiB readback); other formats are read as
-    any source, and a safetensors file's loads are maps already."""
-    if format == "ckpt":
-        reader = CkptReader(path)
-        _check_crc(path, reader)
-        return {e.name: (e.shape, e.dtype) for e in reader.entries}, reader.views()
-    written = read_source(path, strip_prefixes=False, config=False)
-    return ({n: (t.shape, t.dtype) for n, t in written.tensors.items()},
-            contextlib.nullcontext(lambda name: written.tensors[name].load()))
 
 
 #: bytes of a fused tensor joined at a time by the readback (stays in cache)
 _JOIN_BYTES = 1 << 20
-
-
-def _same_parts(got: np.ndarray, match: Any, parts: list[np.ndarray]) -> bool:
-    """Whether a fused tensor read back holds each part where its layout puts it."""
-    return _same_stream([_flat_bytes(got)], _joined_bytes(got.shape, match.layout, parts))
 
 
 def _joined_bytes(shape: tuple[int, ...], layout: Any, parts: list[np.ndarray]
@@ -316,7 +286,7 @@ def _joined_bytes(shape: tuple[int, ...], layout: Any, parts: list[np.ndarray]
             raise _NotPlanned from None
         if tuple(joined.shape) != tuple(shape):
             raise _NotPlanned
-        yield _flat_bytes(joined)
+        yield flat_bytes(joined)
         return
     try:  # each part's shape where the layout puts it: a right size alone is not enough
         shapes = [layout.part_shape(shape, i) for i in range(len(layout.sizes))]
@@ -328,7 +298,7 @@ def _joined_bytes(shape: tuple[int, ...], layout: Any, parts: list[np.ndarray]
     rows = math.prod(shape[:layout.axis]) * layout.groups
     if rows == 0 or not sum(p.nbytes for p in parts):
         return
-    wants = [_flat_bytes(p).reshape(rows, -1) for p in parts]
+    wants = [flat_bytes(p).reshape(rows, -1) for p in parts]
     width = sum(w.shape[1] for w in wants)
     step = max(1, _JOIN_BYTES // width)
     joined = np.empty((min(step, rows), width), np.uint8)

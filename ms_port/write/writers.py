@@ -31,7 +31,7 @@ from ..errors import NonFiniteError, OutputExistsError, WriteError
 from ..match.plan import Plan
 from ..read.ckpt import CkptWriter, write_all
 from ..read.sources import SAFETENSORS_DTYPES
-from ..read.tensors import FLOAT_DTYPES, itemsize
+from ..read.tensors import FLOAT_DTYPES, flat_bytes, itemsize
 from .proof import Checks, Progress, readback
 
 FORMATS = ("ckpt", "safetensors", "pth")  # pth: export, MindSpore -> PyTorch
@@ -488,7 +488,7 @@ def _write_safetensors(plan: Plan, arrays: Iterator, f: BinaryIO, *,
     done = 0
     for match, array in arrays:
         # a byte view: memoryview cannot describe bfloat16 itself
-        data = memoryview(np.ascontiguousarray(array).reshape(-1).view(np.uint8))
+        data = memoryview(flat_bytes(array))
         at = f.tell()
         write_all(f, data)
         if checks:
