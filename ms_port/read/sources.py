@@ -365,7 +365,7 @@ def _check_zip(path: Path) -> None:
                     "holds; the file is truncated or corrupt — re-download or re-save it",
                     path=path)
             # stored members only: the CRC pass reads each byte once, nothing expands
-            bad = zf.testzip() if path.stat().st_size < (64 << 20) else None
+            bad = zf.testzip() if size < (64 << 20) else None
     # zipfile raises more than BadZipFile on damaged directories (found by fuzzing)
     except (zipfile.BadZipFile, ValueError, OSError, EOFError, NotImplementedError,
             RuntimeError, UnicodeDecodeError) as exc:
