@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import signal
@@ -364,16 +365,15 @@ def test_a_tensor_the_file_lists_elsewhere_than_its_compared_bytes_fails(
     assert not out.exists() and not _temps(out)
 
 
-def test_each_tensor_is_compared_beside_the_writer_from_its_own_data(tmp_path, monkeypatch):
-    """The comparisons run in their own thread while the writer goes on (the first is
-    made before the last tensor is written), and read the plan's data anew: the writer's
-    buffers are reused for the next fused tensors."""
+def test_each_tensor_is_compared_beside_the_writer(tmp_path, monkeypatch):
+    """The comparisons run in their own thread while the writer goes on: the first is
+    done before the second tensor is written (a check deferred to the end would time out
+    here)."""
     import threading
 
     import ms_port.write.proof as proof
     from ms_port.write.writers import write_plan
 
-    plan = _four_tensors_plan()
     events: list[tuple[str, str, str]] = []
     real_same, real_written = proof.Checks._same, proof.Checks.written
 
@@ -385,17 +385,46 @@ def test_each_tensor_is_compared_beside_the_writer_from_its_own_data(tmp_path, m
         events.append(("written", match.target, threading.current_thread().name))
         real_written(self, match, spans)
         if match.target == "t0":
-            self._checks[0][2].result()  # compared before t1 is even prepared
+            assert self._checks[0][2].result(timeout=30)  # before t1 is written
 
     monkeypatch.setattr(proof.Checks, "_same", same)
     monkeypatch.setattr(proof.Checks, "written", written)
-    result = write_plan(plan, tmp_path / "out.ckpt")
+    result = write_plan(_four_tensors_plan(), tmp_path / "out.ckpt")
     assert result.readback == "bit-exact"
     compared = [(t, thread) for kind, t, thread in events if kind == "compared"]
     assert [t for t, _ in compared] == ["t0", "t1", "t2", "t3"]
     assert all(thread.startswith("ms-port-check") for _, thread in compared)
-    assert events.index(("compared", "t0", compared[0][1])) < \
-        [e[:2] for e in events].index(("written", "t3"))
+    assert [e[:2] for e in events].index(("compared", "t0")) < \
+        [e[:2] for e in events].index(("written", "t1"))
+
+
+@pytest.mark.parametrize("fmt", ["ckpt", "safetensors"])
+def test_the_check_compares_with_the_plan_not_with_what_the_writer_was_handed(
+        tmp_path, monkeypatch, fmt):
+    """A fault between the plan and the writer (a value changed in the array handed to
+    it, as a reused buffer overwritten too early would) is caught: the checks load the
+    plan's data themselves, so they never agree with the writer's copy by construction."""
+    import ms_port.write.writers as writers
+    from ms_port.errors import ReadbackError
+
+    real = writers._prepared
+
+    def faulty(plan, format, nonfinite):
+        def arrays():
+            with real(plan, format, nonfinite) as items:
+                for match, array in items:
+                    if match.target == "t2":
+                        array = array.copy()
+                        array.reshape(-1)[7] += 1  # one value off
+                    yield match, array
+        return contextlib.closing(arrays())
+
+    monkeypatch.setattr(writers, "_prepared", faulty)
+    out = tmp_path / f"out.{fmt}"
+    with pytest.raises(ReadbackError, match=r"1 tensors differ from their source after "
+                                            r"writing: t2;"):
+        writers.write_plan(_four_tensors_plan(), out, format=fmt)
+    assert not out.exists() and not _temps(out)
 
 
 _names = st.lists(
