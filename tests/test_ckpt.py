@@ -506,10 +506,13 @@ def test_writer_turns_os_errors_into_write_error(tmp_path):
        slice_bytes=st.integers(1, 64), seed=st.integers(0, 2**32 - 1), crc=st.booleans())
 def test_roundtrip_property(dtype, shape, slice_bytes, seed, crc):
     array = sample(dtype, shape, seed)
+    second = array[..., :1] if array.ndim else array
     buf = io.BytesIO()
     with CkptWriter(buf, crc=crc, slice_bytes=slice_bytes) as writer:
-        spans = [writer.write("t", array),
-                 writer.write("u", array[..., :1] if array.ndim else array)]
+        planned = writer.size_of("t", array.shape, dtype) + writer.size_of(
+            "u", second.shape, dtype) + writer.trailer_size
+        spans = [writer.write("t", array), writer.write("u", second)]
+    assert len(buf.getvalue()) == planned  # what the output's blocks are reserved for
     fd, name = tempfile.mkstemp(suffix=".ckpt")
     try:
         os.write(fd, buf.getvalue())
@@ -530,3 +533,32 @@ def test_load_entry_notices_a_file_that_shrank(tmp_path):
     path.write_bytes(data[:-2])
     with pytest.raises(SourceError, match=f"{path}.*list it again"):
         load_entry(path, entry)
+
+
+@settings(max_examples=40, deadline=None)
+@given(dtype=st.sampled_from(sorted(WRITABLE_DTYPES)),
+       shape=hnp.array_shapes(min_dims=0, max_dims=3, min_side=1, max_side=6),
+       slice_bytes=st.integers(1, 64), cuts=st.lists(st.integers(0, 400), max_size=6),
+       seed=st.integers(0, 2**32 - 1), crc=st.booleans())
+def test_chunks_cut_anywhere_write_the_same_file_as_one_array(dtype, shape, slice_bytes, cuts,
+                                                              seed, crc):
+    """A tensor streamed in chunks (cut anywhere: inside a value, across a record's end,
+    empty chunks) is written byte for byte as the whole array is, with the same spans."""
+    array = sample(dtype, shape, seed)
+    raw = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
+    edges = sorted({0, raw.size, *(c % (raw.size + 1) for c in cuts)})
+    chunks = [raw[a:b] for a, b in zip(edges, edges[1:])] + [raw[:0]]
+    whole, streamed = io.BytesIO(), io.BytesIO()
+    with CkptWriter(whole, crc=crc, slice_bytes=slice_bytes) as writer:
+        want = writer.write("t", array)
+    with CkptWriter(streamed, crc=crc, slice_bytes=slice_bytes) as writer:
+        got = writer.write_chunks("t", array.shape, dtype, iter(chunks))
+    assert got == want and streamed.getvalue() == whole.getvalue()
+
+
+@pytest.mark.parametrize("held, says", [(11, "fewer"), (13, "more")])
+def test_chunks_holding_other_than_the_tensors_bytes_are_refused(held, says):
+    with pytest.raises(WriteError, match=rf"'t' \(3 float32\) takes 12 bytes and its data "
+                                         rf"held {says}; the file is incomplete"):
+        CkptWriter(io.BytesIO()).write_chunks("t", (3,), "float32",
+                                              [np.zeros(held, np.uint8)])

@@ -17,10 +17,14 @@ round trip is bit-exact in any dtype.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
+
+from ..read.tensors import flat_bytes
 
 #: the layouts a mapping file may name
 KINDS = ("concat", "grouped", "interleave")
@@ -107,6 +111,32 @@ class Layout:
                 np.concatenate(blocks, axis=a + 1, out=target)
                 return target.reshape(shape)
         return np.concatenate(blocks, axis=a + 1).reshape(shape)
+
+    def chunks(self, parts: list[np.ndarray], nbytes: int, *, buffers: int = 1
+               ) -> Iterator[np.ndarray]:
+        """The fused array of ``parts`` as consecutive flat ``uint8`` arrays of whole
+        groups, about ``nbytes`` each (at least one group), joined through ``buffers``
+        reused buffers in turn: each is valid until ``buffers`` more are asked for (two let
+        a worker join the next while the last is used). A writer takes the fused tensor a
+        cache-sized piece at a time instead of joining it whole. Where a group's rows are
+        not contiguous in the fused array (dimensions of more than one before the axis)
+        or the parts' dtypes differ, a single array: the whole join.
+        """
+        shape = self.fused_shape([tuple(p.shape) for p in parts])
+        a = self.axis
+        if math.prod(shape[:a]) != 1 or len({p.dtype for p in parts}) != 1:
+            yield flat_bytes(self.join(parts))
+            return
+        group = self.block * math.prod(shape[a + 1:]) * parts[0].dtype.itemsize
+        if group == 0:
+            return
+        step = max(1, nbytes // group)
+        outs = [np.empty(min(step, self.groups) * group, np.uint8) for _ in range(buffers)]
+        for turn, g in enumerate(range(0, self.groups, step)):
+            k = min(step, self.groups - g)
+            rows = [p[(slice(None),) * a + (slice(g * size, (g + k) * size),)]
+                    for p, size in zip(parts, self.sizes)]
+            yield flat_bytes(replace(self, groups=k).join(rows, out=outs[turn % buffers]))
 
     def part(self, fused: np.ndarray, i: int) -> np.ndarray:
         """Part ``i`` of ``fused`` (split, or the way back)."""

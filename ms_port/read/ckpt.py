@@ -27,6 +27,7 @@ import contextlib
 import math
 import mmap
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, BinaryIO, NamedTuple
 
@@ -514,6 +515,20 @@ def _record_header(name: bytes, dims: tuple[int, ...], ttype: bytes, size: int) 
     return _len_field(0x0A, len(value) + size) + value
 
 
+def tensor_bytes(array: Any) -> tuple[tuple[int, ...], str, np.ndarray]:
+    """An array as a checkpoint stores it: its shape, canonical dtype name (or numpy's,
+    for a dtype no checkpoint holds) and its bytes in C order, little-endian, as a flat
+    ``uint8`` array: a view where the array already is so, else one copy."""
+    array = np.asarray(array)
+    try:
+        dtype = dtype_name(array.dtype.newbyteorder("<"))
+    except (KeyError, TypeError, ValueError):
+        return array.shape, str(array.dtype), np.empty(0, np.uint8)
+    # the shape is kept first: ascontiguousarray turns a 0-d array into shape (1,)
+    raw = np.ascontiguousarray(array, dtype=NUMPY_DTYPES[dtype]).reshape(-1).view(np.uint8)
+    return array.shape, dtype, raw
+
+
 class CkptWriter:
     """Stream tensors into a ``.ckpt`` byte-identical to ``mindspore.save_checkpoint``.
 
@@ -567,37 +582,81 @@ class CkptWriter:
             WriteError: the writer is finished, the name repeats, the array is empty or
                 its dtype cannot be stored in a checkpoint MindSpore loads.
         """
+        shape, dtype, raw = tensor_bytes(array)
+        return self.write_chunks(name, shape, dtype, (raw,))
+
+    def write_chunks(self, name: str, shape: tuple[int, ...], dtype: str,
+                     chunks: Iterable[Any]) -> tuple[tuple[int, int], ...]:
+        """Write one tensor whose bytes come in ``chunks``, as they come.
+
+        Args:
+            name: the parameter name (unique in the file).
+            shape, dtype: the tensor's; ``dtype`` a canonical name.
+            chunks: its bytes in C order, little-endian, cut anywhere (``uint8``
+                arrays, bytes); each is written before the next is asked for.
+
+        Returns:
+            As :meth:`write`.
+
+        Raises:
+            WriteError: as :meth:`write`, or the chunks hold other than the shape's bytes.
+        """
         if self._done:
             raise self._fail(f"cannot write {name!r}: the checkpoint is already finished")
         if not name or name in self._names:
             raise self._fail(f"tensor name {name!r} is empty or written twice; names must "
                              "be unique", tensor=name)
-        array = np.asarray(array)
-        try:
-            dtype = dtype_name(array.dtype.newbyteorder("<"))
-        except (KeyError, TypeError, ValueError):
-            dtype = str(array.dtype)
         if dtype not in WRITABLE_DTYPES:
             raise self._fail(f"tensor {name!r} has dtype {dtype}, which MindSpore cannot load "
                              f"from a checkpoint; cast it to one of {sorted(WRITABLE_DTYPES)}",
                              tensor=name)
-        if array.size == 0:
-            raise self._fail(f"tensor {name!r} is empty ({format_shape(array.shape)}): "
+        nbytes = math.prod(shape) * numpy_dtype(dtype).itemsize
+        if nbytes == 0:
+            raise self._fail(f"tensor {name!r} is empty ({format_shape(shape)}): "
                              "MindSpore drops empty tensors when saving and misreads them "
                              "when loading; leave it out", tensor=name)
-        # one copy at most, and only when the layout or byte order needs it; the shape is
-        # kept first because ascontiguousarray turns a 0-d array into shape (1,)
-        shape = array.shape
-        raw = np.ascontiguousarray(array, dtype=NUMPY_DTYPES[dtype]).reshape(-1).view(np.uint8)
         ttype, tag = MS_TENSOR_TYPES[dtype].encode(), name.encode("utf-8")
-        pieces = []
-        for start in range(0, raw.size, self._slice):
-            piece = raw[start:start + self._slice]
-            self._put(_record_header(tag, shape, ttype, piece.size))
-            pieces.append((self.bytes_written, piece.size))
-            self._put(memoryview(piece))
+        sizes = iter(self._record_sizes(nbytes))
+        pieces: list[tuple[int, int]] = []
+        left = 0  # bytes the current record still takes
+        for chunk in chunks:
+            view = memoryview(chunk).cast("B")
+            while view.nbytes:
+                if not left:
+                    left = next(sizes, 0)
+                    if not left:
+                        raise self._wrong_size(name, shape, dtype, nbytes, "more")
+                    self._put(_record_header(tag, shape, ttype, left))
+                    pieces.append((self.bytes_written, left))
+                n = min(left, view.nbytes)
+                self._put(view[:n])
+                view, left = view[n:], left - n
+        if left or next(sizes, 0):
+            raise self._wrong_size(name, shape, dtype, nbytes, "fewer")
         self._names.add(name)
         return tuple(pieces)
+
+    def _record_sizes(self, nbytes: int) -> list[int]:
+        """The data bytes of each record a tensor of ``nbytes`` is split into."""
+        return [min(self._slice, nbytes - at) for at in range(0, nbytes, self._slice)]
+
+    def _wrong_size(self, name: str, shape: tuple[int, ...], dtype: str, nbytes: int,
+                    held: str) -> WriteError:
+        return self._fail(f"tensor {name!r} ({format_shape(shape)} {dtype}) takes {nbytes} "
+                          f"bytes and its data held {held}; the file is incomplete",
+                          tensor=name)
+
+    def size_of(self, name: str, shape: tuple[int, ...], dtype: str) -> int:
+        """The bytes :meth:`write_chunks` puts in the file for such a tensor, its records'
+        framing included."""
+        ttype, tag = MS_TENSOR_TYPES[dtype].encode(), name.encode("utf-8")
+        sizes = self._record_sizes(math.prod(shape) * numpy_dtype(dtype).itemsize)
+        return sum(len(_record_header(tag, shape, ttype, n)) + n for n in sizes)
+
+    @property
+    def trailer_size(self) -> int:
+        """The bytes :meth:`finish` appends (the CRC trailer, if asked for)."""
+        return CRC_TRAILER_SIZE if self._crc_on else 0
 
     def finish(self) -> None:
         """Write the CRC trailer if asked for and flush; the file stays open."""
