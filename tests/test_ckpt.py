@@ -426,7 +426,7 @@ def test_large_tensors_reach_the_kernel_in_small_writes(fmt):
     reporting must fault back in from its host: 6 s instead of 1 for 2 GiB (WRITE_STEP)."""
     from types import SimpleNamespace
 
-    from ms_port.write.writers import _write_safetensors
+    from ms_port.write.writers import _Data, _write_safetensors
 
     array = np.arange(3 * WRITE_STEP // 4 + 5, dtype=np.float32)  # 3 steps and a bit
     calls: list[int] = []
@@ -442,8 +442,9 @@ def test_large_tensors_reach_the_kernel_in_small_writes(fmt):
     else:
         match = SimpleNamespace(target="w", shape=array.shape, out_dtype="float32",
                                 nbytes=array.nbytes)
-        _write_safetensors(SimpleNamespace(matches=[match]), iter([(match, array)]), out,
-                           progress=None)
+        data = _Data(array.shape, "float32", [array.view(np.uint8)])
+        _write_safetensors(SimpleNamespace(matches=[match]), iter([(match, data)]), out,
+                           progress=None, checks=None, metadata=None)
     assert out.getvalue().endswith(array.tobytes())  # every byte, in order, once
     assert sum(calls) == len(out.getvalue())
     assert max(calls) <= WRITE_STEP

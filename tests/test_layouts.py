@@ -7,6 +7,8 @@ with MindFormers' own converters where MindFormers is installed.
 
 from __future__ import annotations
 
+import math
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -886,22 +888,77 @@ def test_join_into_a_reused_buffer_equals_a_fresh_join():
     assert not np.shares_memory(layout.join(parts, out=small), small)
 
 
-def test_an_array_being_written_is_never_overwritten_by_the_next_one_prepared():
-    """Adjacent fused targets: the writer holds one while the next is joined meanwhile,
-    into the other of two reused buffers (with one buffer, each would be overwritten)."""
+def test_a_target_being_written_is_never_overwritten_by_the_next_one_prepared(monkeypatch):
+    """Adjacent fused targets: the writer takes one a few groups at a time (here one
+    group per chunk, through one reused buffer) while the next is prepared meanwhile;
+    every chunk holds the planned bytes when the writer takes it."""
     import time
 
-    from ms_port.write.writers import _prepared
+    import ms_port.write.writers as writers
 
+    monkeypatch.setattr(writers, "CHUNK_BYTES", 1)  # one group per chunk
     layers = (0, 1, 2, 3)
     arrays = _qkv_arrays(layers)
     plan = make_plan(_source(arrays, CONFIG), _qkv_target(layers),
                      parse_mapping(QKV, origin="t.yaml"))
     assert plan.ok and all(m.layout is not None for m in plan.matches)
     seen = []
-    with _prepared(plan, "ckpt", {}) as stream:
-        for m, array in stream:
-            time.sleep(0.05)  # the next one is prepared meanwhile, in the worker
-            assert _same_bits(array, plan.expected(m)), m.target
+    with writers._prepared(plan, {}) as stream:
+        for m, data in stream:
+            taken = []
+            for chunk in data.chunks:
+                time.sleep(0.01)  # the next target is prepared meanwhile, in the worker
+                taken.append(chunk.copy())
+            assert len(taken) == m.layout.groups > 1
+            assert (data.shape, data.dtype) == (m.shape, m.out_dtype)
+            assert np.concatenate(taken).tobytes() == plan.expected(m).tobytes(), m.target
             seen.append(m.target)
     assert seen == [f"layers.{i}.qkv.weight" for i in layers]
+
+
+
+
+@settings(max_examples=60, deadline=None)
+@given(groups=st.integers(1, 6), sizes=st.lists(st.integers(1, 4), min_size=1, max_size=3),
+       lead=st.sampled_from([(), (1,), (2,)]), tail=st.integers(1, 4),
+       nbytes=st.integers(1, 300), dtype=st.sampled_from(["float32", "bfloat16", "int32"]))
+def test_chunks_of_a_fused_tensor_are_its_join_in_order_and_stay_valid_for_two_turns(
+        groups, sizes, lead, tail, nbytes, dtype):
+    """A writer's chunks of a fused tensor, joined a few groups at a time through two
+    buffers in turn, are the whole join's bytes in order, whole values each; a chunk is
+    still intact after the next one is made (one-ahead). With a dimension of more than
+    one before the axis the groups are not contiguous: one chunk, the whole join."""
+    axis = len(lead)
+    layout = Layout("grouped", axis, groups, tuple(sizes))
+    parts = [_random((*lead, groups * s, tail), dtype, i) for i, s in enumerate(sizes)]
+    want = layout.join(parts).tobytes()
+    chunks = layout.chunks(parts, nbytes, buffers=2)
+    got, previous = [], None
+    for chunk in chunks:
+        if previous is not None:
+            assert previous[0].tobytes() == previous[1]  # untouched by the next chunk
+        got.append(chunk.tobytes())
+        assert chunk.dtype == np.uint8 and chunk.size % np.dtype(parts[0].dtype).itemsize == 0
+        previous = (chunk, got[-1])
+    assert b"".join(got) == want
+    if math.prod(lead) > 1:
+        assert len(got) == 1
+    else:
+        group = sum(sizes) * tail * np.dtype(parts[0].dtype).itemsize
+        assert all(len(c) == max(1, nbytes // group) * group for c in got[:-1])
+
+
+@pytest.mark.parametrize("fmt", ["ckpt", "safetensors"])
+def test_nan_in_any_part_of_a_fused_target_written_in_chunks_is_counted(tmp_path, monkeypatch,
+                                                                        fmt):
+    """NaN/Inf are counted chunk by chunk as a fused target is written: in the first
+    part, in the last, across chunks; reported under the fused target's name."""
+    import ms_port.write.writers as writers
+
+    monkeypatch.setattr(writers, "CHUNK_BYTES", 64)  # several chunks per target
+    arrays = {k: np.ones_like(v) for k, v in _qkv_arrays().items()}  # finite but for these
+    arrays["layers.0.q.weight"][0, 0] = np.nan
+    arrays["layers.1.v.weight"][[0, 5], [1, 4]] = [np.inf, -np.nan]
+    plan = make_plan(_source(arrays, CONFIG), _qkv_target(), parse_mapping(QKV, origin="t.yaml"))
+    result = writers.write_plan(plan, tmp_path / f"out.{fmt}", format=fmt)
+    assert result.nonfinite == {"layers.0.qkv.weight": 1, "layers.1.qkv.weight": 2}

@@ -409,14 +409,15 @@ def test_the_check_compares_with_the_plan_not_with_what_the_writer_was_handed(
 
     real = writers._prepared
 
-    def faulty(plan, format, nonfinite):
+    def faulty(plan, nonfinite):
         def arrays():
-            with real(plan, format, nonfinite) as items:
-                for match, array in items:
+            with real(plan, nonfinite) as items:
+                for match, data in items:
                     if match.target == "t2":
-                        array = array.copy()
-                        array.reshape(-1)[7] += 1  # one value off
-                    yield match, array
+                        raw = np.concatenate([np.array(c) for c in data.chunks])
+                        raw[7] += 1  # one byte off
+                        data = writers._Data(data.shape, data.dtype, [raw])
+                    yield match, data
         return contextlib.closing(arrays())
 
     monkeypatch.setattr(writers, "_prepared", faulty)
@@ -757,3 +758,66 @@ def test_a_config_json_beside_the_output_is_not_the_outputs_business(tmp_path, f
     result = ms_port.write.writers.write_plan(_four_tensors_plan(), tmp_path / f"out.{fmt}",
                                               format=fmt)
     assert result.readback == "bit-exact"
+
+
+def _fake_fallocate(err: int, calls: list):
+    import ctypes
+
+    def fallocate(fd, mode, offset, nbytes):
+        calls.append(nbytes)
+        ctypes.set_errno(err)
+        return -1
+    return fallocate
+
+
+@pytest.mark.parametrize("fmt, crc", [("ckpt", False), ("ckpt", True), ("safetensors", False)])
+def test_the_outputs_blocks_are_reserved_exactly_and_no_room_fails_before_writing(
+        tmp_path, monkeypatch, fmt, crc):
+    """The output's size is known before it is written, and that much is reserved on the
+    disk (fallocate): exactly the finished file's size, so nothing reserved is left past
+    its end. A disk without room fails at once, naming the bytes needed, nothing left
+    behind; a filesystem refusing fallocate only means writing without it."""
+    import errno
+
+    import ms_port.write.writers as writers
+    from ms_port.errors import WriteError
+
+    if writers._FALLOCATE is None:
+        pytest.skip("no fallocate in this C library")
+    real, asked = writers._FALLOCATE, []
+
+    def recording(fd, mode, offset, nbytes):
+        asked.append(nbytes)
+        return real(fd, mode, offset, nbytes)
+
+    monkeypatch.setattr(writers, "_FALLOCATE", recording)
+    out = tmp_path / f"out.{fmt}"
+    result = writers.write_plan(_four_tensors_plan(), out, format=fmt, crc=crc)
+    assert out.stat().st_size == result.nbytes and asked == [result.nbytes]
+    assert out.stat().st_blocks * 512 < result.nbytes + (64 << 10)
+
+    calls: list[int] = []
+    monkeypatch.setattr(writers, "_FALLOCATE", _fake_fallocate(errno.ENOSPC, calls))
+    full = tmp_path / f"full.{fmt}"
+    with pytest.raises(WriteError, match=rf"full\.{fmt}: cannot write \(No space left on "
+                                         rf"device: the output needs {result.nbytes} bytes\)"):
+        writers.write_plan(_four_tensors_plan(), full, format=fmt, crc=crc)
+    assert calls == [result.nbytes] and not full.exists() and not _temps(full)
+
+    monkeypatch.setattr(writers, "_FALLOCATE", _fake_fallocate(errno.EOPNOTSUPP, calls))
+    plain = tmp_path / f"plain.{fmt}"
+    writers.write_plan(_four_tensors_plan(), plain, format=fmt, crc=crc)
+    assert plain.read_bytes() == out.read_bytes() and len(calls) == 2
+
+
+def test_blocks_reserved_past_the_written_end_are_given_back(tmp_path, monkeypatch):
+    import ms_port.write.writers as writers
+
+    if writers._FALLOCATE is None:
+        pytest.skip("no fallocate in this C library")
+    real = writers._reserve
+    monkeypatch.setattr(writers, "_reserve", lambda f, nbytes: real(f, nbytes + (8 << 20)))
+    out = tmp_path / "out.ckpt"
+    result = writers.write_plan(_four_tensors_plan(), out)
+    assert out.stat().st_size == result.nbytes
+    assert out.stat().st_blocks * 512 < result.nbytes + (1 << 20)  # not the extra 8 MiB

@@ -226,25 +226,10 @@ class Plan(Renderable):
             lines += [_unused_line(u) for u in self.unused]
         return lines
 
-    def arrays(self, *, buffers: int = 0):
-        """Yield ``(match, array)`` in target order: source data, transformed and cast.
-
-        ``buffers``: fused tensors are joined into that many byte buffers, used in turn
-        (for a writer holding at most that many arrays at once): a 1.1B model's 1.3 GB of
-        fused tensors then cost ``buffers`` allocations, not 44 fresh ones. 0: fresh arrays.
-        """
-        fused = [m for m in self.matches if m.parts and m.layout is not None]
-        pool: list[np.ndarray] = []
-        if buffers and fused:
-            largest = max(_numel(m.source_shape) * itemsize(m.dtype) for m in fused)
-            pool = [np.empty(largest, np.uint8) for _ in range(buffers)]
-        turn = 0
+    def arrays(self):
+        """Yield ``(match, array)`` in target order: source data, transformed and cast."""
         for m in self.matches:
-            if pool and m.parts and m.layout is not None:
-                out, turn = pool[turn % len(pool)], turn + 1
-                yield m, materialize(m, [self.source.tensors[p] for p in m.parts], out=out)
-            else:
-                yield m, self.expected(m)
+            yield m, self.expected(m)
 
     def expected(self, m: Match) -> np.ndarray:
         """What ``m``'s target must hold: its source's data transformed and cast, or the
@@ -400,14 +385,12 @@ def _widens(src: str, dst: str) -> bool:
     return src == dst
 
 
-def materialize(match: Match, info: TensorInfo | list[TensorInfo],
-                out: np.ndarray | None = None) -> np.ndarray:
+def materialize(match: Match, info: TensorInfo | list[TensorInfo]) -> np.ndarray:
     """The array written for ``match``: source data (its parts joined, or its part taken),
-    transformed, then cast. A fused target reads only its own parts (joined into ``out``,
-    a reusable byte buffer, when given)."""
+    transformed, then cast. A fused target reads only its own parts."""
     if isinstance(info, list):
         assert match.layout is not None
-        array = match.layout.join([i.load() for i in info], out=out)
+        array = match.layout.join([i.load() for i in info])
     elif match.part is not None:
         assert match.layout is not None
         array = match.layout.part(info.load(), match.part)
