@@ -26,7 +26,7 @@ import numpy as np
 from ..errors import ReadbackError
 from ..match.layouts import LayoutError
 from ..match.plan import Match, Plan
-from ..read.ckpt import CkptReader
+from ..read.ckpt import CkptReader, tensor_bytes
 from ..read.sources import read_source, safetensors_layout
 from ..read.tensors import flat_bytes, same_bits
 
@@ -168,13 +168,21 @@ def _planned_bytes(plan: Plan, m: Match) -> Iterator[np.ndarray]:
         _NotPlanned: when asked for the first chunk, if the data has another shape.
     """
     if m.parts and not m.transforms and m.out_dtype == m.dtype and m.layout is not None:
-        parts = [plan.source.tensors[p].load() for p in m.parts]
+        parts = [_little_endian(plan.source.tensors[p].load()) for p in m.parts]
         yield from _joined_bytes(m.shape, m.layout, parts)
         return
     want = plan.expected(m)
     if tuple(want.shape) != tuple(m.shape):
         raise _NotPlanned
-    yield flat_bytes(want)
+    yield tensor_bytes(want)[2]  # as the files store it: little-endian
+
+
+def _little_endian(array: np.ndarray) -> np.ndarray:
+    """``array`` with its bytes in little-endian order (the files' order): a copy only
+    where it is big-endian (a source built through the API)."""
+    if array.dtype.byteorder == ">":
+        return array.byteswap().view(array.dtype.newbyteorder("<"))
+    return array
 
 
 def _same_stream(have: Iterable[np.ndarray], want: Iterable[np.ndarray]) -> bool:

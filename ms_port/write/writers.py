@@ -409,9 +409,15 @@ def _data(plan: Plan, m: Match, nonfinite: dict[str, int], chunker: ThreadPoolEx
             shape, dtype = m.shape, m.dtype
             chunks = m.layout.chunks(parts, CHUNK_BYTES, buffers=2)
     if chunks is None:
-        shape, dtype, raw = tensor_bytes(plan.expected(m))
-        chunks = (raw[i:i + CHUNK_BYTES] for i in range(0, raw.size, CHUNK_BYTES))
+        array = plan.expected(m)
+        shape, dtype, raw = tensor_bytes(array)
+        step = max(1, CHUNK_BYTES // array.dtype.itemsize) * array.dtype.itemsize  # whole values
+        chunks = (raw[i:i + step] for i in range(0, raw.size, step))
     scanned = _scanned(_counted_as(m), dtype, chunks, nonfinite)
+    if m.nbytes <= CHUNK_BYTES:
+        # one chunk: scanned here, a target ahead, rather than handed to the chunk worker
+        # and back (two round trips per tensor: +3 s for 20,000 small tensors)
+        return m, _Data(shape, dtype, tuple(scanned))
     return m, _Data(shape, dtype, _one_ahead(scanned, chunker))
 
 
