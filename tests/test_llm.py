@@ -49,6 +49,15 @@ def cli():
     return lambda args: CliRunner().invoke(main, args, env={"COLUMNS": "250"})
 
 
+def _one_error(result) -> str:
+    """The CLI's refusal: exit 2, one line saying what failed, and the --debug hint."""
+    lines = result.output.strip().splitlines()
+    assert result.exit_code == 2, result.output
+    assert len(lines) == 2 and lines[0].startswith("error: "), result.output
+    assert lines[1] == "(run with --debug for the traceback)"
+    return lines[0]
+
+
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
     root = tmp_path_factory.mktemp("hf")
@@ -146,10 +155,12 @@ def _rope_permuted(w, heads):  # the classic Meta <-> HF q/k row permutation
     return w.reshape(heads, 2, rows // heads // 2, cols).transpose(0, 2, 1, 3).reshape(rows, cols)
 
 
-def _plain_fused(parts_of):
-    """Undo MindFormers' per-KV-group layout into a plain [q; k; v] concatenation."""
+def _plain_fused(parts_of, suffix):
+    """Undo MindFormers' per-KV-group layout into a plain [q; k; v] concatenation, in the
+    tensors whose names end with ``suffix`` alone (the weight, or the bias as MindFormers'
+    ``convert_weight.py`` fuses it while its weight is right)."""
     def edit(tensors):
-        for name in [n for n in tensors if n.endswith(("w_qkv.weight", "w_qkv.bias"))]:
+        for name in [n for n in tensors if n.endswith(suffix)]:
             w = tensors[name]
             q, k, v = parts_of(w)
             tensors[name] = np.concatenate([q, k, v])
@@ -186,12 +197,12 @@ def _rope_wk(tensors):
 
 WRONG = {  # case: (model, fused, edit, the tensor it must name)
     "rope-permuted-wk": ("llama-f32", False, _rope_wk, "model.layers.0.attention.wk.weight"),
-    "plain-qkv-fusion": ("llama-f32", True, _plain_fused(_groups),
+    "plain-qkv-fusion": ("llama-f32", True, _plain_fused(_groups, "w_qkv.weight"),
                          "model.layers.0.attention.w_qkv.weight"),
     "gate-up-swapped": ("llama-f32", True, _swap_gate_up,
                         "model.layers.0.feed_forward.w_gate_hidden.weight"),
     "kv-biases-swapped": ("qwen2-bf16", False, _swap_kv_bias, "model.layers.0.attention.wk.bias"),
-    "plain-fused-bias": ("qwen2-bf16", True, _plain_fused(_groups),
+    "plain-fused-bias": ("qwen2-bf16", True, _plain_fused(_groups, "w_qkv.bias"),
                          "model.layers.0.attention.w_qkv.bias"),
 }
 
@@ -207,33 +218,44 @@ def test_wrong_conversions_fail_naming_layer_and_tensor(models, tmp_path, case):
     assert report.verdict == "FAIL"
     differing = {d.target for d in report.tensors.deltas if d.status == "differs"}
     assert tensor in differing
+    # exactly the tensors the edit changed are blamed (the bias alone, not its weight)
+    right, edited = read_source(out).tensors, read_source(wrong).tensors
+    assert differing == {n for n in right
+                         if right[n].load().tobytes() != edited[n].load().tobytes()}
     assert report.first_divergence is not None  # the forward names the first layer
     assert report.first_divergence.ms_name.startswith("model.layers.0")
 
 
 @needs_mindformers
-def test_wrong_conversion_fails_in_the_forward_alone(models, tmp_path):
-    """The same swap judged by the layers alone (the tensor check knows the plan, so a
-    mapping table with the swap built in would pass it): the layer is still named."""
+@pytest.mark.parametrize("case,layer", [("gate-up-swapped", "feed_forward"),
+                                        ("plain-fused-bias", "attention")])
+def test_wrong_conversion_fails_in_the_forward_alone(models, tmp_path, case, layer):
+    """The same edit judged by the layers alone (the tensor check knows the plan, so a
+    mapping table with the mistake built in would pass it): the layer is still named."""
     from ms_port.archs.mindformers import build_llama
     from ms_port.check.language import torch_from_config
     from ms_port.check.networks import load_ms_weights, load_torch_weights
     from ms_port.check.pairing import correspondence_from_pairs
     from ms_port.check.parity import run_parity
 
-    out, plan = _convert(models, tmp_path, "llama-f32", True)
-    wrong = rewrite_checkpoint(out, tmp_path / "wrong.ckpt", _swap_gate_up)
-    source = read_source(models("llama-f32"))
+    name, qkv, edit, _ = WRONG[case]
+    out, plan = _convert(models, tmp_path, name, qkv)
+    wrong = rewrite_checkpoint(out, tmp_path / "wrong.ckpt", edit)
+    source = read_source(models(name))
     tnet = torch_from_config(source.config, "config.json")
     load_torch_weights(tnet, source)
-    mnet = build_llama(source.config, qkv_concat=True, seq_length=16)
+    mnet = build_llama(source.config, qkv_concat=qkv, seq_length=16)
     load_ms_weights(mnet, wrong)
     ids = np.random.default_rng(0).integers(0, 128, (1, 16))
     pairs = correspondence_from_pairs((m.target, m.source) for m in plan.matches
                                       if not m.parts)
     report = run_parity(tnet, mnet, inputs=[ids], tol=1e-5, correspondence=pairs)
     assert report.verdict == "FAIL"
-    assert "feed_forward" in report.first_divergence.ms_name
+    assert report.first_divergence.ms_name.startswith("model.layers.0")
+    assert layer in report.first_divergence.ms_name
+    load_ms_weights(mnet, out)  # the right checkpoint, the same forward: PASS
+    assert run_parity(tnet, mnet, inputs=[ids], tol=1e-5,
+                      correspondence=pairs).verdict == "PASS"
 
 
 def test_tied_head_in_a_bin_is_dropped_as_tied(tmp_path):
@@ -268,16 +290,13 @@ def test_config_that_does_not_fit_the_tensors_is_one_line_exit_2(tmp_path, cli):
     (src / "config.json").write_text(json.dumps(config))
     with pytest.raises((MappingError, TargetError)):
         ms_port.plan(src, ms_model="mindformers:llama", ms_options={"qkv_concat": True})
-    result = cli(["convert", str(src), "--ms-model", "mindformers:llama", "--ms-option",
-                  "qkv_concat=true", "-o", str(tmp_path / "o.ckpt")])
-    assert result.exit_code == 2
-    assert "num_key_value_heads" in result.output or "kv_heads" in result.output
-    assert "Traceback" not in result.output
+    line = _one_error(cli(["convert", str(src), "--ms-model", "mindformers:llama",
+                           "--ms-option", "qkv_concat=true", "-o", str(tmp_path / "o.ckpt")]))
+    assert "num_key_value_heads" in line or "kv_heads" in line
     assert not (tmp_path / "o.ckpt").exists()
-    result = cli(["convert", str(src), "--ms-model", "mindformers:llama",  # separate q/k/v
-                  "-o", str(tmp_path / "o.ckpt")])
-    assert result.exit_code == 2 and "does not fit the checkpoint" in result.output
-    assert len(result.output.strip().splitlines()) <= 3  # one error line and the hint
+    line = _one_error(cli(["convert", str(src), "--ms-model", "mindformers:llama",  # separate
+                           "-o", str(tmp_path / "o.ckpt")]))
+    assert "does not fit the checkpoint" in line
 
 
 def test_family_without_config_says_where_to_put_it(tmp_path, cli):
@@ -473,6 +492,7 @@ def test_json_report_names_the_table_and_config_values(models, tmp_path, cli):
     assert data["config"].endswith("config.json")
 
 
+@needs_mindformers  # where it is absent, it could not be imported anyway: nothing shown
 def test_convert_to_a_family_never_imports_mindformers(models, tmp_path):
     """The target's names come from the config: MindFormers (5-11 s, 1.2 GB) stays out."""
     import subprocess
@@ -560,9 +580,9 @@ def test_hostile_config_values_are_one_line_exit_2(tmp_path, cli, change, words)
     src = tiny_hf_lm("llama", tmp_path / "m")
     config = {**json.loads((src / "config.json").read_text()), **change}
     (src / "config.json").write_text(json.dumps(config))
-    result = cli(["convert", str(src), "--ms-model", "mindformers:llama", "--dry-run"])
-    assert result.exit_code == 2 and words in result.output, result.output
-    assert "Traceback" not in result.output
+    line = _one_error(cli(["convert", str(src), "--ms-model", "mindformers:llama",
+                           "--dry-run"]))
+    assert words in line
 
 
 def test_a_config_that_is_no_regular_file_is_refused(tmp_path, cli):
@@ -617,3 +637,4 @@ def test_token_defaults_name_the_config_file_when_vocab_size_is_unusable():
     for bad in (0, True, "128", 2**40, None):
         with pytest.raises(TargetError, match=r"^m/config\.json: vocab_size"):
             token_defaults({"vocab_size": bad}, "m/config.json")
+
