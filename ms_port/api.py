@@ -11,7 +11,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .errors import MsPortError, TargetError
+from .errors import MappingError, MsPortError, TargetError
 from .match.mapping import MappingTable, load_mapping
 from .match.patterns import Pattern, PatternError, compile_pattern
 from .match.plan import Plan, make_plan
@@ -139,21 +139,41 @@ def resolve_mapping(mapping: Any, *, arch: str | None = None,
         table = select_mapping(config, target) or table
     from .match.mapping import mapping_from_data
 
+    shipped = table
     items = mapping if isinstance(mapping, (list, tuple)) else [mapping]
     for item in items:
         if item is None:
             continue
         if isinstance(item, MappingTable):
-            table = table.merged(item)
+            given = item
         elif isinstance(item, dict):
-            table = table.merged(mapping_from_data(item, origin="mapping (a dict)"))
+            given = mapping_from_data(item, origin="mapping (a dict)")
         elif isinstance(item, (str, Path)):
-            table = table.merged(load_mapping(item))
+            given = load_mapping(item)
         else:
             raise MsPortError(f"mapping= takes a YAML path, a built-in table's name, a dict "
                               f"shaped like a mapping file or a MappingTable (or a list of "
                               f"them); got {type(item).__name__}")
+        if target is not None and target.family and config is not None:
+            _implies_agree(given, shipped, config, target.family)
+        table = table.merged(given)
     return table
+
+
+def _implies_agree(given: MappingTable, shipped: MappingTable, config: dict[str, Any],
+                   family: str) -> None:
+    """Refuse a user's ``implies:`` that differs from what the family's network was
+    computed with: that comes from the tables in mappings/, and would be dropped here."""
+    model_type = config.get("model_type")
+    if not isinstance(model_type, str) or model_type not in given.implies:
+        return
+    wanted, used = given.implies[model_type], shipped.implies.get(model_type, {})
+    if wanted != used:
+        raise MappingError(
+            f"{given.origin}: implies.{model_type} is {wanted}, but {family} was computed "
+            f"with {used} (from {shipped.origin}): what a model type implies is read from "
+            "the tables in mappings/, not from --map; put the table there (README: 'Adding "
+            "a family')", path=given.origin)
 
 
 def _family_fits(src: Source, family: str, ms_options: Any) -> None:
@@ -163,13 +183,9 @@ def _family_fits(src: Source, family: str, ms_options: Any) -> None:
 
 def select_mapping(config: dict[str, Any], target: Target) -> MappingTable | None:
     """The shipped table chosen by the source's config and the target, if one fits."""
-    from .match.mapping import builtin_mappings
+    from .match.mapping import select_table
 
-    for name in builtin_mappings():
-        table = load_mapping(name)
-        if any(table.selects(config, key) for key in target.keys):
-            return table
-    return None
+    return select_table(config, tuple(target.keys))
 
 
 def _source(source: str | Path | Source, *, config: Any = None, **kw: Any) -> Source:

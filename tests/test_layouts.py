@@ -328,6 +328,8 @@ split:
 tied:
   - {source: lm_head.weight, same_as: model.embed_tokens.weight, when: tie_word_embeddings}
   - {source: head.w, same_as: emb.w}
+implies:
+  mistral: {qkv_bias: true, sliding: 4}
 """
 
 
@@ -338,6 +340,10 @@ def test_new_sections_parse():
                             "target": ("mindformers:llama",)}
     assert table.params["kv_heads"] == ("num_key_value_heads", "num_attention_heads")
     assert table.params["heads"] == ("num_attention_heads",)
+    assert table.implies == {"mistral": {"qkv_bias": True, "sliding": 4}}
+    assert table.merged(parse_mapping("select: {model_type: x}\nimplies: {x: {a: 1}}",
+                                      origin="u.yaml")).implies == {
+        "mistral": {"qkv_bias": True, "sliding": 4}, "x": {"a": 1}}
     qkv, ffn = table.fuse
     assert qkv.target.names == ["i"] and len(qkv.sources) == 3
     assert qkv.layout.kind == "grouped" and qkv.layout.groups == "kv_heads"
@@ -432,6 +438,15 @@ BAD = {
     "select unknown key": ({"select": {"model": "llama"}}, "select"),
     "select empty list": ({"select": {"model_type": []}}, "select.model_type"),
     "select number": ({"select": {"model_type": [1]}}, "select.model_type"),
+    "implies without select": ({"implies": {"qwen2": {"qkv_bias": True}}}, "implies"),
+    "implies unselected type": ({"select": {"model_type": "llama"},
+                                 "implies": {"qwen2": {"qkv_bias": True}}}, "implies.qwen2"),
+    "implies a list": ({"select": {"model_type": "qwen2"},
+                        "implies": {"qwen2": [{"qkv_bias": True}]}}, "implies.qwen2"),
+    "implies nested value": ({"select": {"model_type": "qwen2"},
+                              "implies": {"qwen2": {"qkv_bias": {"a": 1}}}}, "implies.qwen2"),
+    "implies bad key": ({"select": {"model_type": "qwen2"},
+                         "implies": {"qwen2": {"qkv-bias": True}}}, "implies.qwen2"),
 }
 
 

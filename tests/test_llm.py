@@ -575,6 +575,8 @@ def _umask():
     ({"rope_scaling": "linear"}, "rope"),
     ({"vocab_size": 10**40}, "vocab_size"),
     ({"num_hidden_layers": 10**9}, "num_hidden_layers"),
+    ({"model_type": "x" * 100_000}, "model_type 'xxx"),
+    ({"model_type": ["llama"]}, "model_type ['llama']"),
 ])
 def test_hostile_config_values_are_one_line_exit_2(tmp_path, cli, change, words):
     src = tiny_hf_lm("llama", tmp_path / "m")
@@ -638,3 +640,62 @@ def test_token_defaults_name_the_config_file_when_vocab_size_is_unusable():
         with pytest.raises(TargetError, match=r"^m/config\.json: vocab_size"):
             token_defaults({"vocab_size": bad}, "m/config.json")
 
+
+def test_a_family_of_llamas_structure_is_a_table(tmp_path, cli, monkeypatch):
+    """A model type no shipped table takes is refused by name; a table that selects it,
+    saying what the type implies (q/k/v biases), is all it takes to convert it: no code."""
+    from importlib import resources
+
+    import yaml
+
+    import ms_port.match.mapping as mapping
+
+    src = tiny_hf_lm("qwen2", tmp_path / "m")  # q/k/v biases, which no config key states
+    reference = tmp_path / "qwen2.ckpt"
+    assert cli(["convert", str(src), "--ms-model", "mindformers:llama", "--ms-option",
+                "qkv_concat=true", "-o", str(reference)]).exit_code == 0
+    config = json.loads((src / "config.json").read_text())
+    (src / "config.json").write_text(json.dumps({**config, "model_type": "mylm"}))
+    out = tmp_path / "o.ckpt"
+    args = ["convert", str(src), "--ms-model", "mindformers:llama", "--ms-option",
+            "qkv_concat=true", "-o", str(out)]
+    refused = _one_error(cli(args))
+    assert "'mylm'" in refused and "llama, mistral, qwen2" in refused
+    assert "Adding a family" in refused and not out.exists()
+
+    shipped = yaml.safe_load(resources.files("ms_port.mappings").joinpath(
+        "hf_llama_mindformers.yaml").read_text())
+    table = {**shipped, "select": {"model_type": ["mylm"], "target": ["mindformers:llama"]}}
+    shipped_tables = mapping.shipped_tables()
+    without = {k: v for k, v in table.items() if k != "implies"}
+    monkeypatch.setattr(mapping, "_SHIPPED", (
+        *shipped_tables, mapping.mapping_from_data(without, origin="mylm.yaml")))
+    unsaid = cli(args)  # the table does not say the type has q/k/v biases: they are left over
+    assert unsaid.exit_code != 0 and "q_proj.bias" in unsaid.output and not out.exists()
+
+    monkeypatch.setattr(mapping, "_SHIPPED", (*shipped_tables, mapping.mapping_from_data(
+        {**table, "implies": {"mylm": {"qkv_bias": True}}}, origin="mylm.yaml")))
+    result = cli(args)
+    assert result.exit_code == 0, result.output
+    assert "mylm.yaml" in result.output  # the report names the table it used
+    mine, theirs = read_source(out), read_source(reference)
+    assert list(mine.tensors) == list(theirs.tensors)
+    assert "model.layers.0.attention.w_qkv.bias" in mine.tensors
+    for name, info in mine.tensors.items():
+        assert info.load().tobytes() == theirs.tensors[name].load().tobytes(), name
+
+
+def test_implies_in_a_users_table_must_agree_with_the_network_computed(tmp_path, cli):
+    """``implies:`` decides the network the family computes, from mappings/; a --map table
+    saying otherwise is refused by name instead of dropped; one that agrees is fine."""
+    src = tiny_hf_lm("qwen2", tmp_path / "m")
+    for value, code in (("false", 2), ("true", 0)):
+        table = tmp_path / f"mine-{value}.yaml"
+        table.write_text("select: {model_type: qwen2}\n"
+                         f"implies:\n  qwen2: {{qkv_bias: {value}}}\n")
+        result = cli(["convert", str(src), "--ms-model", "mindformers:llama", "--map",
+                      str(table), "--dry-run"])
+        assert result.exit_code == code, result.output
+    line = _one_error(cli(["convert", str(src), "--ms-model", "mindformers:llama", "--map",
+                           str(tmp_path / "mine-false.yaml"), "--dry-run"]))
+    assert "implies.qwen2" in line and "mine-false.yaml" in line and "mappings/" in line

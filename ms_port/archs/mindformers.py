@@ -25,10 +25,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import TargetError
+from ..match.mapping import select_table, selected_model_types
 from ..read.targets import Target, TargetTensor
 
-#: the Hugging Face model types this class holds
-MODEL_TYPES = ("llama", "mistral", "qwen2")
+FAMILY = "mindformers:llama"
+
 #: the most decoder layers a config may ask for (the largest published LLaMA has 126)
 MAX_LAYERS = 1024
 
@@ -88,11 +89,21 @@ def _bool(config: dict[str, Any], key: str) -> bool:
 
 
 def llama_sizes(config: dict[str, Any]) -> LlamaSizes:
-    """Read the sizes; refuse what MindFormers' LlamaForCausalLM cannot hold."""
+    """Read the sizes; refuse what MindFormers' LlamaForCausalLM cannot hold.
+
+    The model types it holds are those a shipped mapping table selects into it (adding a
+    family of this structure is a table); what a model type implies and its config.json
+    leaves unsaid (Qwen2's q/k/v biases) comes from that table's ``implies:``.
+    """
     model_type = config.get("model_type")
-    if model_type not in MODEL_TYPES:
-        raise TargetError(f"config.json: model_type {model_type!r} is not one mindformers:llama "
-                          f"holds ({', '.join(MODEL_TYPES)})")
+    table = select_table(config, (FAMILY,))
+    if table is None:
+        shown = repr(model_type) if len(repr(model_type)) < 40 else f"{repr(model_type)[:37]}..."
+        raise TargetError(f"config.json: model_type {shown} is not one {FAMILY} holds: the "
+                          f"mapping tables in mappings/ take "
+                          f"{', '.join(selected_model_types(FAMILY))}; a family of LLaMA's "
+                          "structure is added as a table (README: 'Adding a family')")
+    config = {**table.implies.get(model_type, {}), **config}
     heads = _int(config, "num_attention_heads")
     hidden = _int(config, "hidden_size")
     kv_heads = _int(config, "num_key_value_heads", heads)
@@ -131,7 +142,7 @@ def llama_sizes(config: dict[str, Any]) -> LlamaSizes:
         vocab=_int(config, "vocab_size"), hidden=hidden, layers=layers,
         heads=heads, kv_heads=kv_heads, intermediate=_int(config, "intermediate_size"),
         eps=_float(config, "rms_norm_eps", 1e-6), theta=theta,
-        qkv_bias=model_type == "qwen2" or bias, o_bias=bias,
+        qkv_bias=_bool(config, "qkv_bias") or bias, o_bias=bias,
         tied=_bool(config, "tie_word_embeddings"))
 
 
@@ -242,5 +253,5 @@ def build_llama(config: dict[str, Any], *, qkv_concat: bool = False,
 target = llama_target
 build = build_llama
 
-__all__ = ["MODEL_TYPES", "OPTIONS", "LlamaSizes", "build_llama", "contained", "llama_config",
+__all__ = ["FAMILY", "OPTIONS", "LlamaSizes", "build_llama", "contained", "llama_config",
            "llama_sizes", "llama_target", "llama_tensors"]

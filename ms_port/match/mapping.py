@@ -42,6 +42,8 @@ split tensors, and tied ones (see :mod:`ms_port.match.layouts`, :mod:`ms_port.ma
         transforms: [{transpose: [1, 0]}]                  # applied to each part
     tied:                       # a PyTorch tensor that is another one (tied embeddings)
       - {source: lm_head.weight, same_as: model.embed_tokens.weight, when: tie_word_embeddings}
+    implies:                    # per selected model type: what its architecture has that
+      qwen2: {qkv_bias: true}   # its config.json leaves unsaid (config.json's own values win)
 
 Layouts: ``concat`` / ``{concat: AXIS}``, ``interleave`` / ``{interleave: AXIS}`` (one row
 of each part in turn), ``{grouped: GROUPS, sizes: [...], axis: 0}`` (per group, ``sizes[i]``
@@ -73,7 +75,7 @@ from .patterns import Pattern, PatternError, compile_pattern
 from .transforms import Transform
 
 _SECTIONS = {"version", "description", "rename", "tensors", "drop", "transforms", "select",
-             "params", "fuse", "split", "tied"}
+             "params", "fuse", "split", "tied", "implies"}
 _SELECT_KEYS = {"model_type", "architectures", "target"}
 _RENAME_KEYS = {"segments", "regex"}
 
@@ -236,6 +238,8 @@ class MappingTable:
     fuse: tuple[FuseEntry, ...] = ()
     split: tuple[SplitEntry, ...] = ()
     tied: tuple[TiedEntry, ...] = ()
+    #: model type -> config values its architecture implies (``implies:``)
+    implies: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @classmethod
     def empty(cls) -> MappingTable:
@@ -291,6 +295,7 @@ class MappingTable:
             fuse=other.fuse + self.fuse,
             split=other.split + self.split,
             tied=other.tied + self.tied,
+            implies={**self.implies, **other.implies},
         )
 
     def selects(self, config: dict[str, Any] | None, target: str) -> bool:
@@ -305,6 +310,30 @@ class MappingTable:
                 a for a in archs if isinstance(a, str)) & set(wanted["architectures"])):
             return False
         return "target" not in wanted or target in wanted["target"]
+
+
+def shipped_tables() -> tuple[MappingTable, ...]:
+    """The mapping tables shipped with ms-port, loaded once."""
+    global _SHIPPED
+    if _SHIPPED is None:
+        _SHIPPED = tuple(load_mapping(name) for name in builtin_mappings())
+    return _SHIPPED
+
+
+_SHIPPED: tuple[MappingTable, ...] | None = None
+
+
+def select_table(config: dict[str, Any], target_keys: tuple[str, ...]) -> MappingTable | None:
+    """The shipped table whose ``select:`` fits the source's config and one of the
+    target's keys (``mindformers:llama``, its class), if one does."""
+    return next((t for t in shipped_tables()
+                 if any(t.selects(config, key) for key in target_keys)), None)
+
+
+def selected_model_types(target_key: str) -> list[str]:
+    """The model types the shipped tables take into ``target_key`` (for messages)."""
+    return sorted({m for t in shipped_tables() if target_key in t.select.get("target", ())
+                   for m in t.select.get("model_type", ())})
 
 
 def builtin_mappings() -> list[str]:
@@ -415,10 +444,11 @@ def mapping_from_data(data: Any, *, origin: str = "mapping=") -> MappingTable:
     split = tuple(_split_entry(e, origin, i)
                   for i, e in enumerate(_list(data, "split", origin)))
     tied = tuple(_tied_entry(e, origin, i) for i, e in enumerate(_list(data, "tied", origin)))
+    implies = _implies(data.get("implies"), select, origin)
     return MappingTable(origin=origin, description=str(data.get("description") or ""),
                         segments=dict(segments), regex=regex, tensors=tensors, drop=drop,
                         transforms=transforms, select=select, params=params, fuse=fuse,
-                        split=split, tied=tied)
+                        split=split, tied=tied, implies=implies)
 
 
 def _list(data: dict, key: str, origin: str) -> list:
@@ -438,6 +468,27 @@ def _select(data: Any, origin: str) -> dict[str, tuple[str, ...]]:
         _expect(isinstance(values, list) and values and all(isinstance(v, str) for v in values),
                 origin, f"select.{key}", "a name or a list of names")
         out[key] = tuple(values)
+    return out
+
+
+def _implies(data: Any, select: dict[str, tuple[str, ...]], origin: str
+             ) -> dict[str, dict[str, Any]]:
+    if data is None:
+        return {}
+    types = select.get("model_type", ())
+    _expect(isinstance(data, dict) and bool(types), origin, "implies",
+            "a mapping model type: {key: value}, for model types the table's "
+            "select.model_type names")
+    out: dict[str, dict[str, Any]] = {}
+    for model_type, values in data.items():
+        entry = f"implies.{model_type}"
+        _expect(model_type in types, origin, entry,
+                f"one of select.model_type ({', '.join(types)})")
+        _expect(isinstance(values, dict) and all(
+            isinstance(k, str) and k.isidentifier() and isinstance(v, (bool, int, float, str))
+            for k, v in values.items()), origin, entry, "a mapping of config keys to "
+            "numbers, true/false or names")
+        out[model_type] = dict(values)
     return out
 
 
