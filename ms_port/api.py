@@ -11,7 +11,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .errors import MappingError, MsPortError, TargetError
+from .errors import MappingError, MsPortError, TargetError, shown
 from .match.mapping import MappingTable, load_mapping
 from .match.patterns import Pattern, PatternError, compile_pattern
 from .match.plan import Plan, make_plan
@@ -170,10 +170,10 @@ def _implies_agree(given: MappingTable, shipped: MappingTable, config: dict[str,
     wanted, used = given.implies[model_type], shipped.implies.get(model_type, {})
     if wanted != used:
         raise MappingError(
-            f"{given.origin}: implies.{model_type} is {wanted}, but {family} was computed "
-            f"with {used} (from {shipped.origin}): what a model type implies is read from "
-            "the tables in mappings/, not from --map; put the table there (README: 'Adding "
-            "a family')", path=given.origin)
+            f"{given.origin}: implies.{shown(model_type)} is {shown(wanted)}, but {family} "
+            f"was computed with {shown(used)} (from {shipped.origin}): what a model type "
+            "implies is read from the tables in mappings/, not from --map; put the table "
+            "there (README: 'Adding a family')", path=given.origin)
 
 
 def _family_fits(src: Source, family: str, ms_options: Any) -> None:

@@ -11,6 +11,13 @@ from pathlib import Path
 from typing import Any
 
 
+def shown(value: Any, limit: int = 40) -> str:
+    """``repr(value)`` cut to about ``limit`` characters: a value read from a file, quoted
+    in a message (its control characters escaped by repr, its length bounded)."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit - 3]}..."
+
+
 class MsPortError(Exception):
     """Base class: a failure ms-port understands and can explain.
 

@@ -37,6 +37,8 @@ VARIANTS = {
     "qwen2-tied-f32-sharded": ("qwen2", True, "float32", "40KB"),
     "qwen2-bf16": ("qwen2", False, "bfloat16", None),
     "llama-f16": ("llama", False, "float16", None),
+    "mistral-tied-f32": ("mistral", True, "float32", None),
+    "llama-bf16-sharded": ("llama", False, "bfloat16", "40KB"),
 }
 
 
@@ -84,7 +86,9 @@ def _convert(models, tmp_path, name, qkv, **kw):
 @pytest.mark.parametrize("name", list(VARIANTS))
 def test_convert_without_mapping_chooses_the_table(models, tmp_path, name, qkv):
     out, plan = _convert(models, tmp_path, name, qkv)
-    kind, tied, dtype, _ = VARIANTS[name]
+    kind, tied, dtype, shard = VARIANTS[name]
+    source = read_source(models(name))
+    assert source.format == ("safetensors-sharded" if shard else "safetensors")
     assert plan.mapping.origin == "mappings/hf_llama_mindformers.yaml"
     assert plan.params["kv_heads"][0] == {"llama": 2, "mistral": 4, "qwen2": 2}[kind]
     assert ("lm_head.weight" in plan.target) is (not tied)
@@ -139,7 +143,8 @@ def test_computed_target_equals_the_real_network(kind, tied, qkv):
 @pytest.mark.parametrize("name,qkv", [("llama-f32", True), ("qwen2-bf16", True),
                                       ("llama-f16", True),
                                       ("qwen2-tied-f32-sharded", False),
-                                      ("mistral-bf16", False)])
+                                      ("mistral-bf16", False), ("mistral-tied-f32", True),
+                                      ("llama-tied-bf16-sharded", True)])
 def test_verify_passes_on_token_inputs(models, tmp_path, name, qkv):
     out, _ = _convert(models, tmp_path, name, qkv)
     report = ms_port.verify(models(name), out, ms_model="mindformers:llama",
@@ -698,4 +703,40 @@ def test_implies_in_a_users_table_must_agree_with_the_network_computed(tmp_path,
         assert result.exit_code == code, result.output
     line = _one_error(cli(["convert", str(src), "--ms-model", "mindformers:llama", "--map",
                            str(tmp_path / "mine-false.yaml"), "--dry-run"]))
-    assert "implies.qwen2" in line and "mine-false.yaml" in line and "mappings/" in line
+    assert "implies.'qwen2'" in line and "mine-false.yaml" in line and "mappings/" in line
+
+
+def test_what_a_type_implies_is_not_changed_by_its_config(tmp_path, cli, monkeypatch):
+    """transformers' Qwen2 has q/k/v biases whatever its config says, and LLaMA none
+    unless attention_bias: a stray qkv_bias key in config.json changes neither; a table's
+    implies: that the family cannot use is refused in one line, naming the entry."""
+    import ms_port.match.mapping as mapping
+
+    for kind, stray in (("qwen2", False), ("qwen2", None), ("llama", True)):
+        src = tiny_hf_lm(kind, tmp_path / f"{kind}-{stray}")
+        config = json.loads((src / "config.json").read_text())
+        (src / "config.json").write_text(json.dumps({**config, "qkv_bias": stray}))
+        plan = ms_port.plan(src, ms_model="mindformers:llama")
+        assert plan.ok, plan.problems()[:3]
+        assert ("model.layers.0.attention.wq.bias" in plan.target) is (kind == "qwen2")
+    shipped = mapping.shipped_tables()
+    odd = [mapping.mapping_from_data({"select": {"model_type": "qwen2",
+                                                 "target": "mindformers:llama"},
+                                      "implies": {"qwen2": implied}}, origin="odd.yaml")
+           for implied in ({"sliding": 4}, {"qkv_bias": "yes"})]
+    assert odd[0].implies  # the parser takes any scalar; the family says what it uses
+    for table in odd:
+        monkeypatch.setattr(mapping, "_SHIPPED", (table, *shipped))
+        line = _one_error(cli(["convert", str(tmp_path / "qwen2-False"), "--ms-model",
+                               "mindformers:llama", "--dry-run"]))
+        assert "odd.yaml: implies.qwen2." in line and "takes qkv_bias" in line
+
+
+def test_a_hostile_implies_entry_is_one_short_line(tmp_path, cli):
+    src = tiny_hf_lm("llama", tmp_path / "m")
+    table = tmp_path / "t.yaml"
+    table.write_text('select: {model_type: llama}\nimplies:\n  ? "a\\nb' + "x" * 10_000
+                     + '"\n  : {qkv_bias: true}\n')  # an explicit key: YAML's are long
+    line = _one_error(cli(["convert", str(src), "--ms-model", "mindformers:llama", "--map",
+                           str(table), "--dry-run"]))
+    assert "implies.'a\\nb" in line and len(line) < 400

@@ -24,7 +24,7 @@ import tempfile
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import TargetError
+from ..errors import TargetError, shown
 from ..match.mapping import select_table, selected_model_types
 from ..read.targets import Target, TargetTensor
 
@@ -64,8 +64,7 @@ def _int(config: dict[str, Any], key: str, default: int | None = None) -> int:
     if value is None:
         value = default
     if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= MAX_SIZE:
-        shown = repr(value) if len(repr(value)) < 40 else f"{repr(value)[:37]}..."
-        raise TargetError(f"config.json: {key} is {shown}; mindformers:llama needs a "
+        raise TargetError(f"config.json: {key} is {shown(value)}; mindformers:llama needs a "
                           f"positive integer there (at most {MAX_SIZE})")
     return value
 
@@ -88,6 +87,21 @@ def _bool(config: dict[str, Any], key: str) -> bool:
     return bool(value)
 
 
+#: what a mapping table's ``implies:`` may say of a model type, and its default
+IMPLIED = {"qkv_bias": False}
+
+
+def _implied(table: Any, model_type: str) -> dict[str, bool]:
+    """What ``table`` says ``model_type``'s architecture has. The model's code fixes it
+    (transformers' Qwen2 always has q/k/v biases): config.json cannot change it."""
+    given = table.implies.get(model_type, {})
+    for key, value in given.items():
+        if key not in IMPLIED or not isinstance(value, bool):
+            raise TargetError(f"{table.origin}: implies.{model_type}.{key} is {shown(value)}; "
+                              f"{FAMILY} takes {', '.join(IMPLIED)} there, true or false")
+    return {**IMPLIED, **given}
+
+
 def llama_sizes(config: dict[str, Any]) -> LlamaSizes:
     """Read the sizes; refuse what MindFormers' LlamaForCausalLM cannot hold.
 
@@ -98,12 +112,12 @@ def llama_sizes(config: dict[str, Any]) -> LlamaSizes:
     model_type = config.get("model_type")
     table = select_table(config, (FAMILY,))
     if table is None:
-        shown = repr(model_type) if len(repr(model_type)) < 40 else f"{repr(model_type)[:37]}..."
-        raise TargetError(f"config.json: model_type {shown} is not one {FAMILY} holds: the "
+        raise TargetError(f"config.json: model_type {shown(model_type)} is not one {FAMILY} "
+                          "holds: the "
                           f"mapping tables in mappings/ take "
                           f"{', '.join(selected_model_types(FAMILY))}; a family of LLaMA's "
                           "structure is added as a table (README: 'Adding a family')")
-    config = {**table.implies.get(model_type, {}), **config}
+    implied = _implied(table, model_type)
     heads = _int(config, "num_attention_heads")
     hidden = _int(config, "hidden_size")
     kv_heads = _int(config, "num_key_value_heads", heads)
@@ -142,7 +156,7 @@ def llama_sizes(config: dict[str, Any]) -> LlamaSizes:
         vocab=_int(config, "vocab_size"), hidden=hidden, layers=layers,
         heads=heads, kv_heads=kv_heads, intermediate=_int(config, "intermediate_size"),
         eps=_float(config, "rms_norm_eps", 1e-6), theta=theta,
-        qkv_bias=_bool(config, "qkv_bias") or bias, o_bias=bias,
+        qkv_bias=implied["qkv_bias"] or bias, o_bias=bias,
         tied=_bool(config, "tie_word_embeddings"))
 
 

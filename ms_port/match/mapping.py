@@ -42,8 +42,8 @@ split tensors, and tied ones (see :mod:`ms_port.match.layouts`, :mod:`ms_port.ma
         transforms: [{transpose: [1, 0]}]                  # applied to each part
     tied:                       # a PyTorch tensor that is another one (tied embeddings)
       - {source: lm_head.weight, same_as: model.embed_tokens.weight, when: tie_word_embeddings}
-    implies:                    # per selected model type: what its architecture has that
-      qwen2: {qkv_bias: true}   # its config.json leaves unsaid (config.json's own values win)
+    implies:                    # per selected model type: what its code fixes and its
+      qwen2: {qkv_bias: true}   # config.json does not say (config.json cannot change it)
 
 Layouts: ``concat`` / ``{concat: AXIS}``, ``interleave`` / ``{interleave: AXIS}`` (one row
 of each part in turn), ``{grouped: GROUPS, sizes: [...], axis: 0}`` (per group, ``sizes[i]``
@@ -68,7 +68,7 @@ from typing import Any
 
 import yaml
 
-from ..errors import MappingError
+from ..errors import MappingError, shown
 from .layouts import KINDS, Layout, LayoutError
 from .params import ParamError, check_expression, evaluate
 from .patterns import Pattern, PatternError, compile_pattern
@@ -481,7 +481,7 @@ def _implies(data: Any, select: dict[str, tuple[str, ...]], origin: str
             "select.model_type names")
     out: dict[str, dict[str, Any]] = {}
     for model_type, values in data.items():
-        entry = f"implies.{model_type}"
+        entry = f"implies.{shown(model_type)}"
         _expect(model_type in types, origin, entry,
                 f"one of select.model_type ({', '.join(types)})")
         _expect(isinstance(values, dict) and all(
