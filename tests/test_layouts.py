@@ -440,13 +440,13 @@ BAD = {
     "select number": ({"select": {"model_type": [1]}}, "select.model_type"),
     "implies without select": ({"implies": {"qwen2": {"qkv_bias": True}}}, "implies"),
     "implies unselected type": ({"select": {"model_type": "llama"},
-                                 "implies": {"qwen2": {"qkv_bias": True}}}, "implies.qwen2"),
+                                 "implies": {"qwen2": {"qkv_bias": True}}}, "implies.'qwen2'"),
     "implies a list": ({"select": {"model_type": "qwen2"},
-                        "implies": {"qwen2": [{"qkv_bias": True}]}}, "implies.qwen2"),
+                        "implies": {"qwen2": [{"qkv_bias": True}]}}, "implies.'qwen2'"),
     "implies nested value": ({"select": {"model_type": "qwen2"},
-                              "implies": {"qwen2": {"qkv_bias": {"a": 1}}}}, "implies.qwen2"),
+                              "implies": {"qwen2": {"qkv_bias": {"a": 1}}}}, "implies.'qwen2'"),
     "implies bad key": ({"select": {"model_type": "qwen2"},
-                         "implies": {"qwen2": {"qkv-bias": True}}}, "implies.qwen2"),
+                         "implies": {"qwen2": {"qkv-bias": True}}}, "implies.'qwen2'"),
 }
 
 
