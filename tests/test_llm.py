@@ -390,6 +390,46 @@ def test_sharded_output_loads_in_mindspore(models, tmp_path):
     assert read_source(shards).format == "safetensors-sharded"  # ms-port reads it too
 
 
+@needs_mindformers
+@pytest.mark.parametrize("qkv", [False, True], ids=["separate", "fused"])
+def test_sharded_output_loads_through_mindformers_own_loader(models, tmp_path, qkv):
+    """MindFormers 2.1.0's single-device load of a safetensors directory (what its
+    load_checkpoint_with_safetensors runs without parallelism: every *.safetensors read with
+    ms.load_checkpoint, HF names converted only where it sees them, load_param_into_net)
+    fills every parameter of the network with what the plan says, bit for bit."""
+    import glob
+
+    from ms_port.archs.mindformers import build_llama, contained
+
+    with contained():
+        from mindformers.tools.register import MindFormerConfig
+        from mindformers.utils.load_checkpoint_utils import (
+            _get_checkpoint_mode,
+            load_safetensors_checkpoint,
+        )
+    shards = tmp_path / "shards"
+    report = ms_port.convert(models("qwen2-bf16"), ms_model="mindformers:llama",
+                             ms_options={"qkv_concat": qkv}, output=shards,
+                             max_shard_size="60KB")
+    assert report.ok and len(report.written.shards) > 2
+    config = MindFormerConfig(use_parallel=False, auto_trans_ckpt=False,
+                              load_ckpt_format="safetensors", remove_redundancy=False,
+                              resume_training=False, checkpoint={"load_path": str(shards)},
+                              model={"model_config": {"qkv_concat": qkv}})
+    assert _get_checkpoint_mode(config) == "multi_checkpoint_file"
+    net = build_llama(read_source(models("qwen2-bf16")).config, qkv_concat=qkv, seq_length=8)
+    params = dict(net.parameters_and_names())
+    wanted = {m.target: report.plan.expected(m).astype(np.float32)
+              for m in report.plan.matches}
+    assert set(wanted) == set(params)
+    assert not all(np.array_equal(params[n].asnumpy(), w) for n, w in wanted.items())
+    with contained():
+        load_safetensors_checkpoint(config, sorted(glob.glob(str(shards / "*.safetensors"))),
+                                    net, None, str(shards), None)
+    for name, want in wanted.items():
+        assert np.array_equal(params[name].asnumpy(), want), name
+
+
 def test_output_directory_holding_the_source_is_refused(models, tmp_path):
     src = tmp_path / "m"
     shutil.copytree(models("llama-f32"), src)
