@@ -29,6 +29,9 @@ never imported. The harness runs generation in a child process of its own.
   1 + 0.02 * normal. ``llm.mf.yaml`` beside it is the minimal MindFormers model config
   its ``convert_to_qkv_concat`` reads (a user would take the repo's ``predict_*.yaml``).
   ``llm-tiny/`` is the same layout at 2 layers of hidden 256 (module recording only).
+- ``llm-7b/``: the same at Mistral-7B's shape (vocab 32000, hidden 4096, 32 layers, 32
+  heads, 8 KV heads, intermediate 14336; 7,241,732,096 parameters, 13.5 GiB), cut into
+  Hugging Face shards of at most 5 GB with ``model.safetensors.index.json``.
 """
 
 from __future__ import annotations
@@ -47,7 +50,13 @@ LLM_SIZES = {
            "num_attention_heads": 32, "num_key_value_heads": 4, "intermediate_size": 5632},
     "tiny": {"vocab_size": 512, "hidden_size": 256, "num_hidden_layers": 2,
              "num_attention_heads": 8, "num_key_value_heads": 2, "intermediate_size": 704},
+    # Mistral-7B's shape (GQA, 7.24B parameters, 13.5 GiB in bfloat16)
+    "7b": {"vocab_size": 32000, "hidden_size": 4096, "num_hidden_layers": 32,
+           "num_attention_heads": 32, "num_key_value_heads": 8, "intermediate_size": 14336},
 }
+#: sizes written as Hugging Face shards of at most this many bytes, with an index
+#: (``save_pretrained``'s layout: ``model-00001-of-0000N.safetensors``)
+LLM_SHARD_BYTES = {"7b": 5 * 10**9}
 
 
 def synth_path(size: str) -> Path:
@@ -130,9 +139,30 @@ def _numel(shape: tuple[int, ...]) -> int:
     return n
 
 
+def llm_files(size: str = "1b") -> list[tuple[str, list[tuple[str, tuple[int, ...]]]]]:
+    """(file name, its tensors) of the synthetic LLaMA: one ``model.safetensors``, or
+    shards filled in name order up to :data:`LLM_SHARD_BYTES`, as ``save_pretrained``
+    cuts them."""
+    shapes, limit = llm_shapes(size), LLM_SHARD_BYTES.get(size)
+    if limit is None:
+        return [("model.safetensors", shapes)]
+    groups: list[list[tuple[str, tuple[int, ...]]]] = [[]]
+    used = 0
+    for name, shape in shapes:
+        n = 2 * _numel(shape)
+        if groups[-1] and used + n > limit:
+            groups.append([])
+            used = 0
+        groups[-1].append((name, shape))
+        used += n
+    return [(f"model-{i + 1:05d}-of-{len(groups):05d}.safetensors", g)
+            for i, g in enumerate(groups)]
+
+
 def make_llm(size: str = "1b") -> Path:
-    """Write ``config.json`` + ``model.safetensors`` (bfloat16) + the MindFormers yaml,
-    streaming: header first, then every tensor in chunks (numpy + ml_dtypes only)."""
+    """Write ``config.json`` + ``model.safetensors`` (or shards and their index; bfloat16)
+    + the MindFormers yaml, streaming: header first, then every tensor in chunks (numpy +
+    ml_dtypes only)."""
     folder = llm_dir(size)
     config = folder / "config.json"
     if config.exists():  # written last
@@ -141,35 +171,41 @@ def make_llm(size: str = "1b") -> Path:
     import numpy as np
 
     folder.mkdir(parents=True, exist_ok=True)
-    shapes = llm_shapes(size)
-    header: dict = {"__metadata__": {"format": "pt"}}
-    offset = 0
-    for name, shape in shapes:
-        n = 2 * _numel(shape)
-        header[name] = {"dtype": "BF16", "shape": list(shape),
-                        "data_offsets": [offset, offset + n]}
-        offset += n
-    blob = json.dumps(header, separators=(",", ":")).encode()
-    blob += b" " * (-len(blob) % 8)
     rng = np.random.default_rng(1100)
     chunk = 4 << 20
+    files = llm_files(size)
+    for file, shapes in files:
+        header: dict = {"__metadata__": {"format": "pt"}}
+        offset = 0
+        for name, shape in shapes:
+            n = 2 * _numel(shape)
+            header[name] = {"dtype": "BF16", "shape": list(shape),
+                            "data_offsets": [offset, offset + n]}
+            offset += n
+        blob = json.dumps(header, separators=(",", ":")).encode()
+        blob += b" " * (-len(blob) % 8)
 
-    def write(tmp: Path) -> None:
-        with open(tmp, "wb") as f:
-            f.write(len(blob).to_bytes(8, "little") + blob)
-            for name, shape in shapes:
-                left = _numel(shape)
-                norm = name.endswith("norm.weight")
-                while left:
-                    n = min(left, chunk)
-                    x = rng.standard_normal(n, dtype=np.float32)
-                    x *= 0.02
-                    if norm:
-                        x += 1.0
-                    f.write(x.astype(ml_dtypes.bfloat16).view(np.uint16).data)
-                    left -= n
+        def write(tmp: Path, blob: bytes = blob, shapes: list = shapes) -> None:
+            with open(tmp, "wb") as f:
+                f.write(len(blob).to_bytes(8, "little") + blob)
+                for name, shape in shapes:
+                    left = _numel(shape)
+                    norm = name.endswith("norm.weight")
+                    while left:
+                        n = min(left, chunk)
+                        x = rng.standard_normal(n, dtype=np.float32)
+                        x *= 0.02
+                        if norm:
+                            x += 1.0
+                        f.write(x.astype(ml_dtypes.bfloat16).view(np.uint16).data)
+                        left -= n
 
-    _atomic(folder / "model.safetensors", write)
+        _atomic(folder / file, write)
+    if len(files) > 1:
+        index = {"metadata": {"total_size": llm_bytes(size)},
+                 "weight_map": {name: file for file, shapes in files for name, _ in shapes}}
+        _atomic(folder / "model.safetensors.index.json",
+                lambda tmp: tmp.write_text(json.dumps(index, indent=2)))
     c = LLM_SIZES[size]
     yaml = "\n".join([
         "# the model section MindFormers' llama convert_to_qkv_concat reads",
@@ -363,6 +399,8 @@ def prepare(cases: list[str]) -> None:
         elif case == "llm-1b":
             make_llm("tiny")
             make_llm("1b")
+        elif case == "llm-7b":
+            make_llm("7b")
 
 
 if __name__ == "__main__":

@@ -44,7 +44,7 @@ OUT = CACHE / "out"
 PY = sys.executable
 GIB = 2**30
 DEFAULT_CASES = "resnet50,synth-1g,synth-3g,help,inspect,verify,verify-vgg16"
-EXTRA_CASES = "llm-1b"  # known, not run by default
+EXTRA_CASES = "llm-1b,llm-7b"  # known, not run by default
 # MindFormers writes its logs under $LOCAL_DEFAULT_PATH (./output when unset)
 MF_LOG = Path(tempfile.gettempdir()) / "ms-port-bench-mindformers-log"
 HEAVY = ("torch", "mindspore")
@@ -193,6 +193,24 @@ def llm_case(name: str) -> ToolsCase:
                                "--ms-option", "qkv_concat=true", "--force", "-q"]))
 
 
+def llm_7b_case(name: str) -> ToolsCase:
+    """A 7B-shaped model: ms-port against ``cp`` of its shards. MindFormers' converter is
+    left out: it held 2.8x the 1.1B model's size (5.9 GiB for 2.05 GiB), which for 13.5 GiB
+    is more than this machine's 24 GiB."""
+    ms, src = ms_port_script(), inputs.llm_dir("7b")
+    shards = [src / file for file, _ in inputs.llm_files("7b")]
+    copies = OUT / "llm-7b-cp"
+    ms_args = ["convert", str(src), "--ms-model", "mindformers:llama", "-o"]
+    fused, sep = OUT / "llm-7b-fused.ckpt", OUT / "llm-7b-separate.ckpt"
+    return ToolsCase(name, inputs.llm_bytes("7b"), {
+        "cp": Tool([["/bin/sh", "-c", 'mkdir -p "$0" && cp "$@" "$0"', str(copies),
+                     *map(str, shards)]], scratch=[copies / s.name for s in shards]),
+        "ms-port fused": Tool([[ms, *ms_args, str(fused), "--ms-option", "qkv_concat=true",
+                                "--force", "-q"]], scratch=[fused]),
+        "ms-port separate": Tool([[ms, *ms_args, str(sep), "--force", "-q"]], scratch=[sep]),
+    }, "cp", {}, [], shards)
+
+
 def build_cases(names: list[str]) -> list[Case | ToolsCase]:
     ms = ms_port_script()
     recipe = str(HERE / "recipe.py")
@@ -240,6 +258,8 @@ def build_cases(names: list[str]) -> list[Case | ToolsCase]:
                               warm=[pth, ckpt], timings=True))
         elif name == "llm-1b":
             cases.append(llm_case(name))
+        elif name == "llm-7b":
+            cases.append(llm_7b_case(name))
         elif name.startswith("big"):
             shards = inputs.big_shards(name)
             index = inputs.big_index(shards)
@@ -271,8 +291,9 @@ def missing_inputs(name: str) -> int:
     if name.startswith("big"):
         shards = inputs.big_shards(name)
         return 0 if inputs.big_index(shards).exists() else inputs.big_bytes(shards)
-    if name == "llm-1b":
-        return 0 if (inputs.llm_dir("1b") / "config.json").exists() else inputs.llm_bytes("1b")
+    if name in ("llm-1b", "llm-7b"):
+        size = name.removeprefix("llm-")
+        return 0 if (inputs.llm_dir(size) / "config.json").exists() else inputs.llm_bytes(size)
     return 0
 
 
@@ -287,6 +308,8 @@ def output_bytes(name: str) -> int:
         return inputs.big_bytes(inputs.big_shards(name)) * 11 // 10
     if name == "llm-1b":  # four outputs kept for the checks, one copy at a time
         return inputs.llm_bytes("1b") * 5 + (1 << 30)
+    if name == "llm-7b":  # one output at a time, deleted after its run
+        return inputs.llm_bytes("7b") + (1 << 30)
     return 0
 
 
@@ -511,9 +534,14 @@ def _tool(row: dict, name: str, steps: int | None = None) -> dict[str, float]:
     return t["prefix"][(steps or t["steps"]) - 1]
 
 
+#: peak RSS goals of the tools cases: llm-1b the issue's 600 MiB; llm-7b "far below its
+#: size", taken as a fifteenth of its 13.5 GiB
+RSS_GOAL_MIB = {"llm-1b": 600, "llm-7b": 920}
+
+
 def judge_tools(row: dict) -> list[tuple[str, bool]]:
-    """llm-1b: each ms-port conversion within 3× cp's wall time and 600 MiB peak RSS."""
-    floor = _tool(row, row["floor"])
+    """Each ms-port conversion within 3× cp's wall time and the case's peak RSS goal."""
+    floor, limit = _tool(row, row["floor"]), RSS_GOAL_MIB[row["case"]]
     out: list[tuple[str, bool]] = []
     for name in row["tools"]:
         if not name.startswith("ms-port"):
@@ -521,7 +549,7 @@ def judge_tools(row: dict) -> list[tuple[str, bool]]:
         m = _tool(row, name)
         wall = m["wall"] / floor["wall"]
         out.append((f"{name}: wall {wall:.2f}× {row['floor']} ≤ 3×", wall <= 3))
-        out.append((f"{name}: peak RSS {m['rss']:.0f} MiB ≤ 600 MiB", m["rss"] <= 600))
+        out.append((f"{name}: peak RSS {m['rss']:.0f} MiB ≤ {limit} MiB", m["rss"] <= limit))
     return out
 
 
@@ -580,10 +608,11 @@ def render(rows: list[dict], baseline: dict[str, float]) -> str:
 def render_tools(row: dict) -> str:
     """One line per tool (and MindFormers' separate layout, its first step), with ratios
     to the floor and to the reference."""
-    floor = _tool(row, row["floor"])
+    floor, versus = _tool(row, row["floor"]), bool(row["versus"])
     head = (f"| {row['case']} ({row['size_mib']:.0f} MiB bfloat16) | wall | CPU | peak RSS | "
-            f"wall / {row['floor']} | peak RSS / {row['floor']} | wall / MindFormers | "
-            "peak RSS / MindFormers | runs (wall) |")
+            f"wall / {row['floor']} | peak RSS / {row['floor']} | "
+            + ("wall / MindFormers | peak RSS / MindFormers | " if versus else "")
+            + "runs (wall) |")
     lines = [head, "|" + "---|" * head.count(" | ") + "---|"]
     shown: list[tuple[str, str, int]] = []  # (label, tool, steps)
     for name, t in row["tools"].items():
@@ -600,8 +629,8 @@ def render_tools(row: dict) -> str:
             label, _s(m["wall"]), _s(m["cpu"]) if "cpu" in m else "", _mib(m["rss"]),
             f"{m['wall'] / floor['wall']:.2f}×",
             f"{m['rss'] / floor['rss']:.0f}×",
-            f"{m['wall'] / ref['wall']:.3f}×" if ref else "",
-            f"{m['rss'] / ref['rss']:.3f}×" if ref else "",
+            *([f"{m['wall'] / ref['wall']:.3f}×" if ref else "",
+               f"{m['rss'] / ref['rss']:.3f}×" if ref else ""] if versus else []),
             f"{m['wall_min']:.2f}–{m['wall_max']:.2f} s"]) + " |")
     mf = row["tools"].get("MindFormers")
     if mf and mf["steps"] > 1:
@@ -615,7 +644,8 @@ def render_tools(row: dict) -> str:
                       f"{_s(rec['imports']['wall'])}, {_mib(rec['imports']['rss'])} peak RSS."]
     checks = "; ".join(f"{c['pair']}: {c['verdict']} ({c.get('tensors', '?')} tensors)"
                        for c in row["output_check"])
-    lines += ["", f"MindFormers' output vs ms-port's: {checks}."]
+    if checks:
+        lines += ["", f"MindFormers' output vs ms-port's: {checks}."]
     goals = "; ".join(f"{text}: {'met' if ok else 'MISSED'}" for text, ok in row["goals"])
     lines += ["", f"Goals: {goals}."]
     return "\n".join(lines)
