@@ -277,6 +277,21 @@ def test_tied_head_in_a_bin_is_dropped_as_tied(tmp_path):
     assert any(d.name == "lm_head.weight" and "tied" in d.reason for d in plan.dropped)
 
 
+def test_tied_head_is_reported_as_tied_in_text_and_json(models, tmp_path, cli):
+    """What the user reads: the head is neither missing nor unused, but tied, and says by
+    which table entry and config key."""
+    args = ["convert", str(models("mistral-tied-f32")), "--ms-model", "mindformers:llama",
+            "-o"]
+    result = cli([*args, str(tmp_path / "a.ckpt")])
+    assert result.exit_code == 0, result.output
+    assert "lm_head.weight is model.embed_tokens.weight: tied (tie_word_embeddings" in \
+        result.output
+    data = json.loads(cli([*args, str(tmp_path / "b.ckpt"), "--json"]).output)
+    assert data["ok"] and data["missing"] == [] and data["unused"] == []
+    assert any("lm_head.weight" in n and "tied" in n for n in data["notes"])
+    assert "lm_head.weight" not in read_source(tmp_path / "b.ckpt").tensors
+
+
 def test_untied_target_of_a_tied_model_fills_the_head_from_the_embedding(tmp_path):
     src = tiny_hf_lm("llama", tmp_path / "m", tied=True)
     config = json.loads((src / "config.json").read_text())
