@@ -90,7 +90,7 @@ def big_bytes(shards: int = BIG_SHARDS) -> int:
 
 
 def llm_dir(size: str = "1b") -> Path:
-    """``size`` is ``1b`` or ``tiny``."""
+    """``size`` is ``1b``, ``7b`` or ``tiny``."""
     return CACHE / f"llm-{size}"
 
 
@@ -141,8 +141,8 @@ def _numel(shape: tuple[int, ...]) -> int:
 
 def llm_files(size: str = "1b") -> list[tuple[str, list[tuple[str, tuple[int, ...]]]]]:
     """(file name, its tensors) of the synthetic LLaMA: one ``model.safetensors``, or
-    shards filled in name order up to :data:`LLM_SHARD_BYTES`, as ``save_pretrained``
-    cuts them."""
+    shards of at most :data:`LLM_SHARD_BYTES` filled in name order (``save_pretrained``
+    fills them in module order; the layout is the same)."""
     shapes, limit = llm_shapes(size), LLM_SHARD_BYTES.get(size)
     if limit is None:
         return [("model.safetensors", shapes)]

@@ -4,6 +4,7 @@
         [--cases resnet50,synth-1g,synth-3g,help,inspect,verify,verify-vgg16]
         [--big] [--write-readme] [--json FILE] [--from-json FILE]
     python benchmarks/run.py --cases llm-1b [--runs 3] [--write-readme]
+    python benchmarks/run.py --cases llm-7b [--runs 3] [--write-readme]
 
 Each conversion case runs the recipe (``benchmarks/recipe.py``) and the ``ms-port`` CLI
 on the same input, alternating (recipe first on even rounds, ms-port first on odd ones),
@@ -608,10 +609,10 @@ def render(rows: list[dict], baseline: dict[str, float]) -> str:
 def render_tools(row: dict) -> str:
     """One line per tool (and MindFormers' separate layout, its first step), with ratios
     to the floor and to the reference."""
-    floor, versus = _tool(row, row["floor"]), bool(row["versus"])
+    floor, with_ref = _tool(row, row["floor"]), bool(row["versus"])
     head = (f"| {row['case']} ({row['size_mib']:.0f} MiB bfloat16) | wall | CPU | peak RSS | "
             f"wall / {row['floor']} | peak RSS / {row['floor']} | "
-            + ("wall / MindFormers | peak RSS / MindFormers | " if versus else "")
+            + ("wall / MindFormers | peak RSS / MindFormers | " if with_ref else "")
             + "runs (wall) |")
     lines = [head, "|" + "---|" * head.count(" | ") + "---|"]
     shown: list[tuple[str, str, int]] = []  # (label, tool, steps)
@@ -630,7 +631,7 @@ def render_tools(row: dict) -> str:
             f"{m['wall'] / floor['wall']:.2f}×",
             f"{m['rss'] / floor['rss']:.0f}×",
             *([f"{m['wall'] / ref['wall']:.3f}×" if ref else "",
-               f"{m['rss'] / ref['rss']:.3f}×" if ref else ""] if versus else []),
+               f"{m['rss'] / ref['rss']:.3f}×" if ref else ""] if with_ref else []),
             f"{m['wall_min']:.2f}–{m['wall_max']:.2f} s"]) + " |")
     mf = row["tools"].get("MindFormers")
     if mf and mf["steps"] > 1:
@@ -759,7 +760,7 @@ def main() -> None:
                         help=f"comma-separated, from {DEFAULT_CASES},{EXTRA_CASES},big "
                              "(big:N: N shards of 2 GiB instead of 7; llm-1b: a 1.1B bfloat16 "
                              "LLaMA against cp and MindFormers' converter, 3-4 min, ~13 GiB "
-                             "of disk)")
+                             "of disk; llm-7b: a 7B-shaped one against cp, ~5 min, ~29 GiB)")
     parser.add_argument("--big", action="store_true",
                         help="add the 14 GiB bfloat16 sharded case (ms-port only; needs "
                              "~30 GiB of free disk)")
