@@ -2,14 +2,25 @@
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import sys
+import tempfile
 
 import pytest
 
 # what the ms-port command sets (ms_port.check.devices.prefer_fast_cpu_kernels): the
 # suite's MindSpore forwards then use the same kernels whichever test runs first
 os.environ.setdefault("ONEDNN_MAX_CPU_ISA", "AVX2")
+
+# MindFormers' loggers resolve their folder at each get_logger call, from this variable or
+# ./output: a test that imported it without ms-port's containment (or after a fixture had
+# unset the variable) left output/log in the working folder, the repository's root. The
+# containment itself is tested in a subprocess without it (test_llm.py).
+if "LOCAL_DEFAULT_PATH" not in os.environ:
+    os.environ["LOCAL_DEFAULT_PATH"] = tempfile.mkdtemp(prefix="ms-port-tests-mindformers-")
+    atexit.register(shutil.rmtree, os.environ["LOCAL_DEFAULT_PATH"], ignore_errors=True)
 
 
 def pytest_terminal_summary(terminalreporter):

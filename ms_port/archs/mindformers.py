@@ -121,7 +121,7 @@ def llama_sizes(config: dict[str, Any]) -> LlamaSizes:
     heads = _int(config, "num_attention_heads")
     hidden = _int(config, "hidden_size")
     kv_heads = _int(config, "num_key_value_heads", heads)
-    head_dim = config.get("head_dim") or hidden // heads
+    head_dim = _int(config, "head_dim", hidden // heads)
     if head_dim * heads != hidden or heads % kv_heads:
         raise TargetError(f"config.json: {heads} heads of {head_dim} with {kv_heads} KV heads "
                           f"and hidden_size {hidden}: MindFormers' LlamaForCausalLM needs "
@@ -131,7 +131,7 @@ def llama_sizes(config: dict[str, Any]) -> LlamaSizes:
                           "MLP biases")
     act = config.get("hidden_act", "silu")
     if act != "silu":
-        raise TargetError(f"config.json: hidden_act {act!r}; MindFormers' LlamaForCausalLM "
+        raise TargetError(f"config.json: hidden_act {shown(act)}; MindFormers' LlamaForCausalLM "
                           "computes SiLU")
     rope: dict[str, Any] = {}
     for key in ("rope_parameters", "rope_scaling"):  # transformers 5 writes the first
