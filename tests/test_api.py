@@ -482,3 +482,29 @@ def test_mapping_is_a_path_a_dict_or_a_table(tiny):
         ms_port.plan(tiny["pth"], ms_model=ms_tiny, mapping=7)
     with pytest.raises(ms_port.MappingError, match=r"mapping \(a dict\).*rename"):
         ms_port.plan(tiny["pth"], ms_model=ms_tiny, mapping={"rename": 3})
+
+
+def test_a_user_factory_is_introspected_without_drawing_its_weights():
+    """--ms-model's factory is built under no_init_parameters: its names and shapes, not
+    its random weights (a 7B target's introspection costs its imports, not 28 GB). The
+    same factory built the ordinary way draws them, so the test can tell."""
+    ms = pytest.importorskip("mindspore")
+    from mindspore.common.initializer import Initializer
+
+    from ms_port.api import resolve_target
+
+    drawn = []
+
+    class Recording(Initializer):
+        def _initialize(self, arr):
+            drawn.append(arr.shape)
+            arr[...] = 0
+
+    def factory():
+        return ms.nn.Dense(512, 256, weight_init=Recording(), bias_init="zeros")
+
+    target = resolve_target(ms_model=factory)
+    assert target.tensors["weight"].shape == (256, 512) and target.tensors["bias"].shape == (256,)
+    assert drawn == []
+    factory()
+    assert drawn == [(256, 512)]
