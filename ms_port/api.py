@@ -12,7 +12,7 @@ from typing import Any, Callable
 import numpy as np
 
 from .errors import MappingError, MsPortError, TargetError, shown
-from .match.mapping import MappingTable, load_mapping
+from .match.mapping import MappingTable, load_mapping, mapping_from_data, select_table
 from .match.patterns import Pattern, PatternError, compile_pattern
 from .match.plan import Plan, make_plan
 from .read.sources import Source, read_source
@@ -136,9 +136,7 @@ def resolve_mapping(mapping: Any, *, arch: str | None = None,
 
         table = get_arch(arch).mapping_table()
     elif config is not None and target is not None:
-        table = select_mapping(config, target) or table
-    from .match.mapping import mapping_from_data
-
+        table = select_table(config, tuple(target.keys)) or table
     shipped = table
     items = mapping if isinstance(mapping, (list, tuple)) else [mapping]
     for item in items:
@@ -179,13 +177,6 @@ def _implies_agree(given: MappingTable, shipped: MappingTable, config: dict[str,
 def _family_fits(src: Source, family: str, ms_options: Any) -> None:
     """Raise (one line) when a family target computed from the config does not fit."""
     plan(src, ms_model=family, ms_options=ms_options, allow_missing=True, allow_unused=True)
-
-
-def select_mapping(config: dict[str, Any], target: Target) -> MappingTable | None:
-    """The shipped table chosen by the source's config and the target, if one fits."""
-    from .match.mapping import select_table
-
-    return select_table(config, tuple(target.keys))
 
 
 def _source(source: str | Path | Source, *, config: Any = None, **kw: Any) -> Source:

@@ -324,7 +324,7 @@ tied:
   - {source: lm_head.weight, same_as: model.embed_tokens.weight, when: tie_word_embeddings}
   - {source: head.w, same_as: emb.w}
 implies:
-  mistral: {qkv_bias: true, sliding: 4}
+  mistral: {qkv_bias: true, sliding: false}
 """
 
 
@@ -335,10 +335,10 @@ def test_new_sections_parse():
                             "target": ("mindformers:llama",)}
     assert table.params["kv_heads"] == ("num_key_value_heads", "num_attention_heads")
     assert table.params["heads"] == ("num_attention_heads",)
-    assert table.implies == {"mistral": {"qkv_bias": True, "sliding": 4}}
-    assert table.merged(parse_mapping("select: {model_type: x}\nimplies: {x: {a: 1}}",
+    assert table.implies == {"mistral": {"qkv_bias": True, "sliding": False}}
+    assert table.merged(parse_mapping("select: {model_type: x}\nimplies: {x: {a: true}}",
                                       origin="u.yaml")).implies == {
-        "mistral": {"qkv_bias": True, "sliding": 4}, "x": {"a": 1}}
+        "mistral": {"qkv_bias": True, "sliding": False}, "x": {"a": True}}
     qkv, ffn = table.fuse
     assert qkv.target.names == ["i"] and len(qkv.sources) == 3
     assert qkv.layout.kind == "grouped" and qkv.layout.groups == "kv_heads"
@@ -440,6 +440,10 @@ BAD = {
                         "implies": {"qwen2": [{"qkv_bias": True}]}}, "implies.'qwen2'"),
     "implies nested value": ({"select": {"model_type": "qwen2"},
                               "implies": {"qwen2": {"qkv_bias": {"a": 1}}}}, "implies.'qwen2'"),
+    "implies a number": ({"select": {"model_type": "qwen2"},
+                          "implies": {"qwen2": {"qkv_bias": 1}}}, "implies.'qwen2'"),
+    "implies a word": ({"select": {"model_type": "qwen2"},
+                        "implies": {"qwen2": {"qkv_bias": "yes"}}}, "implies.'qwen2'"),
     "implies bad key": ({"select": {"model_type": "qwen2"},
                          "implies": {"qwen2": {"qkv-bias": True}}}, "implies.'qwen2'"),
 }

@@ -92,13 +92,14 @@ IMPLIED = {"qkv_bias": False}
 
 
 def _implied(table: Any, model_type: str) -> dict[str, bool]:
-    """What ``table`` says ``model_type``'s architecture has. The model's code fixes it
-    (transformers' Qwen2 always has q/k/v biases): config.json cannot change it."""
+    """What ``table`` says ``model_type``'s architecture has (the parser saw to true or
+    false). The model's code fixes it (transformers' Qwen2 always has q/k/v biases):
+    config.json cannot change it."""
     given = table.implies.get(model_type, {})
-    for key, value in given.items():
-        if key not in IMPLIED or not isinstance(value, bool):
-            raise TargetError(f"{table.origin}: implies.{model_type}.{key} is {shown(value)}; "
-                              f"{FAMILY} takes {', '.join(IMPLIED)} there, true or false")
+    unknown = sorted(set(given) - set(IMPLIED))
+    if unknown:
+        raise TargetError(f"{table.origin}: implies.{shown(model_type)}.{unknown[0]}: {FAMILY} "
+                          f"takes only {', '.join(IMPLIED)} there; remove the entry")
     return {**IMPLIED, **given}
 
 
@@ -113,15 +114,15 @@ def llama_sizes(config: dict[str, Any]) -> LlamaSizes:
     table = select_table(config, (FAMILY,))
     if table is None:
         raise TargetError(f"config.json: model_type {shown(model_type)} is not one {FAMILY} "
-                          "holds: the "
-                          f"mapping tables in mappings/ take "
+                          f"holds: the mapping tables in mappings/ take "
                           f"{', '.join(selected_model_types(FAMILY))}; a family of LLaMA's "
                           "structure is added as a table (README: 'Adding a family')")
     implied = _implied(table, model_type)
     heads = _int(config, "num_attention_heads")
     hidden = _int(config, "hidden_size")
     kv_heads = _int(config, "num_key_value_heads", heads)
-    head_dim = _int(config, "head_dim", hidden // heads)
+    # unset: hidden / heads (at least 1, so that too few dimensions fail the check below)
+    head_dim = _int(config, "head_dim", max(1, hidden // heads))
     if head_dim * heads != hidden or heads % kv_heads:
         raise TargetError(f"config.json: {heads} heads of {head_dim} with {kv_heads} KV heads "
                           f"and hidden_size {hidden}: MindFormers' LlamaForCausalLM needs "

@@ -484,10 +484,10 @@ def _implies(data: Any, select: dict[str, tuple[str, ...]], origin: str
         entry = f"implies.{shown(model_type)}"
         _expect(model_type in types, origin, entry,
                 f"one of select.model_type ({', '.join(types)})")
+        # what an architecture has or lacks: true or false (the family names the keys)
         _expect(isinstance(values, dict) and all(
-            isinstance(k, str) and k.isidentifier() and isinstance(v, (bool, int, float, str))
-            for k, v in values.items()), origin, entry, "a mapping of config keys to "
-            "numbers, true/false or names")
+            isinstance(k, str) and k.isidentifier() and isinstance(v, bool)
+            for k, v in values.items()), origin, entry, "a mapping of names to true or false")
         out[model_type] = dict(values)
     return out
 
