@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 from typing import Any
 
@@ -112,7 +113,8 @@ TINY_LMS = {
 
 
 def tiny_hf_lm(kind: str, path: str | Path, *, tied: bool = False, dtype: str = "float32",
-               shard: str | None = None, seed: int = 0, layers: int = 2) -> Path:
+               shard: str | None = None, seed: int = 0, layers: int = 2,
+               config: dict[str, Any] | None = None) -> Path:
     """Save a seeded tiny Hugging Face causal LM directory (``save_pretrained``).
 
     GQA (8 heads, fewer KV heads), hidden 64, vocab 128. Every RMSNorm weight is moved off
@@ -123,6 +125,7 @@ def tiny_hf_lm(kind: str, path: str | Path, *, tied: bool = False, dtype: str = 
         tied: tie the LM head to the embedding.
         dtype: ``float32`` or ``bfloat16`` on disk.
         shard: a ``max_shard_size`` (``"40KB"``) for a sharded set with an index.
+        config: more config values (``rope_scaling``, ``max_position_embeddings``).
     """
     import torch
     import transformers
@@ -130,8 +133,8 @@ def tiny_hf_lm(kind: str, path: str | Path, *, tied: bool = False, dtype: str = 
     config_cls, model_cls, extra = TINY_LMS[kind]
     config = getattr(transformers, config_cls)(
         vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=layers,
-        num_attention_heads=8, max_position_embeddings=64, tie_word_embeddings=tied,
-        rms_norm_eps=1e-6, **extra)
+        **{"num_attention_heads": 8, "max_position_embeddings": 64, "tie_word_embeddings": tied,
+           "rms_norm_eps": 1e-6, **extra, **copy.deepcopy(config or {})})  # it edits them
     torch.manual_seed(seed)
     model = getattr(transformers, model_cls)(config)
     gen = torch.Generator().manual_seed(seed + 1)

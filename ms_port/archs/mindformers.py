@@ -26,6 +26,7 @@ from typing import Any
 
 from ..errors import TargetError, shown
 from ..match.mapping import select_table, selected_model_types
+from ..match.rope import Rope, read_rope
 from ..read.targets import Target, TargetTensor
 
 FAMILY = "mindformers:llama"
@@ -45,7 +46,7 @@ class LlamaSizes:
     kv_heads: int
     intermediate: int
     eps: float
-    theta: float
+    rope: Rope
     qkv_bias: bool
     o_bias: bool
     tied: bool
@@ -53,6 +54,10 @@ class LlamaSizes:
     @property
     def head_dim(self) -> int:
         return self.hidden // self.heads
+
+    @property
+    def theta(self) -> float:
+        return self.rope.theta
 
 
 #: the largest size a config may give (a dimension of a real model is far below)
@@ -134,20 +139,7 @@ def llama_sizes(config: dict[str, Any]) -> LlamaSizes:
     if act != "silu":
         raise TargetError(f"config.json: hidden_act {shown(act)}; MindFormers' LlamaForCausalLM "
                           "computes SiLU")
-    rope: dict[str, Any] = {}
-    for key in ("rope_parameters", "rope_scaling"):  # transformers 5 writes the first
-        given = config.get(key)
-        if given is None:
-            continue
-        if not isinstance(given, dict):
-            raise TargetError(f"config.json: {key} is {str(given)[:40]!r}, not a mapping; "
-                              "check the config")
-        kind = given.get("rope_type", given.get("type", "default"))
-        if kind not in ("default", None):
-            raise TargetError(f"config.json: RoPE scaling {str(kind)[:40]!r} ({key}) is not "
-                              "supported by mindformers:llama; only plain RoPE")
-        rope = rope or given
-    theta = _float(config, "rope_theta", 0.0) or _float(rope, "rope_theta", 10000.0)
+    rope = read_rope(config)  # never refused: the weights do not depend on it
     bias = _bool(config, "attention_bias")
     layers = _int(config, "num_hidden_layers")
     if layers > MAX_LAYERS:  # the target is listed layer by layer: bound the work a file asks
@@ -156,7 +148,7 @@ def llama_sizes(config: dict[str, Any]) -> LlamaSizes:
     return LlamaSizes(
         vocab=_int(config, "vocab_size"), hidden=hidden, layers=layers,
         heads=heads, kv_heads=kv_heads, intermediate=_int(config, "intermediate_size"),
-        eps=_float(config, "rms_norm_eps", 1e-6), theta=theta,
+        eps=_float(config, "rms_norm_eps", 1e-6), rope=rope,
         qkv_bias=implied["qkv_bias"] or bias, o_bias=bias,
         tied=_bool(config, "tie_word_embeddings"))
 
@@ -210,8 +202,16 @@ def llama_target(config: dict[str, Any], *, qkv_concat: bool = False) -> Target:
     sizes = llama_sizes(config)
     tensors = llama_tensors(sizes, qkv_concat=qkv_concat)
     variant = "fused qkv" if qkv_concat else "separate q/k/v"
+    notes = []
+    if sizes.rope.problem:
+        notes.append(f"{sizes.rope.describe()}: the weights do not depend on it and are "
+                     "converted; MindFormers' network built from them would compute another "
+                     "function, so verify refuses it")
+    elif sizes.rope.kind != "default":
+        notes.append(f"{sizes.rope.describe()} (the weights do not depend on it; "
+                     "--model-config writes it)")
     return Target("family", f"mindformers:llama ({variant})", {t.name: t for t in tensors},
-                  family="mindformers:llama")
+                  family="mindformers:llama", notes=notes)
 
 
 @contextlib.contextmanager
@@ -230,10 +230,56 @@ def contained() -> Any:
             get_logger().setLevel(logging.WARNING)
 
 
+def model_settings(sizes: LlamaSizes, *, qkv_concat: bool = False) -> dict[str, Any]:
+    """The ``LlamaConfig`` values that make MindFormers' network the checkpoint's network:
+    sizes, epsilon, RoPE (``theta``, ``extend_method``, ``scaling_factor``), biases, the
+    layout and the tied head. Device and run settings are not among them
+    (:data:`CPU_SETTINGS`)."""
+    return {
+        "hidden_size": sizes.hidden, "num_layers": sizes.layers, "num_heads": sizes.heads,
+        "n_kv_heads": sizes.kv_heads, "vocab_size": sizes.vocab,
+        "intermediate_size": sizes.intermediate, "rms_norm_eps": sizes.eps,
+        "theta": sizes.theta, "extend_method": sizes.rope.extend_method,
+        "scaling_factor": sizes.rope.scaling_factor, "qkv_has_bias": sizes.qkv_bias,
+        "attn_proj_has_bias": sizes.o_bias, "qkv_concat": qkv_concat,
+        "tie_word_embeddings": sizes.tied}
+
+
+#: how verify runs the network on a CPU: float32 throughout, no fused or Ascend-only
+#: kernels, rotate-half RoPE (Hugging Face's layout; LLAMA3 needs it on CPU)
+CPU_SETTINGS: dict[str, Any] = {
+    "use_past": False, "use_flash_attention": False, "fused_rms_norm": False,
+    "use_rope_slice": True, "compute_dtype": "float32", "layernorm_compute_type": "float32",
+    "softmax_compute_type": "float32", "rotary_dtype": "float32",
+    "param_init_type": "float32", "embedding_init_type": "float32"}
+
+#: MindFormers masks every token equal to ``pad_token_id`` in attention; transformers
+#: masks none. An id no token has makes both compute the same function for every input.
+NO_PAD = -1
+
+
+def positions(sizes: LlamaSizes, seq_length: int) -> int:
+    """``max_position_embedding`` for a run of ``seq_length`` tokens: MindFormers' scaled
+    RoPE needs it above the pretraining length it extends from (the table's length does
+    not change its values)."""
+    return max(seq_length, 2, (sizes.rope.original or 0) + 1)
+
+
 def llama_config(config: dict[str, Any], *, qkv_concat: bool = False,
                  seq_length: int = 128) -> Any:
-    """MindFormers' ``LlamaConfig`` for CPU float32 inference of this model."""
+    """MindFormers' ``LlamaConfig`` for CPU float32 inference of this model, computing the
+    same function as transformers' for every token (no pad masking).
+
+    Raises:
+        TargetError: a RoPE scaling MindFormers cannot compute exactly (one line, naming
+            it): a network built anyway would not be the checkpoint's.
+    """
     sizes = llama_sizes(config)
+    if sizes.rope.problem:
+        raise TargetError(f"config.json: RoPE scaling {shown(sizes.rope.kind)} "
+                          f"({sizes.rope.key}): MindFormers cannot compute it exactly "
+                          f"({sizes.rope.problem}); the converted weights are right, but "
+                          "verify cannot build the same network")
     with contained():
         try:
             from mindformers.models.llama import LlamaConfig
@@ -241,16 +287,9 @@ def llama_config(config: dict[str, Any], *, qkv_concat: bool = False,
             raise TargetError("mindformers:llama needs MindFormers to build the network: pip "
                               "install --no-deps mindformers==2.1.0 (see the README)") from None
         return LlamaConfig(
-            batch_size=1, seq_length=seq_length, hidden_size=sizes.hidden,
-            num_layers=sizes.layers, num_heads=sizes.heads, n_kv_heads=sizes.kv_heads,
-            vocab_size=sizes.vocab, intermediate_size=sizes.intermediate,
-            rms_norm_eps=sizes.eps, theta=sizes.theta, qkv_has_bias=sizes.qkv_bias,
-            attn_proj_has_bias=sizes.o_bias, qkv_concat=qkv_concat,
-            tie_word_embeddings=sizes.tied, use_past=False, use_flash_attention=False,
-            fused_rms_norm=False, use_rope_slice=True, compute_dtype="float32",
-            layernorm_compute_type="float32", softmax_compute_type="float32",
-            rotary_dtype="float32", param_init_type="float32", embedding_init_type="float32",
-            max_position_embedding=max(seq_length, 2))
+            batch_size=1, seq_length=seq_length, pad_token_id=NO_PAD,
+            max_position_embedding=positions(sizes, seq_length),
+            **model_settings(sizes, qkv_concat=qkv_concat), **CPU_SETTINGS)
 
 
 def build_llama(config: dict[str, Any], *, qkv_concat: bool = False,
@@ -265,8 +304,19 @@ def build_llama(config: dict[str, Any], *, qkv_concat: bool = False,
     return net
 
 
+def llama_blocks(config: dict[str, Any], build_torch: Any, *, qkv_concat: bool = False,
+                 seq_length: int = 128) -> Any:
+    """The network's blocks, for verify one block at a time
+    (:class:`~ms_port.archs.llama_blocks.LlamaBlocks`)."""
+    from .llama_blocks import LlamaBlocks
+
+    return LlamaBlocks(config, build_torch, qkv_concat=qkv_concat, seq_length=seq_length)
+
+
 target = llama_target
 build = build_llama
+blocks = llama_blocks
 
-__all__ = ["FAMILY", "OPTIONS", "LlamaSizes", "build_llama", "contained", "llama_config",
-           "llama_sizes", "llama_target", "llama_tensors"]
+__all__ = ["CPU_SETTINGS", "FAMILY", "NO_PAD", "OPTIONS", "LlamaSizes", "build_llama",
+           "contained", "llama_blocks", "llama_config", "llama_sizes", "llama_target",
+           "llama_tensors", "model_settings", "positions"]

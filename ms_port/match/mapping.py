@@ -44,6 +44,9 @@ split tensors, and tied ones (see :mod:`ms_port.match.layouts`, :mod:`ms_port.ma
       - {source: lm_head.weight, same_as: model.embed_tokens.weight, when: tie_word_embeddings}
     implies:                    # per selected model type: what its code fixes and its
       qwen2: {qkv_bias: true}   # config.json does not say (config.json cannot change it)
+    derived:                    # buffers computed from config.json (old checkpoints hold
+      - {source: 'model.layers.{i}.self_attn.rotary_emb.inv_freq', value: rope_inv_freq}
+                                # them): checked against the config, then dropped
 
 Layouts: ``concat`` / ``{concat: AXIS}``, ``interleave`` / ``{interleave: AXIS}`` (one row
 of each part in turn), ``{grouped: GROUPS, sizes: [...], axis: 0}`` (per group, ``sizes[i]``
@@ -75,7 +78,7 @@ from .patterns import Pattern, PatternError, compile_pattern
 from .transforms import Transform
 
 _SECTIONS = {"version", "description", "rename", "tensors", "drop", "transforms", "select",
-             "params", "fuse", "split", "tied", "implies"}
+             "params", "fuse", "split", "tied", "implies", "derived"}
 _SELECT_KEYS = {"model_type", "architectures", "target"}
 _RENAME_KEYS = {"segments", "regex"}
 
@@ -219,6 +222,16 @@ class TiedEntry:
 
 
 @dataclass(frozen=True)
+class DerivedEntry:
+    """``derived:``: ``source`` is computed from the config by :data:`~.derived.DERIVED`
+    ``[value]``; checked against it, then dropped."""
+
+    source: Template
+    value: str
+    where: str
+
+
+@dataclass(frozen=True)
 class MappingTable:
     """One or more mapping files merged; see the module docstring for the format.
 
@@ -240,6 +253,7 @@ class MappingTable:
     tied: tuple[TiedEntry, ...] = ()
     #: model type -> config values its architecture implies (``implies:``)
     implies: dict[str, dict[str, Any]] = field(default_factory=dict)
+    derived: tuple[DerivedEntry, ...] = ()
 
     @classmethod
     def empty(cls) -> MappingTable:
@@ -296,6 +310,7 @@ class MappingTable:
             split=other.split + self.split,
             tied=other.tied + self.tied,
             implies={**self.implies, **other.implies},
+            derived=other.derived + self.derived,
         )
 
     def selects(self, config: dict[str, Any] | None, target: str) -> bool:
@@ -445,10 +460,12 @@ def mapping_from_data(data: Any, *, origin: str = "mapping=") -> MappingTable:
                   for i, e in enumerate(_list(data, "split", origin)))
     tied = tuple(_tied_entry(e, origin, i) for i, e in enumerate(_list(data, "tied", origin)))
     implies = _implies(data.get("implies"), select, origin)
+    derived = tuple(_derived_entry(e, origin, i)
+                    for i, e in enumerate(_list(data, "derived", origin)))
     return MappingTable(origin=origin, description=str(data.get("description") or ""),
                         segments=dict(segments), regex=regex, tensors=tensors, drop=drop,
                         transforms=transforms, select=select, params=params, fuse=fuse,
-                        split=split, tied=tied, implies=implies)
+                        split=split, tied=tied, implies=implies, derived=derived)
 
 
 def _list(data: dict, key: str, origin: str) -> list:
@@ -598,6 +615,17 @@ def _tied_entry(data: Any, origin: str, i: int) -> TiedEntry:
     _expect(data["source"] != data["same_as"], origin, entry,
             "two different tensors (source is same_as itself)")
     return TiedEntry(data["source"], data["same_as"], data.get("when"), f"{entry} in {origin}")
+
+
+def _derived_entry(data: Any, origin: str, i: int) -> DerivedEntry:
+    from .derived import DERIVED
+
+    entry = f"derived[{i}]"
+    _expect(isinstance(data, dict) and set(data) == {"source", "value"}
+            and isinstance(data["value"], str) and data["value"] in DERIVED, origin, entry,
+            f"{{source: NAME, value: {' | '.join(DERIVED)}}}")
+    return DerivedEntry(_template(data["source"], origin, f"{entry}.source"), data["value"],
+                        f"{entry} in {origin}")
 
 
 def _expect(ok: bool, origin: str, entry: str, wanted: str) -> None:

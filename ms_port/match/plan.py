@@ -27,11 +27,12 @@ import numpy as np
 import yaml
 
 from ..display import Renderable
-from ..errors import MappingError
+from ..errors import MappingError, shown
 from ..read.sources import Source
 from ..read.targets import Target, TargetTensor
 from ..read.tensors import FLOAT_DTYPES, TensorInfo, format_shape, itemsize, numpy_dtype
 from .closest import NameIndex
+from .derived import DERIVED, agrees
 from .layouts import Layout, LayoutError
 from .mapping import MappingTable
 from .params import ParamError, resolve
@@ -595,7 +596,7 @@ def make_plan(
     ordered = [matches[name] for name in target.tensors if name in matches]
     return Plan(source, target, mapping, ordered, missing, unused, dropped, conflicts,
                 allow_missing=allow_missing, allow_unused=allow_unused,
-                notes=many.notes + notes, params=many.params)
+                notes=list(target.notes) + many.notes + notes, params=many.params)
 
 
 class _Many:
@@ -647,6 +648,8 @@ class _Many:
             self._split(entry)
         for entry in self.mapping.tied:
             self._tied(entry)
+        for entry in self.mapping.derived:
+            self._derived(entry)
 
     def _layout(self, entry: Any, lengths: list[int], what: str) -> Layout:
         spec = entry.layout
@@ -782,6 +785,29 @@ class _Many:
                     name, entry.same_as, "tied", f"{entry.source} is {entry.same_as}: {why}",
                     partner.shape, tt.shape, partner.dtype, _cast(partner.dtype, self.dtype))
                 return
+
+
+    def _derived(self, entry: Any) -> None:
+        value = DERIVED[entry.value]
+        found = [i for i in self.source
+                 if i.name not in self.consumed and entry.source.match(i.name) is not None]
+        if not found:
+            return
+        if self.config is None:
+            raise MappingError(f"{found[0].name} is computed from the model's config "
+                               f"({value.keys}; {entry.where}), and no config.json was found "
+                               f"for {self.source.path} — put config.json beside the "
+                               "checkpoint or pass --config FILE", path=self.mapping.origin)
+        for info in found:
+            same, how = agrees(value, info.load(), self.config)
+            if not same:
+                raise MappingError(
+                    f"{shown(info.name, 200)} is not what config.json implies ({value.keys}; "
+                    f"{how}): that config computes another network — use the config the "
+                    f"checkpoint was saved with ({entry.where})", path=self.mapping.origin)
+            self.consumed.add(info.name)
+            self.dropped.append(Dropped(info.name, f"derived from config.json ({value.keys}), "
+                                        "checked equal; not a weight"))
 
 
 def _before(transforms: tuple[Transform, ...], shape: tuple[int, ...]) -> tuple[int, ...] | None:

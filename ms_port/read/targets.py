@@ -54,6 +54,8 @@ class Target:
     family: str | None = None
     #: the network's class (``module.Class``), where built from a Cell
     cls: str | None = None
+    #: what the target's maker wants said in the plan (a RoPE scaling, computed or not)
+    notes: list[str] = field(default_factory=list)
 
     @property
     def keys(self) -> tuple[str, ...]:

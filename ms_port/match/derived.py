@@ -1,0 +1,60 @@
+"""Buffers a checkpoint may hold that are computed from the config, not learned.
+
+Checkpoints saved by transformers before 4.31 hold every LLaMA layer's
+``self_attn.rotary_emb.inv_freq``: a function of ``rope_theta`` and the head size, not a
+weight. A mapping table's ``derived:`` entry names such a buffer and the function here
+that computes it; the plan checks the buffer against the config and drops it, or refuses
+it when it disagrees (that config would compute another network).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+
+from .rope import inv_freq, read_rope
+
+
+@dataclass(frozen=True)
+class Derived:
+    """A config-derived value: how to compute it and which config keys it comes from."""
+
+    compute: Callable[[dict[str, Any]], np.ndarray]
+    keys: str
+    #: relative difference still counted as the same value (the formula's float32 rounding
+    #: differs by an ulp between numpy and torch; another theta or scaling differs by far more)
+    rtol: float = 1e-5
+
+
+def _head_dim(config: dict[str, Any]) -> int:
+    given = config.get("head_dim")
+    if isinstance(given, int) and not isinstance(given, bool) and given > 0:
+        return given
+    return int(config["hidden_size"]) // int(config["num_attention_heads"])
+
+
+def _rope_inv_freq(config: dict[str, Any]) -> np.ndarray:
+    return inv_freq(read_rope(config), _head_dim(config))
+
+
+#: the names a table's ``derived: [{value: NAME}]`` may give
+DERIVED = {
+    "rope_inv_freq": Derived(_rope_inv_freq, "rope_theta and head_dim (hidden_size / "
+                             "num_attention_heads), with rope_scaling where set"),
+}
+
+
+def agrees(value: Derived, held: np.ndarray, config: dict[str, Any]) -> tuple[bool, str]:
+    """Whether ``held`` is what ``config`` implies, and how far from it (for messages)."""
+    expected = value.compute(config)
+    held = np.asarray(held, dtype=np.float64)
+    if held.shape != expected.shape:
+        return False, f"shape {tuple(held.shape)}, the config implies {tuple(expected.shape)}"
+    worst = float(np.max(np.abs(held - expected) / np.maximum(np.abs(expected), 1e-30),
+                         initial=0.0))
+    return bool(worst <= value.rtol), f"relative difference {worst:.2g}"
+
+
+__all__ = ["DERIVED", "Derived", "agrees"]
