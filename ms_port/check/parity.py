@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
@@ -213,14 +214,13 @@ def _blocks_with_other_bounds(compared: list[LayerComparison],
                          "on the other); not counted")
 
 
-def _leaves_drawn_differently(compared: list[LayerComparison],
-                              outputs: list[OutputComparison], notes: list[str]) -> None:
+def _leaves_drawn_differently(compared: list[LayerComparison], notes: list[str]) -> None:
     """A layer that differs while the block around it, and every output, agree computes a
     different share of that block on each side (MindFormers' ``w1`` applies SiLU inside
     the Linear; transformers' ``gate_proj`` leaves it to the MLP). A wrong weight or
-    layout would carry into the block's output, so this is not a verdict either."""
-    if not outputs or not all(o.ok for o in outputs):
-        return
+    layout would carry into the block's output, so this is not a verdict either, whatever
+    the outputs say: else a wrong layer later in the network would be blamed on the first
+    such layer (a k/v swap in layer 1 named as layer 0's ``w1``)."""
     for c in compared:
         # innermost on the PyTorch side (MindFormers' Linear holds its activation cell)
         if c.status != "fail" or any(x.torch.startswith(c.torch + ".") for x in compared):
@@ -264,7 +264,7 @@ def _known(c: LayerComparison, torch_model: Any, ms_model: Any) -> list[str]:
 
 
 def _shapes_part(skipped: list[LayerComparison], first_bad: LayerComparison | None,
-                 torch_model: Any, ms_model: Any) -> str | None:
+                 networks: Networks) -> str | None:
     """Where the two networks' shapes first part, if before the first failing layer (a
     pool rounding its size the other way: every layer after it is not comparable, and the
     first one that is, the head, is where it fails), with what is known about it."""
@@ -272,7 +272,7 @@ def _shapes_part(skipped: list[LayerComparison], first_bad: LayerComparison | No
                    (first_bad is None or c.index < first_bad.index)), None)
     if parted is None:
         return None
-    known = _known(parted, torch_model, ms_model)
+    known = networks.known(parted)
     return (f"the shapes part before the first divergence, at {parted.name} ({parted.note})"
             + (f" — {known[0]}" if known else ""))
 
@@ -287,16 +287,16 @@ def tensor_note(delta: Any) -> str:
     return f"{delta.target}: {delta.status}"
 
 
-def _divergence(first: LayerComparison, ms_model: Any, torch_model: Any,
+def _divergence(first: LayerComparison, networks: Networks,
                 correspondence: list[tuple[str, str]], tensor_diff: Any) -> Divergence:
     block = enclosing_block(first.torch, correspondence)
-    tensors = _params_of(ms_model, first.ms, False)
+    tensors = networks.params_of(first.ms, False)
     if tensor_diff is not None:
         held = {d.target: d for d in tensor_diff.deltas}
         tensors = [tensor_note(held[t]) if t in held and held[t].status != "identical"
                    else t for t in tensors]
     if not tensors:
-        tensors = _params_of(torch_model, first.torch, True)
+        tensors = networks.params_of(first.torch, True)
     return Divergence(
         ms_name=first.ms, torch_name=first.torch, error=first.error, max_abs=first.max_abs,
         nan=first.status == "nonfinite", call=first.call,
@@ -447,9 +447,26 @@ def run_parity(
     compared = _layer_comparisons(pairs, noise, sens, tol=tol, scaled=scaled, drift=drift)
     t_float = [(n, a) for n, a in t_outs if a.dtype.kind == "f"]
     m_float = [(n, a) for n, a in m_outs if a.dtype.kind == "f"]
+    outputs = _compare_outputs(t_float, m_float, dict(alt_outs or []), dict(sens_outs),
+                               tol=tol, scaled=scaled, drift=drift, notes=notes)
+    layouts = Networks(
+        params_of=lambda path, torch_side: _params_of(torch_main if torch_side else ms_model,
+                                                      path, torch_side),
+        known=lambda c: _known(c, torch_main, ms_model))
+    return judge(outputs, compared, drift, layouts, correspondence=pairs_in,
+                 nonfinite_weights=nonfinite_weights, tensor_diff=tensor_diff, notes=notes,
+                 feed=feed, seed=seed, tol=tol, dtype=dtype, scaled=scaled,
+                 torch_device=torch_device, ms_device=ms_device, timings=timings,
+                 started=started)
+
+
+def _compare_outputs(t_float: list[tuple[str, np.ndarray]], m_float: list[tuple[str, np.ndarray]],
+                     alt_by_name: dict[str, np.ndarray], sens_by_name: dict[str, np.ndarray], *,
+                     tol: float, scaled: bool, drift: Drift,
+                     notes: list[str]) -> list[OutputComparison]:
+    """Pair the floating-point outputs and compare each against its bound."""
     outputs = []
     output_pairs = pair_outputs(t_float, m_float)
-    alt_by_name, sens_by_name = dict(alt_outs or []), dict(sens_outs)
     for ti, mi in output_pairs:
         (tname, tarr), (mname, marr) = t_float[ti], m_float[mi]
         alt, other = alt_by_name.get(tname), sens_by_name.get(tname)
@@ -466,7 +483,28 @@ def run_parity(
     unpaired += [f"MindSpore {n}" for n, _ in m_float if n not in paired_m]
     if unpaired:
         notes.append(f"outputs not compared (no counterpart): {', '.join(unpaired[:6])}")
+    return outputs
 
+
+@dataclass(frozen=True)
+class Networks:
+    """What the verdict asks of the two networks once they have run: the tensors a layer
+    holds (``params_of(path, torch_side)``) and the known differences between a compared
+    pair's layers (``known(comparison)``). The whole-network driver asks the live
+    networks; the block driver, which has freed them, asks the plan's names."""
+
+    params_of: Callable[[str, bool], list[str]]
+    known: Callable[[LayerComparison], list[str]]
+
+
+def judge(outputs: list[OutputComparison], compared: list[LayerComparison], drift: Drift,
+          networks: Networks, *, correspondence: list[tuple[str, str]],
+          nonfinite_weights: list[str], tensor_diff: Any, notes: list[str], feed: list[Any],
+          seed: int, tol: float, dtype: str, scaled: bool, torch_device: str, ms_device: str,
+          timings: dict[str, float], started: float) -> ParityReport:
+    """The verdict from the comparisons, whichever driver made them (the whole network in
+    one forward, or block by block): PASS, FAIL or INCONCLUSIVE with the first divergence,
+    the reasons and the notes."""
     skipped = [c for c in compared if c.status == "skipped"]
     if skipped:
         notes.append(f"{len(skipped)} paired layer(s) not comparable, e.g. {skipped[0].name}: "
@@ -481,11 +519,11 @@ def run_parity(
                      f"{insensitive[0].name}")
     compared = [c for c in compared if c.status != "skipped"]
     _blocks_with_other_bounds(compared, outputs, notes)
-    _leaves_drawn_differently(compared, outputs, notes)
+    _leaves_drawn_differently(compared, notes)
     first_bad = next((c for c in compared if c.status in ("fail", "nonfinite")), None)
     divergence = (None if first_bad is None else
-                  _divergence(first_bad, ms_model, torch_main, pairs_in, tensor_diff))
-    known = [] if first_bad is None else _known(first_bad, torch_main, ms_model)
+                  _divergence(first_bad, networks, correspondence, tensor_diff))
+    known = [] if first_bad is None else networks.known(first_bad)
 
     problems = []
     if nonfinite_weights:
@@ -503,7 +541,7 @@ def run_parity(
                               tensor_problems=tensor_problems,
                               first=_first_text(divergence, drift), tol=tol)
     if verdict == FAIL:
-        parted = _shapes_part(skipped, first_bad, torch_main, ms_model)
+        parted = _shapes_part(skipped, first_bad, networks)
         if parted:
             reasons.insert(min(1, len(reasons)), parted)
     timings["total"] = time.perf_counter() - started

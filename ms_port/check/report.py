@@ -216,6 +216,9 @@ class ParityReport(Renderable):
     #: and the layer where it reached that (:mod:`ms_port.check.verdict`)
     drift: float = 1.0
     drift_at: str | None = None
+    #: how the networks ran: ``whole`` (both at once) or ``layers`` (block by block), and why
+    mode: str = "whole"
+    mode_reason: str | None = None
 
     @property
     def exit_code(self) -> int:

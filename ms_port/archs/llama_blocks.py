@@ -1,0 +1,172 @@
+"""``mindformers:llama`` block by block: the pieces verify builds one at a time.
+
+A LLaMA-shaped network is an embedding, N decoder layers and a head (final norm and LM
+head). Each side is built once with a single decoder layer and no weights (PyTorch on the
+meta device, MindSpore under ``no_init_parameters``); for each piece only that piece's
+tensors are put in, read from the files, and taken out again after it ran. Every decoder
+layer runs as layer 0 of that one-layer network; :class:`Piece` renames what it records
+back to the layer's own name.
+
+This module knows LLaMA's blocks and nothing of the verdict
+(:mod:`ms_port.check.blocks` drives it). A family of another structure gives its own
+pieces and steps with the same five methods.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+
+from .mindformers import llama_config, llama_sizes
+
+#: the decoder layer every layer runs as
+LOCAL = "model.layers.0"
+
+
+@dataclass(frozen=True)
+class Piece:
+    """One block: its name, and which tensors it takes on each side.
+
+    Attributes:
+        name: ``embedding``, ``model.layers.17`` or ``head``.
+        kind: ``embedding``, ``layer`` or ``head``.
+        torch: the PyTorch network's parameter name -> the source tensor filling it.
+        ms: the MindSpore network's parameter name -> the checkpoint tensor filling it.
+        prefix: the layer's own name prefix (``model.layers.17``), recorded as ``LOCAL``.
+    """
+
+    name: str
+    kind: str
+    torch: dict[str, str]
+    ms: dict[str, str]
+    prefix: str | None = None
+    index: int = 0
+
+    def rename(self, path: str) -> str:
+        """A recorded layer path under its real name (``model.layers.0.x`` -> ``…17.x``)."""
+        if self.prefix and (path == LOCAL or path.startswith(LOCAL + ".")):
+            return self.prefix + path[len(LOCAL):]
+        return path
+
+
+class LlamaBlocks:
+    """The pieces of a Hugging Face LLaMA / Mistral / Qwen2 and of MindFormers'
+    ``LlamaForCausalLM`` built from the same config, and one step of each."""
+
+    family = "mindformers:llama"
+
+    def __init__(self, config: dict[str, Any], build_torch: Callable[[dict[str, Any]], Any], *,
+                 qkv_concat: bool = False, seq_length: int = 16) -> None:
+        """``build_torch(config)``: transformers' network for a config (float32, eager
+        attention), called on the meta device."""
+        self.config = config
+        self.build_torch = build_torch
+        self.sizes = llama_sizes(config)
+        self.qkv_concat = qkv_concat
+        self.seq_length = seq_length
+        self._rotary: Any = None
+
+    # --- the pieces -------------------------------------------------------------------
+    def pieces(self, source_names: set[str], checkpoint_names: set[str]) -> list[Piece]:
+        """Embedding, every decoder layer, head; each with the names it takes."""
+        def under(names: set[str], prefix: str, local: str) -> dict[str, str]:
+            return {local + n[len(prefix):]: n for n in sorted(names)
+                    if n.startswith(prefix + ".")}
+
+        tied = self.sizes.tied
+        found = [Piece("embedding", "embedding",
+                       {"model.embed_tokens.weight": "model.embed_tokens.weight"},
+                       {"model.tok_embeddings.embedding_weight":
+                        "model.tok_embeddings.embedding_weight"})]
+        for i in range(self.sizes.layers):
+            prefix = f"model.layers.{i}"
+            found.append(Piece(prefix, "layer", under(source_names, prefix, LOCAL),
+                               under(checkpoint_names, prefix, LOCAL), prefix, i))
+        head_src = ("model.embed_tokens.weight" if tied or "lm_head.weight" not in source_names
+                    else "lm_head.weight")
+        found.append(Piece(
+            "head", "head", {"model.norm.weight": "model.norm.weight", "lm_head.weight": head_src},
+            {"model.norm_out.weight": "model.norm_out.weight",
+             ("model.tok_embeddings.embedding_weight" if tied else "lm_head.weight"):
+             ("model.tok_embeddings.embedding_weight" if tied else "lm_head.weight")}))
+        return found
+
+    # --- PyTorch ----------------------------------------------------------------------
+    def torch_network(self, piece: Piece, tensors: dict[str, Any]) -> Any:
+        """transformers' network with one decoder layer, on the meta device but for the
+        piece's tensors (float32)."""
+        import torch
+
+        one = {**self.config, "num_hidden_layers": 1}
+        kinds = self.config.get("layer_types")
+        if isinstance(kinds, list) and len(kinds) > piece.index:  # this layer's own kind
+            one["layer_types"] = [kinds[piece.index]]
+        with torch.device("meta"):
+            model = self.build_torch(one)
+        # every name of a tied parameter (a tied head is the embedding under its own name)
+        own = dict(model.named_parameters(remove_duplicate=False))
+        state = {k: v for k, v in tensors.items() if k in own}  # not inv_freq buffers
+        model.load_state_dict(state, strict=False, assign=True)
+        if self._rotary is None:  # computed once, on the CPU (its buffers are not weights)
+            self._rotary = type(model.model.rotary_emb)(config=model.config)
+        return model
+
+    def torch_step(self, model: Any, piece: Piece, state: Any, ids: np.ndarray) -> Any:
+        """One piece's forward: token ids -> hidden states -> … -> logits."""
+        import torch
+
+        with torch.no_grad():
+            if piece.kind == "embedding":
+                return model.model.embed_tokens(torch.as_tensor(ids))
+            if piece.kind == "head":
+                return model.lm_head(model.model.norm(state))
+            length = state.shape[1]
+            positions = torch.arange(length)[None]
+            cos, sin = self._rotary(state, positions)
+            # transformers' eager attention adds the mask; causal, nothing else masked
+            mask = torch.full((length, length), torch.finfo(state.dtype).min,
+                              dtype=state.dtype).triu(1)[None, None]
+            return model.model.layers[0](state, attention_mask=mask, position_ids=positions,
+                                         position_embeddings=(cos, sin))
+
+    # --- MindSpore --------------------------------------------------------------------
+    def ms_network(self, piece: Piece, tensors: dict[str, Any]) -> Any:
+        """MindFormers' network with one decoder layer, built without weights, holding the
+        piece's tensors (float32)."""
+        import mindspore as ms
+
+        from ..read.targets import without_weights
+        from .mindformers import contained
+
+        one = {**self.config, "num_hidden_layers": 1}
+        cfg = llama_config(one, qkv_concat=self.qkv_concat, seq_length=self.seq_length)
+
+        def build() -> Any:
+            with contained():
+                from mindformers.models.llama import LlamaForCausalLM
+
+                return LlamaForCausalLM(cfg)
+
+        net = without_weights(build)
+        net.set_train(False)
+        params = {k: ms.Parameter(ms.Tensor(v), name=k) for k, v in tensors.items()}
+        ms.load_param_into_net(net, params)
+        return net
+
+    def ms_step(self, net: Any, piece: Piece, state: Any, ids: np.ndarray) -> Any:
+        import mindspore as ms
+
+        tokens = ms.Tensor(np.asarray(ids))
+        model = net.model
+        if piece.kind == "embedding":
+            h = model.tok_embeddings(tokens).astype(ms.float32)
+            return h.reshape(ids.shape[0], ids.shape[1], -1)
+        if piece.kind == "head":
+            return net.lm_head(model.norm_out(state)).astype(ms.float32)
+        freqs = model.freqs_mgr(ids.shape[1])
+        return model.layers[0](state, freqs, model.casual_mask(tokens))
+
+
+__all__ = ["LOCAL", "LlamaBlocks", "Piece"]

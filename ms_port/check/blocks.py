@@ -1,0 +1,258 @@
+"""verify one block at a time: the proof at the size of the conversion.
+
+The whole-network driver (:func:`ms_port.check.parity.run_parity`) holds both networks,
+PyTorch's in float32 and float64 and MindSpore's, at once: ~29 GB per float32 copy of a 7B
+model. This driver builds one block (the embedding, one decoder layer, the head) per side
+at a time, reads that block's tensors from the source and from the written checkpoint,
+runs it, and frees it before the next. Memory is one block per side plus activations.
+
+Each side carries its own hidden states from block to block, exactly as the whole
+networks would: PyTorch in float32, in float64 (the per-layer float32 noise) and on a
+second input (the sensitivity), MindSpore in float32. Every layer inside a block is
+recorded and paired as in the whole-network run, so the comparisons, the drift, the
+verdict and the first divergence come from the same engine
+(:func:`ms_port.check.parity.judge`). Each block is also fed PyTorch's own input on the
+MindSpore side and compared with its local float32 noise (``fed``): where a block is
+wrong, it fails there, whatever came before.
+
+A family gives its blocks with five methods (``pieces``, ``torch_network``,
+``torch_step``, ``ms_network``, ``ms_step``; see :mod:`ms_port.archs.llama_blocks`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import gc
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+
+from ..errors import ParityError
+from ..read.sources import Source
+from .compare import ms_to_numpy, relative_error
+from .layers import Measure, distance, pair_events, record_ms, record_torch
+from .parity import Networks, _compare_outputs, _count_nonfinite, _layer_comparisons, judge
+from .report import LayerComparison, ParityReport
+from .verdict import Drift, bound_for, status_of
+
+#: bytes per parameter the whole-network verify holds at its peak: PyTorch float32 and
+#: float64, MindSpore float32
+WHOLE_BYTES_PER_PARAMETER = 4 + 8 + 4
+#: the share of the available memory the whole networks may take before verify goes
+#: block by block (the frameworks, activations and the source's reads need the rest)
+WHOLE_SHARE = 0.6
+
+
+def available_memory() -> int | None:
+    """Bytes the kernel says can be had without swapping (``MemAvailable``), or None."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def choose_mode(mode: str, parameters: int, blocks_possible: bool,
+                available: int | None = None) -> tuple[str, str]:
+    """``("whole" | "layers", why)`` for ``mode`` ``auto``, ``whole`` or ``layers``."""
+    need = parameters * WHOLE_BYTES_PER_PARAMETER
+    gib = 2**30
+    if mode == "layers":
+        if not blocks_possible:
+            raise ParityError("--mode layers needs a target that knows its blocks "
+                              "(--ms-model mindformers:llama with a Hugging Face config)")
+        return "layers", "asked for (--mode layers)"
+    if mode == "whole":
+        return "whole", "asked for (--mode whole)"
+    if mode != "auto":
+        raise ParityError(f"unknown mode {mode!r}; choose auto, whole or layers")
+    available = available_memory() if available is None else available
+    if not blocks_possible:
+        return "whole", "the target's blocks are not known: the whole networks"
+    if available is not None and need > WHOLE_SHARE * available:
+        return "layers", (f"the whole networks need ~{need / gib:.1f} GiB, "
+                          f"{available / gib:.1f} GiB available")
+    where = f" of {available / gib:.1f} GiB available" if available is not None else ""
+    return "whole", f"the whole networks fit (~{need / gib:.1f} GiB{where})"
+
+
+def _float32(source: Source, names: dict[str, str], found: list[str], side: str
+             ) -> dict[str, np.ndarray]:
+    """The named tensors as float32 arrays (bf16/fp16 checkpoints compute in float32);
+    NaN/Inf is recorded in ``found``."""
+    arrays = {}
+    for local, name in names.items():
+        info = source.tensors.get(name)
+        if info is None:
+            raise ParityError(f"{source.path}: no tensor {name!r}, which the block needs; "
+                              "convert again", path=source.path)
+        array = np.asarray(info.load())
+        if array.dtype != np.float32:
+            array = array.astype(np.float32)
+        bad = _count_nonfinite(side, name, array)
+        if bad:
+            found.append(bad)
+        arrays[local] = array
+    return arrays
+
+
+def _params_under(names: list[str]) -> Callable[[str], list[str]]:
+    """A layer's tensors by name: its own, else (a block) every one under it."""
+    def params(path: str) -> list[str]:
+        own = [n for n in names if n.rpartition(".")[0] == path]
+        return own or [n for n in names if n.startswith(path + ".")]
+    return params
+
+
+class _Timer:
+    """Seconds spent per kind of work (reading, building, each framework's forwards)."""
+
+    def __init__(self) -> None:
+        self.spent: dict[str, float] = {}
+
+    @contextlib.contextmanager
+    def __call__(self, what: str) -> Iterator[None]:
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.spent[what] = self.spent.get(what, 0.0) + time.perf_counter() - t0
+
+
+@dataclass
+class _Streams:
+    """Each side's own hidden states, carried from block to block: PyTorch float32
+    (``t``), float64 (``t64``) and on the second input (``t2``); MindSpore (``m``)."""
+
+    t: Any = None
+    t64: Any = None
+    t2: Any = None
+    m: Any = None
+
+
+def run_blocks(blocks: Any, source: Source, checkpoint: Source, feed: list[Any],
+               second: list[Any], *, tol: float, seed: int, noise_floor: bool,
+               correspondence: list[tuple[str, str]], tensor_diff: Any,
+               ms_names: list[str], notes: list[str],
+               progress: Callable[[str], None] | None = None) -> ParityReport:
+    """Verify block by block (module docstring); the same verdict as :func:`run_parity`.
+
+    Args:
+        blocks: the family's blocks (:class:`~ms_port.archs.llama_blocks.LlamaBlocks`).
+        source / checkpoint: the PyTorch source and the MindSpore checkpoint, read lazily.
+        feed / second: the token ids, and the second input for the sensitivity.
+        correspondence: ``(mindspore_path, torch_path)`` layer pairs from the plan.
+        tensor_diff: the tensor-level comparison made before (a ``TensorDiff``).
+        ms_names: the MindSpore tensor names, to name a failing layer's tensors.
+    """
+    from . import devices
+
+    started = time.perf_counter()
+    step = progress or (lambda _msg: None)
+    timer = _Timer()
+    devices.set_ms_device("cpu")
+    ids, ids2 = np.asarray(feed[0].array), np.asarray(second[0].array)
+    pieces = blocks.pieces(set(source.tensors), set(checkpoint.tensors))
+    drift = Drift()
+    compared: list[LayerComparison] = []
+    nonfinite: list[str] = []
+    streams = _Streams()
+    for n, piece in enumerate(pieces):
+        step(f"block {n + 1}/{len(pieces)}: {piece.name}")
+        compared += _run_piece(blocks, piece, source, checkpoint, streams, ids, ids2,
+                               timer=timer, drift=drift, tol=tol, noise_floor=noise_floor,
+                               correspondence=correspondence, nonfinite=nonfinite)
+        gc.collect()
+    for k, c in enumerate(compared):
+        c.index = k
+    outputs = _compare_outputs(
+        [("logits", streams.t.numpy())], [("logits", ms_to_numpy(streams.m))],
+        {} if streams.t64 is None else {"logits": streams.t64.numpy()},
+        {"logits": streams.t2.numpy()}, tol=tol, scaled=True, drift=drift, notes=notes)
+    mine, theirs = _params_under(ms_names), _params_under(list(source.tensors))
+    networks = Networks(params_of=lambda path, torch_side: (theirs if torch_side else mine)(path),
+                        known=lambda c: [])
+    return judge(outputs, compared, drift, networks, correspondence=correspondence,
+                 nonfinite_weights=nonfinite, tensor_diff=tensor_diff, notes=notes, feed=feed,
+                 seed=seed, tol=tol, dtype="float32", scaled=True, torch_device="cpu",
+                 ms_device="cpu", timings=dict(timer.spent), started=started)
+
+
+def _run_piece(blocks: Any, piece: Any, source: Source, checkpoint: Source,
+               streams: _Streams, ids: np.ndarray, ids2: np.ndarray, *, timer: _Timer,
+               drift: Drift, tol: float, noise_floor: bool,
+               correspondence: list[tuple[str, str]], nonfinite: list[str]
+               ) -> list[LayerComparison]:
+    """Build, load, run and compare one block on both sides; move the streams on."""
+    import mindspore as ms
+    import torch
+
+    with timer("read"):
+        t_arrays = _float32(source, piece.torch, nonfinite, "PyTorch")
+        m_arrays = _float32(checkpoint, piece.ms, nonfinite, "MindSpore")
+    with timer("build"):
+        model = blocks.torch_network(piece, {k: torch.from_numpy(v)
+                                             for k, v in t_arrays.items()})
+        # a float64 copy: the piece's own tensors (the rest stays on the meta device)
+        alt = copy.deepcopy(model).to(dtype=torch.float64) if noise_floor else None
+    del t_arrays
+    given = streams.t
+    noise: dict[tuple[str, int], float] = {}
+    fed64 = None
+    with timer("torch"):
+        streams.t, events = record_torch(
+            model, lambda mdl=model: blocks.torch_step(mdl, piece, given, ids))
+        if alt is not None:
+            before64 = streams.t64
+            streams.t64, noise = Measure(events, "float64").run(
+                alt, lambda mdl=alt: blocks.torch_step(mdl, piece, before64, ids))
+            if given is not None:
+                fed64 = blocks.torch_step(alt, piece, given.double(), ids)
+        before2 = streams.t2
+        streams.t2, sens = Measure(events, "recorded").run(
+            model, lambda mdl=model: blocks.torch_step(mdl, piece, before2, ids2))
+    del model, alt
+    with timer("build"):
+        net = blocks.ms_network(piece, m_arrays)
+    del m_arrays
+    before_m = streams.m
+    with timer("mindspore"):
+        streams.m, m_events = record_ms(
+            net, lambda cell=net: blocks.ms_step(cell, piece, before_m, ids))
+        fed = (None if given is None else
+               ms_to_numpy(blocks.ms_step(net, piece, ms.Tensor(given.numpy()), ids)))
+    del net
+    for e in [*events, *m_events]:
+        e.path = piece.rename(e.path)
+    noise = {(piece.rename(p), c): v for (p, c), v in noise.items()}
+    sens = {(piece.rename(p), c): v for (p, c), v in sens.items()}
+    found = _layer_comparisons(pair_events(events, m_events, correspondence), noise, sens,
+                               tol=tol, scaled=True, drift=drift)
+    if fed is not None:
+        out = streams.t.numpy()
+        found.append(_fed(piece.name, fed, out, None if fed64 is None else fed64.numpy(),
+                          distance(out, streams.t2.numpy(), "recorded"), tol=tol))
+    return found
+
+
+def _fed(name: str, ms_out: np.ndarray, torch_out: np.ndarray, torch64: np.ndarray | None,
+         sensitivity: float, *, tol: float) -> LayerComparison:
+    """A block given PyTorch's own input on the MindSpore side, against its local noise."""
+    error, max_abs = relative_error(ms_out, torch_out)
+    noise = None if torch64 is None else distance(torch_out, torch64, "float64")
+    bound = bound_for(tol, noise, scaled=True)
+    return LayerComparison(
+        index=0, ms=f"{name} (fed PyTorch's input)", torch=name, call=0, ms_kind="block",
+        torch_kind="block", paired_by="fed", shape=tuple(torch_out.shape), error=error,
+        max_abs=max_abs, noise=noise, bound=bound, sensitivity=sensitivity,
+        status=status_of(error, bound, sensitivity), leaf=False)
+
+
+__all__ = ["available_memory", "choose_mode", "run_blocks"]
