@@ -15,7 +15,7 @@ env: $(STAMP)
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade "pip>=23"
-	$(PY) -m pip install --quiet -c constraints.txt -e ".[torchvision,dev,zoo,llm]"
+	$(PY) -m pip install --quiet -c constraints.txt -e ".[torchvision,dev,zoo,llm,hub]"
 	$(PY) -m pip install --quiet --no-deps -c constraints.txt mindformers==2.1.0 mindpet==1.0.4 rouge-chinese==1.0.3
 	touch $(STAMP)
 

@@ -28,15 +28,19 @@ def inspect(
     filter: str | None = None,
     key: str | None = None,
     unsafe_pickle: bool = False,
+    revision: str | None = None,
 ) -> InspectReport:
     """List what a checkpoint holds, or what an architecture expects.
 
     Args:
-        path: a ``.pth``/``.pt``/``.bin``, ``.safetensors`` (or sharded index) or ``.ckpt``.
+        path: a ``.pth``/``.pt``/``.bin``, ``.safetensors`` (or sharded index) or ``.ckpt``,
+            a Hugging Face model directory, or a Hugging Face Hub id (``"org/name"``,
+            where no such local path exists), read from the Hugging Face cache.
         arch: instead of a file, a registered architecture (its MindSpore tensors).
         filter: keep only tensors whose name matches this regex (``re.search``).
         key: the container holding the state dict, if not a usual one.
         unsafe_pickle: allow full unpickling of a trusted legacy file (runs its code).
+        revision: a Hub id's branch, tag or commit hash (default: ``main``).
 
     Returns:
         An :class:`~ms_port.reports.InspectReport`.
@@ -48,6 +52,9 @@ def inspect(
     """
     if (path is None) == (arch is None):
         raise MsPortError("give a checkpoint path or an architecture (arch=...), not both")
+    if arch is not None and revision is not None:
+        raise MsPortError("revision= (--revision) is for a Hugging Face id; arch= reads no "
+                          "checkpoint — drop it")
     pattern = _regex(filter)
     if arch is not None:
         target = from_arch(arch)
@@ -57,12 +64,12 @@ def inspect(
         return InspectReport(f"arch:{arch}", "architecture",
                              [i for i in infos if not pattern or pattern.search(i.name)],
                              len(infos), filter=filter)
-    source = read_source(path, key=key, unsafe_pickle=unsafe_pickle)
+    source = read_source(path, key=key, unsafe_pickle=unsafe_pickle, revision=revision)
     tensors = [t for t in source if not pattern or pattern.search(t.name)]
     return InspectReport(source.path, source.format, tensors, len(source),
                          unwrapped=source.unwrapped, stripped=source.stripped,
                          skipped=source.skipped, metadata=source.metadata, filter=filter,
-                         config=_config_summary(source))
+                         config=_config_summary(source), hub=source.hub)
 
 
 #: config.json keys worth a line in inspect (what a conversion takes from it)
@@ -180,6 +187,8 @@ def _family_fits(src: Source, family: str, ms_options: Any) -> None:
 
 
 def _source(source: str | Path | Source, *, config: Any = None, **kw: Any) -> Source:
+    """``source`` read (a path or Hub id; ``kw`` as for read_source), with the user's
+    config."""
     src = source if isinstance(source, Source) else read_source(source, **kw)
     if config is not None:  # the user's config wins over one found beside the file
         from .read.sources import read_config
@@ -207,11 +216,17 @@ def plan(
     align: bool = True,
     config: str | Path | dict[str, Any] | None = None,
     ms_options: dict[str, Any] | None = None,
+    revision: str | None = None,
 ) -> Plan:
     """Match a checkpoint against a MindSpore target without writing anything.
 
     Args:
-        source: the PyTorch checkpoint (path or :class:`~ms_port.read.sources.Source`).
+        source: the PyTorch checkpoint (path or :class:`~ms_port.read.sources.Source`), or
+            a Hugging Face Hub id (``"org/name"``) where no such local path exists; a
+            local path always wins. The id is read from the Hugging Face cache, and what
+            a checkpoint needs is downloaded first when online (not with
+            ``HF_HUB_OFFLINE=1``); see :mod:`ms_port.read.hub`.
+        revision: the Hub id's branch, tag or commit hash (default: ``main``).
         arch / target / ms_model: exactly one: an architecture name, a template
             checkpoint, or a MindSpore Cell (or ``"module:callable"`` building one).
         mapping: mapping table(s): a built-in name, a YAML path, a
@@ -228,7 +243,8 @@ def plan(
         >>> p.ok, p.counts
         (True, {'exact': 49, 'rule': 196, 'mapping': 22, 'fallback': 0})
     """
-    src = _source(source, key=key, unsafe_pickle=unsafe_pickle, config=config)
+    src = _source(source, key=key, unsafe_pickle=unsafe_pickle, config=config,
+                  revision=revision)
     tgt = resolve_target(arch=arch, target=target, ms_model=ms_model, config=src.config,
                          ms_options=ms_options)
     table = resolve_mapping(mapping, arch=arch, config=src.config, target=tgt)
@@ -269,11 +285,13 @@ def convert(
     config: str | Path | dict[str, Any] | None = None,
     ms_options: dict[str, Any] | None = None,
     max_shard_size: str | int | None = None,
+    revision: str | None = None,
+    model_config: str | Path | None = None,
 ) -> ConversionReport:
     """Convert a PyTorch checkpoint into a MindSpore one, proving every byte.
 
     Args:
-        source: the PyTorch checkpoint.
+        source: the PyTorch checkpoint, or a Hugging Face Hub id (see :func:`plan`).
         output: the file to write (required unless ``dry_run``).
         arch / target / ms_model: the MindSpore side (see :func:`plan`).
         mapping: extra mapping table(s) (see :func:`plan`).
@@ -294,6 +312,11 @@ def convert(
         max_shard_size: write ``output`` as a directory of MindSpore safetensors shards of
             at most this size (``"2GB"``) with ``param_name_map.json`` (name -> shard), the
             layout MindSpore's and MindFormers' safetensors loaders read.
+        revision: a Hub id's branch, tag or commit hash (see :func:`plan`).
+        model_config: with ``ms_model="mindformers:llama"`` only: also write MindFormers'
+            YAML here (``model.model_config`` computed from config.json, ``load_checkpoint``
+            the output; see :mod:`ms_port.write.model_config`), after the checkpoint, under
+            the same rules (``force``); a dry run checks it and writes nothing.
 
     Returns:
         A :class:`~ms_port.reports.ConversionReport`; ``ok`` is False and nothing is
@@ -320,14 +343,32 @@ def convert(
     if save_map is not None:
         check_output(save_map, force=force)
         check_not_input(save_map, *inputs)
+    if model_config is not None:
+        from .write.model_config import check_model_config
+
+        check_model_config(model_config, ms_model=ms_model, arch=arch, template=target,
+                           force=force, dry_run=dry_run, inputs=tuple(inputs),
+                           outputs=(output, save_map))
     p = plan(source, arch=arch, target=target, ms_model=ms_model, mapping=mapping,
              allow_missing=allow_missing, allow_unused=allow_unused,
              allow_shape_match=allow_shape_match, dtype=dtype, key=key,
-             unsafe_pickle=unsafe_pickle, align=align, config=config, ms_options=ms_options)
+             unsafe_pickle=unsafe_pickle, align=align, config=config, ms_options=ms_options,
+             revision=revision)
     saved = None
     if save_map is not None:  # the same rules as every output: no clobbering, atomic
         saved = str(write_text(save_map, p.to_yaml(), force=force))
     out = None if output is None else str(output)
+    mf_yaml = None
+    if model_config is not None and p.ok:  # built (and checked) before any weight is written
+        from .read.targets import family_options
+        from .write.model_config import FAMILY, mindformers_yaml
+
+        if not dry_run:  # the files found beside the source are inputs too
+            check_not_input(model_config, p.source.path, p.source.config_path)
+        mf_yaml = mindformers_yaml(
+            p.source.config, origin=str(p.source.config_path), checkpoint=output,
+            qkv_concat=family_options(FAMILY, ms_options).get("qkv_concat", False),
+            checkpoint_format="safetensors" if max_shard_size is not None else format)
     if not p.ok or dry_run:
         return ConversionReport(p.ok, p, out, dry_run=dry_run, saved_map=saved)
     if max_shard_size is not None:
@@ -341,8 +382,13 @@ def convert(
     else:
         written = write_plan(p, output, format=format, force=force, crc=crc,
                              check_finite=check_finite, progress=progress)
+    mf_config = None
+    if mf_yaml is not None:
+        from .write.model_config import write_model_config
+
+        mf_config = write_model_config(model_config, mf_yaml, force=force)
     return ConversionReport(True, p, out, written=written, saved_map=saved,
-                            nonfinite=written.nonfinite)
+                            nonfinite=written.nonfinite, model_config=mf_config)
 
 
 def verify(
@@ -372,6 +418,8 @@ def verify(
     force: bool = False,
     config: str | Path | dict[str, Any] | None = None,
     ms_options: dict[str, Any] | None = None,
+    mode: str = "auto",
+    revision: str | None = None,
 ) -> Any:
     """Is the conversion right? Compare every tensor, then every layer and output.
 
@@ -383,7 +431,8 @@ def verify(
     the input, else the verdict is INCONCLUSIVE (see :mod:`ms_port.check.verdict`).
 
     Args:
-        source: the PyTorch checkpoint the reference network loads.
+        source: the PyTorch checkpoint the reference network loads, or a Hugging Face
+            Hub id (see :func:`plan`; ``revision`` picks its branch, tag or commit).
         checkpoint: the MindSpore checkpoint the MindSpore network loads (either order).
         arch: a registered architecture (both networks), or else
         torch_model / ms_model: ``"module:callable"`` (or built objects) for each side.
@@ -416,6 +465,7 @@ def verify(
         >>> parity.verdict, parity.first_divergence
         ('PASS', None)
     """
+    from .check.blocks import choose_mode
     from .check.inputs import generate_inputs, load_inputs
     from .check.language import (
         check_size,
@@ -424,15 +474,7 @@ def verify(
         token_defaults,
         torch_from_config,
     )
-    from .check.networks import (
-        build_network,
-        load_ms_weights,
-        load_torch_weights,
-        not_loaded_report,
-    )
-    from .check.parity import correspondence_from_pairs, run_parity
-    from .check.tensors import compare_through_plan
-    from .read.targets import FAMILIES
+    from .read.targets import FAMILIES, family_module, family_options
 
     torch_device, ms_device = torch_device or device, ms_device or device
     if report is not None:
@@ -445,12 +487,14 @@ def verify(
 
         entry = get_arch(arch)
     # read and validate both files before building anything heavy
-    src = _source(source, key=key, unsafe_pickle=unsafe_pickle, config=config)
+    src = _source(source, key=key, unsafe_pickle=unsafe_pickle, config=config,
+                  revision=revision)
     ckpt = read_source(checkpoint, strip_prefixes=False)
     swapped = src.format == "mindspore-ckpt" and ckpt.format != "mindspore-ckpt"
     if swapped:  # given MindSpore first (e.g. after an export): both directions work
         source, checkpoint = checkpoint, source
-        src = _source(source, key=key, unsafe_pickle=unsafe_pickle, config=config)
+        src = _source(source, key=key, unsafe_pickle=unsafe_pickle, config=config,
+                      revision=revision)
         ckpt = read_source(checkpoint, strip_prefixes=False)
     language = arch is None and is_language_model(src.config)
     if arch is None and (ms_model is None or (torch_model is None and not language)):
@@ -477,7 +521,6 @@ def verify(
         feed = generate_inputs([tuple(s) for s in shapes], batch=batch, seed=seed,
                                dtypes=input_dtype or ("float32",),
                                ranges=input_range or (None,))
-    step = progress or (lambda _msg: None)
     family = ms_model if isinstance(ms_model, str) and ms_model in FAMILIES else None
     if family is not None:  # a config that does not fit the checkpoint: one line, now
         _family_fits(src, family, ms_options)
@@ -486,11 +529,92 @@ def verify(
                                   int(first.shape[1]) if first.ndim > 1 else 1)
     elif ms_options:
         raise MsPortError(f"ms_options are for the known families ({', '.join(FAMILIES)})")
-    if torch_model is None and language:
+    from_config = torch_model is None and language
+    if from_config:
         where = src.config_path or str(source)
         check_size(src.config, where, sum(i.numel for i in src))
         torch_model = lambda: torch_from_config(src.config, where)  # noqa: E731
+    blocks = getattr(family_module(family), "blocks", None) if family else None
+    mode, why = choose_mode(mode, sum(i.numel for i in src),
+                            blocks is not None and from_config and dtype == "float32"
+                            and torch_device == ms_device == "cpu")
+    if mode == "layers":
+        result = _verify_by_layers(
+            src, ckpt, family, blocks(src.config, lambda c: torch_from_config(c, where),
+                                      **family_options(family, ms_options),
+                                      **({} if "seq_length" in (ms_options or {}) else
+                                         {"seq_length": int(np.asarray(feed[0].array).shape[1])})),
+            feed, mapping=mapping, tol=tol, seed=seed, noise_floor=noise_floor,
+            names=(str(source), str(checkpoint)), progress=progress)
+    else:
+        result = _verify_whole(src, ckpt, feed, arch=arch, entry=entry, family=family,
+                               torch_model=torch_model, ms_model=ms_model, mapping=mapping,
+                               tol=tol, seed=seed, dtype=dtype, torch_device=torch_device,
+                               ms_device=ms_device, noise_floor=noise_floor,
+                               names=(str(source), str(checkpoint)), progress=progress)
+    result.mode, result.mode_reason = mode, why
+    if swapped:
+        result.notes.append(f"{checkpoint} is the MindSpore side, {source} the PyTorch side")
+    if report is not None:
+        from .check.html import render_html
 
+        write_text(report, render_html(result.to_dict()), force=force)
+    return result
+
+
+def _verify_by_layers(src: Source, ckpt: Source, family: str, blocks: Any, feed: list[Any], *,
+                      mapping: Any, tol: float, seed: int, noise_floor: bool,
+                      names: tuple[str, str], progress: Callable[[str], None] | None) -> Any:
+    """verify one block at a time (:mod:`ms_port.check.blocks`): the plan against the
+    family's computed target, every tensor through it, then the blocks."""
+    from .check.blocks import run_blocks
+    from .check.inputs import second_draw
+    from .check.networks import not_loaded_report
+    from .check.parity import correspondence_from_pairs
+    from .check.tensors import compare_through_plan
+    from .read.targets import from_family
+
+    step = progress or (lambda _msg: None)
+    tgt = from_family(family, src.config, None if not blocks.qkv_concat else
+                      {"qkv_concat": True})
+    plan = make_plan(src, tgt, resolve_mapping(mapping, config=src.config, target=tgt),
+                     allow_missing=True, allow_unused=True)
+    not_loaded = [n for n in tgt.tensors if n not in ckpt.tensors]
+    unused = [n for n in ckpt.tensors if n not in tgt.tensors]
+    if not_loaded:
+        return not_loaded_report(names[1], not_loaded, unused, tol=tol, feed=feed, seed=seed,
+                                 dtype="float32", torch_device="cpu", ms_device="cpu")
+    step("comparing every tensor through the plan")
+    tensors = compare_through_plan(plan, {i.name: i.load for i in ckpt}, a=names[0], b=names[1])
+    correspondence = correspondence_from_pairs((m.target, m.source) for m in plan.matches
+                                               if not m.parts and m.part is None)
+    notes: list[str] = []
+    if unused:
+        notes.append(f"{len(unused)} checkpoint entries unused by the network: "
+                     f"{', '.join(unused[:3])}")
+    return run_blocks(blocks, src, ckpt, feed, second_draw(feed, seed=seed), tol=tol,
+                      seed=seed, noise_floor=noise_floor, correspondence=correspondence,
+                      tensor_diff=tensors, ms_names=list(tgt.tensors), notes=notes,
+                      progress=progress)
+
+
+def _verify_whole(src: Source, ckpt: Source, feed: list[Any], *, arch: str | None, entry: Any,
+                  family: str | None, torch_model: Any, ms_model: Any, mapping: Any,
+                  tol: float, seed: int, dtype: str, torch_device: str, ms_device: str,
+                  noise_floor: bool, names: tuple[str, str],
+                  progress: Callable[[str], None] | None) -> Any:
+    """verify with both whole networks built, loaded and run at once."""
+    from .check.networks import (
+        build_network,
+        load_ms_weights,
+        load_torch_weights,
+        not_loaded_report,
+    )
+    from .check.parity import correspondence_from_pairs, run_parity
+    from .check.tensors import compare_through_plan
+
+    source, checkpoint = names
+    step = progress or (lambda _msg: None)
     step("building the PyTorch network")
     tnet = build_network(torch_model, "--torch-model", entry, "torch")
     load_torch_weights(tnet, src)  # the Source read above; no second unpickling
@@ -523,15 +647,9 @@ def verify(
                         torch_device=torch_device, ms_device=ms_device,
                         correspondence=correspondence, noise_floor=noise_floor,
                         tensor_diff=tensors, progress=progress)
-    if swapped:
-        result.notes.append(f"{checkpoint} is the MindSpore side, {source} the PyTorch side")
     if unused:
         result.notes.append(f"{len(unused)} checkpoint entries unused by the network: "
                             f"{', '.join(unused[:3])}")
-    if report is not None:
-        from .check.html import render_html
-
-        write_text(report, render_html(result.to_dict()), force=force)
     return result
 
 
@@ -636,6 +754,7 @@ def diff(
     mapping: Any = None,
     key: str | None = None,
     unsafe_pickle: bool = False,
+    revision: str | None = None,
 ) -> Any:
     """Compare two checkpoints tensor by tensor, and say what each differing one holds.
 
@@ -651,6 +770,8 @@ def diff(
         ms_model: a MindSpore Cell (or ``"module:callable"``) naming the MindSpore side.
         mapping: mapping table(s), as for :func:`plan`.
         key / unsafe_pickle: how to read a PyTorch file, as for :func:`inspect`.
+        revision: the branch, tag or commit of whichever of ``a`` and ``b`` is a Hugging
+            Face Hub id (see :func:`plan`).
 
     Returns:
         A :class:`~ms_port.check.tensors.TensorDiff`; ``ok`` when every tensor is
@@ -662,12 +783,20 @@ def diff(
         (False, [('layer3.2.bn2.moving_mean', 'layer3.2.bn2.running_var')])
     """
     from .check.tensors import compare_by_name, compare_through_plan
+    from .read.hub import is_hub_id
     from .read.sources import detect_format
     from .read.targets import from_infos
+
+    ids = [p for p in (a, b) if is_hub_id(p)]
+    if revision is not None and not ids:
+        raise MsPortError(f"revision= (--revision) is for a Hugging Face id, and neither "
+                          f"{a} nor {b} is one — drop it")
 
     def read(path: str | Path | Source) -> Source:
         if isinstance(path, Source):
             return path
+        if path in ids:  # a Hugging Face model: never a MindSpore checkpoint
+            return read_source(path, key=key, unsafe_pickle=unsafe_pickle, revision=revision)
         if detect_format(path) == "mindspore-ckpt":  # names are kept exactly as saved
             return read_source(path, strip_prefixes=False)
         return read_source(path, key=key, unsafe_pickle=unsafe_pickle)

@@ -77,6 +77,11 @@ def _source_options(f: Any) -> Any:
     f = click.option("--unsafe-pickle", is_flag=True,
                      help="Fully unpickle a TRUSTED legacy file. This runs any code the "
                           "file contains; never use it on downloads.")(f)
+    f = click.option("--revision", metavar="REV",
+                     help="A checkpoint given as a Hugging Face id (org/name; a local path of "
+                          "that name always wins) is read from the Hugging Face cache, its "
+                          "weights and config.json downloaded first unless HF_HUB_OFFLINE=1: "
+                          "REV is its branch, tag or commit hash (default: main).")(f)
     return f
 
 
@@ -112,10 +117,12 @@ def _options(pairs: tuple[str, ...]) -> dict[str, str]:
 @click.option("--all", "show_all", is_flag=True, help="Show every row.")
 @_source_options
 def inspect(file: str | None, arch: str | None, as_json: bool, pattern: str | None,
-            limit: int, show_all: bool, key: str | None, unsafe_pickle: bool) -> None:
+            limit: int, show_all: bool, key: str | None, unsafe_pickle: bool,
+            revision: str | None) -> None:
     """Show what a checkpoint holds (.pth/.pt/.bin, .safetensors, .ckpt).
 
-    FILE may also be a sharded set's *.safetensors.index.json. With --arch instead of
+    FILE may also be a sharded set's *.safetensors.index.json or a Hugging Face model
+    directory, or a Hugging Face id (org/name, see --revision). With --arch instead of
     FILE, lists the tensors a built-in architecture expects.
     """
     from . import api
@@ -123,7 +130,7 @@ def inspect(file: str | None, arch: str | None, as_json: bool, pattern: str | No
     if (file is None) == (arch is None):
         raise click.UsageError("give a FILE or --arch NAME (not both)")
     report = api.inspect(file, arch=arch, filter=pattern, key=key,
-                         unsafe_pickle=unsafe_pickle)
+                         unsafe_pickle=unsafe_pickle, revision=revision)
     if as_json:
         _emit_json(report.to_dict())
         return
@@ -195,6 +202,11 @@ def _progress_bar(enabled: bool):
 @click.option("--max-shard-size", metavar="SIZE",
               help="Write -o DIR as MindSpore safetensors shards of at most SIZE (2GB, "
                    "500MB) plus param_name_map.json (name -> shard).")
+@click.option("--model-config", "model_config", metavar="FILE.yaml",
+              help="With --ms-model mindformers:llama: also write MindFormers' YAML "
+                   "(model_config computed from config.json, load_checkpoint: the output; "
+                   "run settings left to you, commented). Written after the checkpoint, "
+                   "never replacing a file without --force; --dry-run writes nothing.")
 @click.option("--show", type=click.Choice(["summary", "all"]), default="summary",
               show_default=True, help="'all' adds the per-tensor table.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
@@ -207,13 +219,16 @@ def convert(source: str, arch: str | None, template: str | None, ms_model: str |
             allow_unused: bool, allow_shape_match: bool, no_align: bool, check_finite: bool,
             crc: bool, show: str, as_json: bool, quiet: bool, key: str | None,
             unsafe_pickle: bool, config: str | None, ms_options: tuple[str, ...],
-            max_shard_size: str | None) -> None:
+            max_shard_size: str | None, revision: str | None,
+            model_config: str | None) -> None:
     """Convert a PyTorch checkpoint SOURCE into a MindSpore checkpoint.
 
     Every target tensor is matched (mapping table, exact name, built-in rule, then the
     networks' structure for what names leave unpaired: 'aligned'), written
     to a temporary file, read back bit for bit, then renamed into place. Strict by
     default: if anything is unfilled or unused, nothing is written and the exit code is 1.
+
+    SOURCE may be a Hugging Face id (org/name, e.g. Qwen/Qwen2.5-0.5B; see --revision).
     """
     from . import api
 
@@ -230,7 +245,7 @@ def convert(source: str, arch: str | None, template: str | None, ms_model: str |
             allow_shape_match=allow_shape_match, check_finite=check_finite, crc=crc,
             key=key, unsafe_pickle=unsafe_pickle, progress=progress, align=not no_align,
             config=config, ms_options=_options(ms_options) or None,
-            max_shard_size=max_shard_size)
+            max_shard_size=max_shard_size, revision=revision, model_config=model_config)
     finally:
         stop()
     _finish(report, as_json=as_json, show=show)
@@ -280,6 +295,12 @@ def convert(source: str, arch: str | None, template: str | None, ms_model: str |
               show_default=True, help="'all' lists every compared layer.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress messages.")
+@click.option("--mode", type=click.Choice(["auto", "whole", "layers"]), default="auto",
+              show_default=True,
+              help="'layers': one block (embedding, decoder layer, head) per side in memory "
+                   "at a time, for a family target (mindformers:llama); 'whole': both "
+                   "networks at once; 'auto': layers when the whole networks would not fit "
+                   "in the available memory.")
 @_model_options
 @_source_options
 def verify(source: str, checkpoint: str, arch: str | None, torch_model: str | None,
@@ -288,8 +309,8 @@ def verify(source: str, checkpoint: str, arch: str | None, torch_model: str | No
            input_ranges: tuple[str, ...], seed: int, batch: int, dtype: str, device: str,
            torch_device: str | None, ms_device: str | None, no_noise_floor: bool,
            report_path: str | None, force: bool, show: str, as_json: bool, quiet: bool,
-           key: str | None, unsafe_pickle: bool, config: str | None,
-           ms_options: tuple[str, ...]) -> None:
+           mode: str, key: str | None, unsafe_pickle: bool, config: str | None,
+           ms_options: tuple[str, ...], revision: str | None) -> None:
     """Is the conversion right? Run PyTorch (with SOURCE) and MindSpore (with CHECKPOINT)
     on the same inputs and compare every tensor, layer and output.
 
@@ -301,7 +322,8 @@ def verify(source: str, checkpoint: str, arch: str | None, torch_model: str | No
 
     For a Hugging Face language model (a model directory, or a file beside its
     config.json), --ms-model alone is enough (e.g. mindformers:llama): the PyTorch side is
-    built with transformers from the config, and the inputs are token ids.
+    built with transformers from the config, and the inputs are token ids. SOURCE
+    may be a Hugging Face id (org/name, see --revision).
     """
     from . import api
     from .check.devices import prefer_fast_cpu_kernels
@@ -325,14 +347,15 @@ def verify(source: str, checkpoint: str, arch: str | None, torch_model: str | No
         def steps(msg: str) -> None:
             console.print(Text(f"… {visible(msg)}", style="dim"))
 
-    report = api.verify(source, checkpoint, arch=arch, torch_model=torch_model,
+    report = api.verify(source, checkpoint, arch=arch, torch_model=torch_model, mode=mode,
                         ms_model=ms_model, mapping=list(maps), tol=tol, seed=seed,
                         batch=batch, input_shape=shapes or None, inputs=input_file,
                         input_dtype=list(input_dtypes) or None, input_range=ranges or None,
                         dtype=dtype, device=device, torch_device=torch_device,
                         ms_device=ms_device, noise_floor=not no_noise_floor, key=key,
                         unsafe_pickle=unsafe_pickle, progress=steps, report=report_path,
-                        force=force, config=config, ms_options=_options(ms_options) or None)
+                        force=force, config=config, ms_options=_options(ms_options) or None,
+                        revision=revision)
     _finish(report, as_json=as_json, show=show)
 
 
@@ -448,20 +471,21 @@ def archs(as_json: bool) -> None:
 @click.option("--all", "show_all", is_flag=True, help="List identical tensors too.")
 @_source_options
 def diff(a: str, b: str, arch: str | None, ms_model: str | None, maps: tuple[str, ...],
-         as_json: bool, show_all: bool, key: str | None, unsafe_pickle: bool) -> None:
+         as_json: bool, show_all: bool, key: str | None, unsafe_pickle: bool,
+         revision: str | None) -> None:
     """Compare the tensors of A and B, and name what each differing one holds.
 
     A .pth (or .safetensors) and a .ckpt, in either order, are compared through the
     conversion plan (the MindSpore side: --arch, --ms-model, or the .ckpt's own names);
     two files of one framework are paired by name. Exit 0 identical, 1 differences,
-    2 bad input.
+    2 bad input. A or B may be a Hugging Face id (org/name, see --revision).
     """
     from . import api
 
     if arch is not None and ms_model is not None:
         raise click.UsageError("give --arch or --ms-model, not both")
     report = api.diff(a, b, arch=arch, ms_model=ms_model, mapping=list(maps), key=key,
-                      unsafe_pickle=unsafe_pickle)
+                      unsafe_pickle=unsafe_pickle, revision=revision)
     _finish(report, as_json=as_json, show="all" if show_all else "summary")
 
 

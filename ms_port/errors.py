@@ -43,6 +43,11 @@ class SourceError(MsPortError):
     """A checkpoint could not be read: missing, unreadable, corrupt or of unknown format."""
 
 
+class HubError(SourceError):
+    """A Hugging Face Hub id could not be resolved: not in the cache (offline), not on the
+    Hub, or its download failed. ``data`` holds ``repo_id``, ``revision`` and ``cache``."""
+
+
 class UnsafePickleError(SourceError):
     """A pickle asked for something beyond plain tensors; nothing was executed."""
 

@@ -56,6 +56,8 @@ def _inspect(r: Any, *, limit: int | None, show: str) -> Any:
     filtered = (f" (matching {escape(repr(r.filter))}, of {r.total_tensors})" if r.filter else "")
     lines = [f"tensors: {len(r.tensors)}{filtered}   parameters: {r.parameters:,}   "
              f"bytes: {r.nbytes:,} ({_size(r.nbytes)})   dtypes: {dtypes}"]
+    if getattr(r, "hub", None):
+        lines.append(f"hub: {r.hub} (Hugging Face cache)")
     if r.unwrapped:
         lines.append(f"unwrapped container: {' → '.join(r.unwrapped)}")
     if r.stripped:
@@ -106,6 +108,9 @@ def _conversion(r: Any, *, limit: int | None, show: str) -> Any:
         f"{len(plan.target)} tensors)",
         f"matched: {len(plan.matches)}/{len(plan.target)} — {counts}",
     ]
+    hub = getattr(plan.source, "hub", None)
+    if hub is not None:  # what the Hub id on the command line resolved to
+        lines.insert(1, f"hub:     {escape(hub)} (Hugging Face cache)")
     if plan.mapping.origin != "<empty>":
         lines.append(f"mapping: {escape(plan.mapping.origin)}")
     fused = [m for m in plan.matches if m.parts]
@@ -150,6 +155,12 @@ def _conversion(r: Any, *, limit: int | None, show: str) -> Any:
         lines.append(f"readback: {w.tensors} tensors {w.readback}")
     if r.saved_map:
         lines.append(f"plan saved as mapping: {escape(r.saved_map)}")
+    mf = getattr(r, "model_config", None)
+    if mf is not None:
+        lines.append(f"model config: {escape(mf.path)} (MindFormers YAML, "
+                     f"{escape(mf.model_config.get('type'))}{', replaced' if mf.replaced else ''};"
+                     f" read back {mf.readback})")
+        lines += [f"[yellow]note: {escape(n)}[/]" for n in mf.notes]
     parts: list[Any] = []
     if show == "all":
         parts.append(_plan_table(plan, limit=None))
@@ -238,6 +249,10 @@ def _parity(r: Any, *, limit: int | None, show: str) -> Any:
                                            f"{format_shape(tuple(r.input_shape))}")
     lines.append(f"inputs: {fed}; {r.dtype}; devices: PyTorch {r.torch_device}, MindSpore "
                  f"{r.ms_device}")
+    if r.mode_reason:
+        how = "layer by layer (one block per side in memory)" if r.mode == "layers" else \
+            "whole networks"
+        lines.append(f"mode: {how}: {r.mode_reason}")
     if r.timings:
         lines.append("timings: " + ", ".join(f"{k} {v:.2f}s" for k, v in r.timings.items()))
     return Panel("\n".join(lines),

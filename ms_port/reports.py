@@ -9,6 +9,7 @@ from typing import Any
 
 from .display import Renderable
 from .match.plan import Plan
+from .read.hub import HubRef
 from .read.sources import Skipped
 from .read.tensors import TensorInfo
 from .write.writers import WriteResult
@@ -25,7 +26,8 @@ class InspectReport(Renderable):
         format: the checkpoint format, or ``architecture``.
         tensors: the (filtered) tensors listed.
         total_tensors: how many the file holds before ``filter``.
-        unwrapped / stripped / skipped / metadata: see :class:`~ms_port.read.sources.Source`.
+        unwrapped / stripped / skipped / metadata / hub: see
+            :class:`~ms_port.read.sources.Source`.
     """
 
     path: str
@@ -39,6 +41,7 @@ class InspectReport(Renderable):
     filter: str | None = None
     #: a Hugging Face model's config.json: its path and the keys a conversion uses
     config: dict[str, Any] = field(default_factory=dict)
+    hub: HubRef | None = None
 
     @property
     def parameters(self) -> int:
@@ -61,6 +64,7 @@ class InspectReport(Renderable):
             "unwrapped": self.unwrapped, "stripped": self.stripped,
             "skipped": [s.to_dict() for s in self.skipped], "metadata": self.metadata,
             "filter": self.filter, "config": self.config,
+            "hub": self.hub.to_dict() if self.hub else None,
         }
 
     def __repr__(self) -> str:
@@ -81,6 +85,8 @@ class ConversionReport(Renderable):
         dry_run: stopped after the plan.
         saved_map: where the plan was saved as a mapping, if asked.
         nonfinite: tensors holding NaN/Inf, with counts.
+        model_config: the MindFormers YAML written beside it (``--model-config``), a
+            :class:`~ms_port.write.model_config.ModelConfigFile`; ``None`` if none was.
     """
 
     ok: bool
@@ -90,6 +96,7 @@ class ConversionReport(Renderable):
     dry_run: bool = False
     saved_map: str | None = None
     nonfinite: dict[str, int] = field(default_factory=dict)
+    model_config: Any = None
 
     @property
     def message(self) -> str:
@@ -115,12 +122,19 @@ class ConversionReport(Renderable):
             "saved_map": self.saved_map,
             "written": self.written.to_dict() if self.written else None,
             "nonfinite": self.nonfinite,
+            "model_config": self.model_config.to_dict() if self.model_config else None,
             "source_info": {"format": self.plan.source.format,
                             "unwrapped": self.plan.source.unwrapped,
                             "stripped": self.plan.source.stripped,
-                            "skipped": [s.to_dict() for s in self.plan.source.skipped]},
+                            "skipped": [s.to_dict() for s in self.plan.source.skipped],
+                            "hub": _hub(self.plan.source)},
         }
 
     def __repr__(self) -> str:
         return (f"ConversionReport(ok={self.ok}, filled={len(self.plan.matches)}/"
                 f"{len(self.plan.target)}, output={self.output!r})")
+
+
+def _hub(source: Any) -> dict[str, Any] | None:
+    hub = getattr(source, "hub", None)  # a plan's source may be any Source-like object
+    return hub.to_dict() if hub is not None else None

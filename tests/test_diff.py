@@ -282,7 +282,8 @@ def test_cli_calls_the_library(monkeypatch):
     result = _cli("x.pth", "y.ckpt", "--arch", "resnet18", "--map", "m.yaml", "--key", "ema")
     assert result.exit_code == 0, result.output
     assert seen == {"a": "x.pth", "b": "y.ckpt", "arch": "resnet18", "ms_model": None,
-                    "mapping": ["m.yaml"], "key": "ema", "unsafe_pickle": False}
+                    "mapping": ["m.yaml"], "key": "ema", "unsafe_pickle": False,
+                    "revision": None}
 
 
 def test_names_from_files_are_escaped(tmp_path):

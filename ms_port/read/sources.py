@@ -29,13 +29,16 @@ import zipfile
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ..display import visible
 from ..errors import SourceError, UnsafePickleError
 from .tensors import MAX_DIM, MAX_RANK, TensorInfo, numpy_dtype
+
+if TYPE_CHECKING:
+    from .hub import HubRef
 
 #: container keys unwrapped, most specific first (timm, Lightning, DeiT, MMEngine...)
 CONTAINER_KEYS = (
@@ -93,6 +96,8 @@ class Source:
     #: the model's ``config.json`` (a Hugging Face directory), and where it was read
     config: dict[str, Any] | None = None
     config_path: str | None = None
+    #: the Hugging Face Hub id and commit ``path`` was resolved from, if it was one
+    hub: HubRef | None = None
 
     def __len__(self) -> int:
         return len(self.tensors)
@@ -203,12 +208,15 @@ def read_source(
     strip_prefixes: bool = True,
     unsafe_pickle: bool = False,
     config: bool = True,
+    revision: str | None = None,
 ) -> Source:
     """Open a checkpoint and list its tensors without loading their data.
 
     Args:
         path: a ``.pth``/``.pt``/``.bin``, ``.safetensors``, ``*.safetensors.index.json``
-            or MindSpore ``.ckpt`` file.
+            or MindSpore ``.ckpt`` file, or a Hugging Face model directory; or, as a
+            string naming no local path, a Hugging Face Hub id (``"Qwen/Qwen2.5-0.5B"``)
+            read from the Hugging Face cache (see :mod:`ms_port.read.hub`).
         key: the container to take the state dict from (dotted for nesting, e.g.
             ``"ema"``); by default the usual keys are tried in :data:`CONTAINER_KEYS` order.
         strip_prefixes: remove ``module.`` / ``_orig_mod.`` when every name has it.
@@ -216,20 +224,25 @@ def read_source(
             whatever code the file contains; never use it on a file from elsewhere.
         config: read the Hugging Face ``config.json`` beside the file, if any, into
             ``Source.config``.
+        revision: a Hub id's branch, tag or commit hash (default: ``main``); refused
+            with a local path.
 
     Returns:
         A :class:`Source`.
 
     Raises:
         SourceError: unreadable, corrupt or unknown input; UnsafePickleError for a
-            pickle that asks for more than tensors.
+            pickle that asks for more than tensors; HubError for a Hub id that cannot
+            be resolved.
 
     Example:
         >>> src = read_source("resnet50.pth")
         >>> src["conv1.weight"].shape
         (64, 3, 7, 7)
     """
-    path = Path(path)
+    from .hub import locate
+
+    path, hub = locate(path, revision=revision)
     if path.is_dir():
         path = resolve_directory(path)
     source = _read(path, key=key, strip_prefixes=strip_prefixes, unsafe_pickle=unsafe_pickle)
@@ -237,6 +250,7 @@ def read_source(
     found = _find_config(path) if config else None
     if found is not None:
         source.config, source.config_path = read_config(found), str(found)
+    source.hub = hub
     return source
 
 
