@@ -194,9 +194,9 @@ def _run_piece(blocks: Any, piece: Any, source: Source, checkpoint: Source,
     import mindspore as ms
     import torch
 
+    # one side's tensors at a time: PyTorch's are freed before MindSpore's are read
     with timer("read"):
         t_arrays = _float32(source, piece.torch, nonfinite, "PyTorch")
-        m_arrays = _float32(checkpoint, piece.ms, nonfinite, "MindSpore")
     with timer("build"):
         model = blocks.torch_network(piece, {k: torch.from_numpy(v)
                                              for k, v in t_arrays.items()})
@@ -219,6 +219,9 @@ def _run_piece(blocks: Any, piece: Any, source: Source, checkpoint: Source,
         streams.t2, sens = Measure(events, "recorded").run(
             model, lambda mdl=model: blocks.torch_step(mdl, piece, before2, ids2))
     del model, alt
+    gc.collect()
+    with timer("read"):
+        m_arrays = _float32(checkpoint, piece.ms, nonfinite, "MindSpore")
     with timer("build"):
         net = blocks.ms_network(piece, m_arrays)
     del m_arrays
