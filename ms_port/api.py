@@ -535,9 +535,15 @@ def verify(
         check_size(src.config, where, sum(i.numel for i in src))
         torch_model = lambda: torch_from_config(src.config, where)  # noqa: E731
     blocks = getattr(family_module(family), "blocks", None) if family else None
-    mode, why = choose_mode(mode, sum(i.numel for i in src),
-                            blocks is not None and from_config and dtype == "float32"
-                            and torch_device == ms_device == "cpu")
+    why_not = next((why for bad, why in (
+        (blocks is None, "only a family target computed from config.json knows its blocks "
+                         "(--ms-model mindformers:llama)"),
+        (not from_config, "the PyTorch blocks are transformers' own, built from config.json, "
+                          "not a --torch-model"),
+        (dtype != "float32", f"--dtype {dtype}: the blocks run in float32"),
+        (torch_device != "cpu" or ms_device != "cpu", "the blocks run on the CPU"),
+    ) if bad), None)
+    mode, why = choose_mode(mode, sum(i.numel for i in src), why_not)
     if mode == "layers":
         result = _verify_by_layers(
             src, ckpt, family, blocks(src.config, lambda c: torch_from_config(c, where),

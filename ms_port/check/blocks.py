@@ -59,23 +59,25 @@ def available_memory() -> int | None:
     return None
 
 
-def choose_mode(mode: str, parameters: int, blocks_possible: bool,
+def choose_mode(mode: str, parameters: int, why_not: str | None,
                 available: int | None = None) -> tuple[str, str]:
-    """``("whole" | "layers", why)`` for ``mode`` ``auto``, ``whole`` or ``layers``."""
+    """``("whole" | "layers", why)`` for ``mode`` ``auto``, ``whole`` or ``layers``.
+
+    ``why_not`` says why this run cannot go block by block (``None``: it can).
+    """
     need = parameters * WHOLE_BYTES_PER_PARAMETER
     gib = 2**30
+    if mode not in ("auto", "whole", "layers"):
+        raise ParityError(f"unknown mode {mode!r}; choose auto, whole or layers")
     if mode == "layers":
-        if not blocks_possible:
-            raise ParityError("--mode layers needs a target that knows its blocks "
-                              "(--ms-model mindformers:llama with a Hugging Face config)")
+        if why_not:
+            raise ParityError(f"--mode layers cannot run here: {why_not}")
         return "layers", "asked for (--mode layers)"
     if mode == "whole":
         return "whole", "asked for (--mode whole)"
-    if mode != "auto":
-        raise ParityError(f"unknown mode {mode!r}; choose auto, whole or layers")
+    if why_not:
+        return "whole", f"not by layers: {why_not}"
     available = available_memory() if available is None else available
-    if not blocks_possible:
-        return "whole", "the target's blocks are not known: the whole networks"
     if available is not None and need > WHOLE_SHARE * available:
         return "layers", (f"the whole networks need ~{need / gib:.1f} GiB, "
                           f"{available / gib:.1f} GiB available")

@@ -1,0 +1,199 @@
+"""verify block by block (``--mode layers``): the same verdicts as the whole networks, one
+block per side in memory, chosen automatically when the whole networks would not fit.
+
+Every verdict is tested where it must say no: wrong layouts and a wrong layer deep in the
+network FAIL naming the layer and the tensor, on the same inputs that PASS the right
+conversion. Skipped where transformers / mindformers (the test extra) are absent.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+
+import numpy as np
+import pytest
+
+transformers = pytest.importorskip("transformers")
+
+import ms_port  # noqa: E402
+from ms_port.check.blocks import WHOLE_SHARE, choose_mode  # noqa: E402
+from ms_port.errors import ParityError  # noqa: E402
+from ms_port.testing import rewrite_checkpoint, tiny_hf_lm  # noqa: E402
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("mindformers") is None,
+                                reason="mindformers not installed (test extra)")
+GIB = 2**30
+
+
+def test_auto_goes_by_layers_only_when_the_whole_networks_would_not_fit():
+    fits = int(WHOLE_SHARE * 10 * GIB / 16) - 1  # parameters whose networks take < 60 %
+    mode, why = choose_mode("auto", fits, None, available=10 * GIB)
+    assert mode == "whole" and "fit" in why
+    mode, why = choose_mode("auto", 7_240_000_000, None, available=22 * GIB)
+    assert mode == "layers" and "107.9 GiB" in why and "22.0 GiB available" in why
+    # a run that cannot go by layers runs whole whatever the size, and says why
+    mode, why = choose_mode("auto", 7_240_000_000, "no blocks", available=22 * GIB)
+    assert mode == "whole" and "no blocks" in why
+    assert choose_mode("whole", 7_240_000_000, None, available=GIB)[0] == "whole"
+    with pytest.raises(ParityError, match="cannot run here: no blocks"):
+        choose_mode("layers", 10, "no blocks")
+    with pytest.raises(ParityError, match="unknown mode"):
+        choose_mode("blocks", 10, None)
+
+
+@pytest.fixture(scope="module")
+def made(tmp_path_factory):
+    root = tmp_path_factory.mktemp("blocks")
+    cache = {}
+
+    def get(kind, tied, dtype, qkv):
+        key = (kind, tied, dtype, qkv)
+        if key not in cache:
+            src = tiny_hf_lm(kind, root / f"{kind}-{tied}-{dtype}", tied=tied, dtype=dtype,
+                             layers=3)
+            out = root / f"{kind}-{tied}-{dtype}-{qkv}.ckpt"
+            ms_port.convert(src, ms_model="mindformers:llama", ms_options={"qkv_concat": qkv},
+                            output=out)
+            cache[key] = src, out
+        return cache[key]
+
+    return get
+
+
+VARIANTS = [("llama", False, "float32", False), ("qwen2", True, "bfloat16", True),
+            ("mistral", False, "bfloat16", True)]
+
+
+@pytest.mark.parametrize("kind,tied,dtype,qkv", VARIANTS)
+def test_layers_pass_where_the_whole_networks_pass(made, kind, tied, dtype, qkv):
+    src, out = made(kind, tied, dtype, qkv)
+    args = dict(ms_model="mindformers:llama", ms_options={"qkv_concat": qkv})
+    whole = ms_port.verify(src, out, mode="whole", **args)
+    layers = ms_port.verify(src, out, mode="layers", **args)
+    assert whole.verdict == layers.verdict == "PASS", layers.message
+    assert layers.mode == "layers" and whole.mode == "whole"
+    # the same function computed: the logits agree as closely either way
+    assert layers.error < 3 * whole.error + 1e-7
+    assert layers.tensors.counts["identical"] == whole.tensors.counts["identical"]
+    fed = [c for c in layers.layers if c.paired_by == "fed"]
+    assert [c.torch for c in fed] == ["model.layers.0", "model.layers.1", "model.layers.2",
+                                      "head"]
+    assert {"read", "build", "torch", "mindspore", "total"} <= set(layers.timings)
+
+
+def _swap(layer, a, b):
+    def edit(tensors):
+        x, y = f"model.layers.{layer}.{a}", f"model.layers.{layer}.{b}"
+        tensors[x], tensors[y] = tensors[y], tensors[x]
+        return tensors
+    return edit
+
+
+def _swap_gate_up(layer):
+    def edit(tensors):
+        name = f"model.layers.{layer}.feed_forward.w_gate_hidden.weight"
+        w = tensors[name]
+        tensors[name] = w.reshape(-1, 2, w.shape[1])[:, ::-1].reshape(w.shape).copy()
+        return tensors
+    return edit
+
+
+WRONG = {  # case: (variant, edit, the tensor it must name, the layer)
+    "kv-swapped-deep": (VARIANTS[0], _swap(2, "attention.wk.weight", "attention.wv.weight"),
+                        "model.layers.2.attention.wk.weight", "model.layers.2."),
+    "gate-up-swapped": (VARIANTS[1], _swap_gate_up(1),
+                        "model.layers.1.feed_forward.w_gate_hidden.weight", "model.layers.1."),
+    "norms-swapped": (VARIANTS[2], _swap(1, "attention_norm.weight", "ffn_norm.weight"),
+                      "model.layers.1.attention_norm.weight", "model.layers.1."),
+}
+
+
+@pytest.mark.parametrize("case", list(WRONG))
+def test_a_wrong_layer_fails_by_layers_naming_it(made, tmp_path, case):
+    (kind, tied, dtype, qkv), edit, tensor, layer = WRONG[case]
+    src, out = made(kind, tied, dtype, qkv)
+    wrong = rewrite_checkpoint(out, tmp_path / "wrong.ckpt", edit)
+    report = ms_port.verify(src, wrong, ms_model="mindformers:llama",
+                            ms_options={"qkv_concat": qkv}, mode="layers")
+    assert report.verdict == "FAIL"
+    assert tensor in {d.target for d in report.tensors.deltas if d.status == "differs"}
+    assert report.first_divergence.ms_name.startswith(layer), report.first_divergence
+    # the block fed PyTorch's own input fails too: the layer is wrong in itself
+    fed = next(c for c in report.layers if c.paired_by == "fed"
+               and c.torch == layer.rstrip("."))
+    assert fed.status == "fail"
+    # and every block before it passes
+    assert all(c.status != "fail" for c in report.layers
+               if c.paired_by == "fed" and c.index < fed.index)
+
+
+def test_every_token_id_and_a_long_input_by_layers(made, tmp_path):
+    src, out = made("qwen2", True, "bfloat16", True)
+    ids = np.arange(128, dtype=np.int64)
+    np.save(tmp_path / "ids.npy", np.concatenate([ids, ids[::-1], ids])[None])  # 384 tokens
+    args = dict(ms_model="mindformers:llama", ms_options={"qkv_concat": True},
+                inputs=tmp_path / "ids.npy", mode="layers")
+    assert ms_port.verify(src, out, **args).verdict == "PASS"
+    wrong = rewrite_checkpoint(out, tmp_path / "w.ckpt", _swap_gate_up(2))
+    assert ms_port.verify(src, wrong, **args).verdict == "FAIL"
+
+
+def test_one_block_per_side_is_ever_loaded(made, monkeypatch):
+    """Each PyTorch network built holds real tensors of one block only (the rest stays on
+    the meta device), and each MindSpore network is given one block's tensors."""
+    from ms_port.archs.llama_blocks import LlamaBlocks
+
+    src, out = made("llama", False, "float32", False)
+    seen = []
+    build_torch, build_ms = LlamaBlocks.torch_network, LlamaBlocks.ms_network
+
+    def torch_network(self, piece, tensors):
+        model = build_torch(self, piece, tensors)
+        real = {n for n, p in model.named_parameters() if p.device.type != "meta"}
+        seen.append(("torch", piece.name, real))
+        return model
+
+    def ms_network(self, piece, tensors):
+        seen.append(("ms", piece.name, set(tensors)))
+        return build_ms(self, piece, tensors)
+
+    monkeypatch.setattr(LlamaBlocks, "torch_network", torch_network)
+    monkeypatch.setattr(LlamaBlocks, "ms_network", ms_network)
+    assert ms_port.verify(src, out, ms_model="mindformers:llama",
+                          mode="layers").verdict == "PASS"
+    assert [name for side, name, _ in seen if side == "torch"] == [
+        "embedding", "model.layers.0", "model.layers.1", "model.layers.2", "head"]
+    for side, name, real in seen:
+        if name.startswith("model.layers."):  # every layer runs as layer 0
+            assert real and all(n.startswith("model.layers.0.") for n in real), (side, real)
+        elif name == "embedding":
+            assert real == {"model.embed_tokens.weight"} or real == {
+                "model.tok_embeddings.embedding_weight"}
+        else:
+            assert not any(".layers." in n for n in real)
+
+
+def test_cli_says_which_mode_ran_and_why(made, monkeypatch):
+    from click.testing import CliRunner
+
+    from ms_port.check import blocks
+    from ms_port.cli import main
+
+    src, out = made("llama", False, "float32", False)
+    monkeypatch.setattr(blocks, "available_memory", lambda: 10_000)  # nothing fits
+    run = CliRunner().invoke(main, ["verify", str(src), str(out), "--ms-model",
+                                    "mindformers:llama", "--json"])
+    data = json.loads(run.output)
+    assert run.exit_code == 0 and data["mode"] == "layers"
+    assert "GiB available" in data["mode_reason"]
+    text = CliRunner().invoke(main, ["verify", str(src), str(out), "--ms-model",
+                                     "mindformers:llama", "--mode", "whole"],
+                              env={"COLUMNS": "200"})
+    assert text.exit_code == 0 and "mode: whole networks: asked for (--mode whole)" in text.output
+    refused = CliRunner().invoke(main, ["verify", str(src), str(out), "--ms-model",
+                                        "mindformers:llama", "--mode", "layers", "--dtype",
+                                        "float64"])
+    assert refused.exit_code == 2
+    assert "--dtype float64: the blocks run in float32" in refused.output
+    assert len(refused.output.strip().splitlines()) == 2  # one line and the --debug hint
