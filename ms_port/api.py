@@ -354,6 +354,8 @@ def convert(
              allow_shape_match=allow_shape_match, dtype=dtype, key=key,
              unsafe_pickle=unsafe_pickle, align=align, config=config, ms_options=ms_options,
              revision=revision)
+    if output is not None and not dry_run:  # the files a model folder resolved to are inputs
+        check_not_input(output, p.source.path, p.source.config_path, *p.source.shards)
     saved = None
     if save_map is not None:  # the same rules as every output: no clobbering, atomic
         saved = str(write_text(save_map, p.to_yaml(), force=force))

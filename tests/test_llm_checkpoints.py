@@ -232,3 +232,20 @@ def test_a_derived_entry_naming_an_unknown_value_is_refused(tmp_path):
     with pytest.raises(MappingError, match=r"derived\[0\].*rope_inv_freq"):
         load_mapping(path)
 
+
+
+@pytest.mark.parametrize("shard", [None, "40KB"])
+def test_an_output_naming_a_file_inside_the_source_folder_is_refused_even_with_force(
+        tmp_path, shard):
+    """The folder is the input given, its weights are the files read: neither is written
+    over, whatever --force says (a safetensors output named like the source's file)."""
+    from ms_port.errors import WriteError
+
+    src = tiny_hf_lm("llama", tmp_path / "m", shard=shard)
+    weights = sorted(p for p in src.iterdir() if p.suffix == ".safetensors")
+    before = [p.read_bytes() for p in weights]
+    for target in weights:
+        with pytest.raises(WriteError, match="is an input of this run"):
+            ms_port.convert(src, ms_model="mindformers:llama", output=target,
+                            format="safetensors", force=True)
+    assert [p.read_bytes() for p in weights] == before

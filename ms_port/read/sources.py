@@ -93,6 +93,8 @@ class Source:
     metadata: dict[str, str] = field(default_factory=dict)
     #: bytes on disk of every shard of a sharded set (0 for a single file)
     shard_bytes: int = 0
+    #: the shard files of a sharded set (read as inputs: never written over)
+    shards: list[str] = field(default_factory=list)
     #: the model's ``config.json`` (a Hugging Face directory), and where it was read
     config: dict[str, Any] | None = None
     config_path: str | None = None
@@ -645,7 +647,7 @@ def _sharded(index: Path, **read: Any) -> Source:
     metadata = {k: v for src in shards.values() for k, v in src.metadata.items()}
     on_disk = sum(Path(src.path).stat().st_size for src in shards.values())
     return Source(str(index), f"{kind}-sharded", tensors, skipped=skipped, metadata=metadata,
-                  shard_bytes=on_disk)
+                  shard_bytes=on_disk, shards=[str(src.path) for src in shards.values()])
 
 
 def _check_shard_path(index: Path, name: str, shard: Any) -> None:
