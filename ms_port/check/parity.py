@@ -221,6 +221,7 @@ def _leaves_drawn_differently(compared: list[LayerComparison], notes: list[str])
     layout would carry into the block's output, so this is not a verdict either, whatever
     the outputs say: else a wrong layer later in the network would be blamed on the first
     such layer (a k/v swap in layer 1 named as layer 0's ``w1``)."""
+    drawn = []
     for c in compared:
         # innermost on the PyTorch side (MindFormers' Linear holds its activation cell)
         if c.status != "fail" or any(x.torch.startswith(c.torch + ".") for x in compared):
@@ -229,11 +230,15 @@ def _leaves_drawn_differently(compared: list[LayerComparison], notes: list[str])
         nearest = max(around, key=lambda b: len(b.torch), default=None)
         if nearest is not None and nearest.status == "ok":
             c.status = "boundary"
-            c.note = f"differs while its block {nearest.name} and the outputs agree"
-            notes.append(f"layer {c.name} differs ({fmt(c.error)}) while its block "
-                         f"{nearest.name} and the outputs agree: the two networks split that "
-                         "block's work differently (e.g. an activation inside the layer on "
-                         "one side); not counted")
+            c.note = f"differs while its block {nearest.name} agrees"
+            drawn.append((c, nearest))
+    if drawn:  # one line, however deep the network (a 32-layer LLaMA has 32 such w1)
+        c, nearest = drawn[0]
+        more = f" (and {len(drawn) - 1} more like it)" if len(drawn) > 1 else ""
+        notes.append(f"layer {c.name} differs ({fmt(c.error)}) while its block "
+                     f"{nearest.name} agrees{more}: the two networks split that block's work "
+                     "differently (e.g. an activation inside the layer on one side); not "
+                     "counted")
 
 
 def _params_of(model: Any, path: str, torch_side: bool) -> list[str]:
