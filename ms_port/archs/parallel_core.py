@@ -1,0 +1,148 @@
+"""MindFormers 2.1's current networks (``mindformers/parallel_core``) as targets, computed
+from a Hugging Face ``config.json`` without importing MindFormers.
+
+``--ms-model mindformers:qwen3`` names the tensors of MindFormers' ``Qwen3ForCausalLM``
+training network as its checkpoints store them: ``Parameter.name`` (``decoder.layers.0…``;
+``parameters_and_names()`` adds a ``model.`` prefix, the checkpoint does not). A test
+builds the real networks under ``no_init_parameters`` and holds these lists against them.
+
+Qwen3:
+
+- ``embedding.word_embeddings.weight``; ``output_layer.weight`` unless the head is tied;
+- per layer ``input_layernorm``, ``self_attention.linear_qkv`` (q, k, v grouped per KV
+  head: the query heads of group g, then k_g, then v_g), ``linear_proj``,
+  ``q_layernorm`` / ``k_layernorm`` (one head's width), ``pre_mlp_layernorm``,
+  ``mlp.linear_fc1`` (gate and up, rows interleaved: ``use_interleaved_weight_layout_mlp``,
+  MindFormers' default; a network built with it false reads two contiguous halves, which
+  this target does not describe yet) and ``mlp.linear_fc2``; ``decoder.final_layernorm``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import TargetError, shown
+from ..match.mapping import select_table, selected_model_types
+from ..match.rope import Rope, read_rope
+from ..read.targets import Target, TargetTensor
+from .mindformers import MAX_LAYERS, _bool, _float, _int
+
+QWEN3 = "mindformers:qwen3"
+
+
+@dataclass(frozen=True)
+class Qwen3Sizes:
+    """What MindFormers' Qwen3 network needs, read from a Hugging Face config."""
+
+    vocab: int
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+    eps: float
+    rope: Rope
+    qkv_bias: bool
+    tied: bool
+
+    @property
+    def qkv_rows(self) -> int:
+        return (self.heads + 2 * self.kv_heads) * self.head_dim
+
+
+def _table(config: dict[str, Any], family: str) -> Any:
+    table = select_table(config, (family,))
+    if table is None:
+        raise TargetError(f"config.json: model_type {shown(config.get('model_type'))} is not "
+                          f"one {family} holds: the mapping tables in mappings/ take "
+                          f"{', '.join(selected_model_types(family)) or 'none'}")
+    return table
+
+
+def qwen3_sizes(config: dict[str, Any], family: str = QWEN3) -> Qwen3Sizes:
+    """Read the sizes; refuse what MindFormers' Qwen3 network cannot hold."""
+    _table(config, family)
+    heads = _int(config, "num_attention_heads")
+    kv_heads = _int(config, "num_key_value_heads", heads)
+    hidden = _int(config, "hidden_size")
+    head_dim = _int(config, "head_dim", max(1, hidden // heads))  # Qwen3 states it
+    if heads % kv_heads:
+        raise TargetError(f"config.json: {heads} heads and {kv_heads} KV heads: MindFormers' "
+                          "grouped linear_qkv needs heads divisible by KV heads")
+    act = config.get("hidden_act", "silu")
+    if act != "silu":
+        raise TargetError(f"config.json: hidden_act {shown(act)}; MindFormers' Qwen3 computes "
+                          "SiLU")
+    if _bool(config, "attention_bias"):
+        raise TargetError("config.json: attention_bias is set; MindFormers' Qwen3 takes q/k/v "
+                          "biases but has no o_proj bias (add_bias_linear), so it cannot hold "
+                          "this model")
+    layers = _int(config, "num_hidden_layers")
+    if layers > MAX_LAYERS:
+        raise TargetError(f"config.json: num_hidden_layers {layers} is more than any "
+                          f"published model ({MAX_LAYERS} at most); check the config")
+    return Qwen3Sizes(
+        vocab=_int(config, "vocab_size"), hidden=hidden, layers=layers, heads=heads,
+        kv_heads=kv_heads, head_dim=head_dim, intermediate=_int(config, "intermediate_size"),
+        eps=_float(config, "rms_norm_eps", 1e-6), rope=read_rope(config), qkv_bias=False,
+        tied=_bool(config, "tie_word_embeddings"))
+
+
+def qwen3_tensors(sizes: Qwen3Sizes) -> list[TargetTensor]:
+    """The network's parameters in its own order, by ``Parameter.name``."""
+    h = sizes.hidden
+    out: list[TargetTensor] = []
+
+    def add(name: str, shape: tuple[int, ...], layer: str) -> None:
+        out.append(TargetTensor(name, shape, "float32", layer, (layer,)))
+
+    add("embedding.word_embeddings.weight", (sizes.vocab, h), "VocabEmbedding")
+    for i in range(sizes.layers):
+        p = f"decoder.layers.{i}"
+        add(f"{p}.input_layernorm.weight", (h,), "RMSNorm")
+        add(f"{p}.self_attention.linear_proj.weight", (h, sizes.heads * sizes.head_dim),
+            "RowParallelLinear")
+        add(f"{p}.self_attention.linear_qkv.weight", (sizes.qkv_rows, h), "ColumnParallelLinear")
+        if sizes.qkv_bias:
+            add(f"{p}.self_attention.linear_qkv.bias", (sizes.qkv_rows,), "ColumnParallelLinear")
+        add(f"{p}.self_attention.q_layernorm.weight", (sizes.head_dim,), "RMSNorm")
+        add(f"{p}.self_attention.k_layernorm.weight", (sizes.head_dim,), "RMSNorm")
+        add(f"{p}.pre_mlp_layernorm.weight", (h,), "RMSNorm")
+        add(f"{p}.mlp.linear_fc1.weight", (2 * sizes.intermediate, h), "ColumnParallelLinear")
+        add(f"{p}.mlp.linear_fc2.weight", (h, sizes.intermediate), "RowParallelLinear")
+    add("decoder.final_layernorm.weight", (h,), "RMSNorm")
+    if not sizes.tied:
+        add("output_layer.weight", (sizes.vocab, h), "ColumnParallelLinear")
+    return out
+
+
+#: options ``mindformers:qwen3`` takes (``--ms-option KEY=VALUE``)
+OPTIONS = {"seq_length": int}
+#: the layouts a checkpoint of this family may have, to recognise one by its names
+VARIANTS = ({},)
+
+
+def qwen3_target(config: dict[str, Any]) -> Target:
+    """The target's names and shapes from a Hugging Face config, without MindFormers."""
+    sizes = qwen3_sizes(config)
+    tensors = qwen3_tensors(sizes)
+    notes = []
+    if sizes.rope.kind != "default":
+        notes.append(f"{sizes.rope.describe()} (the weights do not depend on it)")
+    return Target("family", QWEN3, {t.name: t for t in tensors}, family=QWEN3, notes=notes)
+
+
+target = qwen3_target
+build = None  # the forward runs with CPU stand-ins (ms_port.archs.parallel_core_cpu)
+
+__all__ = [
+    "OPTIONS",
+    "QWEN3",
+    "VARIANTS",
+    "Qwen3Sizes",
+    "qwen3_sizes",
+    "qwen3_target",
+    "qwen3_tensors",
+]

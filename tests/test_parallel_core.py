@@ -1,0 +1,164 @@
+"""MindFormers 2.1's parallel_core networks as targets (``mindformers:qwen3``), with no
+mapping file: the computed names and shapes equal the real network's, every tensor equals
+what MindFormers' own ``weight_converters`` make of the Hugging Face tensors, and the way
+back is bit-exact. Skipped where transformers / mindformers (the test extra) are absent.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+transformers = pytest.importorskip("transformers")
+
+import ms_port  # noqa: E402
+from ms_port.archs.parallel_core import qwen3_target  # noqa: E402
+from ms_port.errors import TargetError  # noqa: E402
+from ms_port.read.sources import read_source  # noqa: E402
+
+needs_mindformers = pytest.mark.skipif(importlib.util.find_spec("mindformers") is None,
+                                       reason="mindformers not installed (test extra)")
+
+QWEN3 = dict(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+             num_attention_heads=8, num_key_value_heads=2, head_dim=16,
+             max_position_embeddings=64, rms_norm_eps=1e-6)
+
+
+def tiny_qwen3(path, *, tied=False, dtype="float32", seed=0):
+    """A seeded tiny Qwen3 (head_dim 16: q rows 128, twice the hidden size), its norms off
+    1 so that a swapped norm shows."""
+    import torch
+
+    config = transformers.Qwen3Config(**QWEN3, tie_word_embeddings=tied)
+    torch.manual_seed(seed)
+    model = transformers.Qwen3ForCausalLM(config)
+    gen = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "norm" in name:
+                param.copy_(1 + 0.2 * torch.randn(param.shape, generator=gen))
+    model.to(getattr(torch, dtype)).save_pretrained(path)
+    return path
+
+
+_REAL = r"""
+import json, os, sys
+os.environ.setdefault("LOCAL_DEFAULT_PATH", sys.argv[2])
+from mindspore.nn.utils import no_init_parameters
+from mindformers.core.context import build_context
+build_context({'use_legacy': False, 'context': {'device_target': 'CPU', 'mode': 0},
+               'parallel': {}})
+from mindformers.models.qwen3.configuration_qwen3 import Qwen3Config
+from mindformers.models.qwen3.modeling_qwen3_train import TrainingQwen3ForCausalLM
+hf = json.loads(sys.argv[1])
+keep = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+        "num_attention_heads", "num_key_value_heads", "head_dim", "tie_word_embeddings",
+        "rms_norm_eps", "max_position_embeddings")
+with no_init_parameters():
+    net = TrainingQwen3ForCausalLM(Qwen3Config(**{k: hf[k] for k in keep if k in hf}))
+print("NAMES" + json.dumps([[p.name, list(p.shape)] for _, p in net.parameters_and_names()]))
+"""
+
+
+def _real_names(config, tmp_path):
+    """The real network's parameters, built in a process of its own (parallel_core needs
+    MindFormers' global context set for it, which the legacy LLaMA tests must not see)."""
+    run = subprocess.run([sys.executable, "-c", _REAL, json.dumps(config), str(tmp_path)],
+                         capture_output=True, text=True, timeout=600)
+    line = next((x for x in run.stdout.splitlines() if x.startswith("NAMES")), None)
+    assert line is not None, run.stderr[-2000:]
+    return [(n, tuple(s)) for n, s in json.loads(line[len("NAMES"):])]
+
+
+@needs_mindformers
+@pytest.mark.parametrize("tied", [False, True])
+def test_computed_target_equals_the_real_network(tmp_path, tied):
+    config = {**QWEN3, "model_type": "qwen3", "tie_word_embeddings": tied}
+    computed = [(t.name, t.shape) for t in qwen3_target(config).tensors.values()]
+    assert computed == _real_names(config, tmp_path)
+
+
+def _mindformers_converted(source_dir):
+    """MindFormers' own Qwen3 weight_converters applied to the Hugging Face tensors, with
+    the sizes a single-device job gives them (outside a parallel job they read
+    optimizer_parallel_size -1, and their reshapes raise)."""
+    from mindformers.models.qwen3.utils import Qwen3PreTrainedModel
+
+    config = json.loads((source_dir / "config.json").read_text())
+    hf = {i.name: np.asarray(i.load()) for i in read_source(source_dir)}
+    sizes = dict(num_attention_heads=config["num_attention_heads"],
+                 num_query_groups=config["num_key_value_heads"], kv_channels=config["head_dim"],
+                 hidden_size=config["hidden_size"], tensor_model_parallel_size=1,
+                 optimizer_parallel_size=1, interleaved=True)
+    out = {}
+    for shared in Qwen3PreTrainedModel.weight_converters:
+        op = copy.copy(shared)  # class-level and shared: never changed in place here
+        for key, value in sizes.items():
+            if hasattr(op, key):
+                setattr(op, key, value)
+        layers = range(config["num_hidden_layers"]) if "{}" in op.hf_names[0] else [None]
+        for i in layers:
+            names = [n.format(i) for n in op.hf_names]
+            if not all(n in hf for n in names):
+                continue  # a tied head
+            made = op._hf_to_mf([hf[n] for n in names])
+            out.update(zip([n.format(i) for n in op.mf_names], made))
+    return out
+
+
+@needs_mindformers
+@pytest.mark.parametrize("tied,dtype", [(False, "float32"), (True, "bfloat16")])
+def test_every_tensor_equals_mindformers_converters(tmp_path, tied, dtype):
+    src = tiny_qwen3(tmp_path / "q3", tied=tied, dtype=dtype)
+    out = tmp_path / "q3.ckpt"
+    report = ms_port.convert(src, ms_model="mindformers:qwen3", output=out)
+    assert report.ok and report.plan.mapping.origin.endswith("hf_qwen3_mindformers.yaml")
+    ours = {i.name: np.asarray(i.load()) for i in read_source(out)}
+    theirs = _mindformers_converted(src)
+    assert set(ours) == set(theirs)
+    for name in ours:
+        assert ours[name].tobytes() == theirs[name].tobytes(), name
+
+
+@needs_mindformers
+def test_the_grouped_and_interleaved_layouts_are_not_plain_concatenations(tmp_path):
+    """A plain [q; k; v] or [gate; up] is a different tensor: the oracle would see it."""
+    src = tiny_qwen3(tmp_path / "q3")
+    hf = {i.name: np.asarray(i.load()) for i in read_source(src)}
+    theirs = _mindformers_converted(src)
+    p = "model.layers.0."
+    plain_qkv = np.concatenate([hf[p + f"self_attn.{x}_proj.weight"] for x in "qkv"])
+    plain_fc1 = np.concatenate([hf[p + "mlp.gate_proj.weight"], hf[p + "mlp.up_proj.weight"]])
+    assert not np.array_equal(plain_qkv,
+                              theirs["decoder.layers.0.self_attention.linear_qkv.weight"])
+    assert not np.array_equal(plain_fc1, theirs["decoder.layers.0.mlp.linear_fc1.weight"])
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_export_round_trip_is_bit_identical(tmp_path, tied):
+    src = tiny_qwen3(tmp_path / "q3", tied=tied, dtype="bfloat16")
+    out = tmp_path / "q3.ckpt"
+    assert ms_port.convert(src, ms_model="mindformers:qwen3", output=out).ok
+    back = ms_port.export(out, ms_model="mindformers:qwen3", config=src / "config.json",
+                          output=tmp_path / "back")
+    assert back.ok
+    original = {i.name: np.asarray(i.load()) for i in read_source(src)}
+    again = {i.name: np.asarray(i.load()) for i in read_source(tmp_path / "back")}
+    assert set(again) == set(original)
+    for name in original:
+        assert again[name].tobytes() == original[name].tobytes(), name
+
+
+def test_what_mindformers_qwen3_cannot_hold_is_one_line(tmp_path):
+    with pytest.raises(TargetError, match="attention_bias is set"):
+        qwen3_target({**QWEN3, "model_type": "qwen3", "attention_bias": True})
+    with pytest.raises(TargetError, match="model_type 'llama' is not one mindformers:qwen3"):
+        qwen3_target({**QWEN3, "model_type": "llama"})
+    with pytest.raises(TargetError, match="hidden_act 'gelu'"):
+        qwen3_target({**QWEN3, "model_type": "qwen3", "hidden_act": "gelu"})
