@@ -257,6 +257,30 @@ def test_strict_refusal_names_the_closest_candidate(src, tmp_path):
     assert {u["name"] for u in data["unused"]} == {"fc.weight", "fc.bias"}
 
 
+@pytest.mark.parametrize("prefix", ["", "module."], ids=["plain", "DDP-wrapped"])
+def test_a_meta_tensor_is_why_nothing_fills_its_target(tmp_path, prefix):
+    """inspect lists a meta tensor as skipped; convert's leftover says the same, with the
+    fix, rather than "no source tensor" alone — from the skipped entry's own reason."""
+    path = _save({f"{prefix}w": torch.empty(3, device="meta"), f"{prefix}b": torch.ones(2)},
+                 tmp_path / "meta.pth")
+    template = tmp_path / "t.ckpt"
+    ms.save_checkpoint([{"name": n, "data": ms.Tensor(np.zeros(k, np.float32))}
+                        for n, k in (("w", 3), ("b", 2))], str(template))
+    plan = ms_port.plan(path, target=template)
+    assert not plan.ok and [m.name for m in plan.missing] == ["w"]
+    assert plan.missing[0].skipped == plan.source.skipped[0]
+    (line,) = plan.problems()
+    assert line.startswith(f"no source tensor for 'w' (3): the source holds '{prefix}w' as "
+                           "tensor (meta), which was skipped: a meta tensor has a shape but "
+                           "no data; re-save the checkpoint with real tensors"), line
+    out = tmp_path / "o.ckpt"
+    result = _cli("convert", path, "--target", template, "-o", out)
+    assert result.exit_code == 1 and not out.exists()
+    assert line in " ".join(result.stdout.split())  # as printed, rich's wrapping undone
+    data = json.loads(_cli("convert", path, "--target", template, "-o", out, "--json").stdout)
+    assert data["missing"][0]["skipped"]["kind"] == "tensor (meta)"
+
+
 def test_alignment_pairs_what_names_cannot(src, tmp_path):
     """The classifier is 'fc' in PyTorch and 'head' in MindSpore: the only unpaired layer
     on each side, same kind and shapes — aligned, with the evidence, and bit-exact."""

@@ -162,3 +162,105 @@ def test_what_mindformers_qwen3_cannot_hold_is_one_line(tmp_path):
         qwen3_target({**QWEN3, "model_type": "llama"})
     with pytest.raises(TargetError, match="hidden_act 'gelu'"):
         qwen3_target({**QWEN3, "model_type": "qwen3", "hidden_act": "gelu"})
+
+
+QWEN3_MOE = dict(QWEN3, moe_intermediate_size=32, num_experts=4, num_experts_per_tok=2)
+
+
+def tiny_qwen3_moe(path, *, dtype="float32", seed=0):
+    """A seeded tiny Qwen3-MoE saved as transformers writes it: per-expert keys
+    (``experts.{e}.gate_proj``), ``num_local_experts`` in config.json."""
+    import torch
+
+    config = transformers.Qwen3MoeConfig(**QWEN3_MOE)
+    torch.manual_seed(seed)
+    model = transformers.Qwen3MoeForCausalLM(config)
+    model.to(getattr(torch, dtype)).save_pretrained(path)
+    return path
+
+
+@needs_mindformers
+def test_moe_target_equals_the_real_network(tmp_path):
+    from ms_port.archs.parallel_core_moe import target
+
+    config = {**QWEN3_MOE, "model_type": "qwen3_moe"}
+    computed = [(t.name, t.shape) for t in target(config).tensors.values()]
+    config["moe_grouped_gemm"] = True  # MindFormers builds MoE only with it
+    script = _REAL.replace("qwen3.configuration_qwen3 import Qwen3Config",
+                           "qwen3_moe.configuration_qwen3_moe import Qwen3MoeConfig as Qwen3Config")
+    script = script.replace("qwen3.modeling_qwen3_train import TrainingQwen3ForCausalLM",
+                            "qwen3_moe.modeling_qwen3_moe_train import "
+                            "TrainingQwen3MoeForCausalLM as TrainingQwen3ForCausalLM")
+    script = script.replace('"max_position_embeddings")',
+                            '"max_position_embeddings", "num_experts", "moe_intermediate_size",'
+                            ' "num_experts_per_tok", "moe_grouped_gemm")')
+    run = subprocess.run([sys.executable, "-c", script, json.dumps(config), str(tmp_path)],
+                         capture_output=True, text=True, timeout=600)
+    line = next((x for x in run.stdout.splitlines() if x.startswith("NAMES")), None)
+    assert line is not None, run.stderr[-2000:]
+    assert computed == [(n, tuple(s)) for n, s in json.loads(line[len("NAMES"):])]
+
+
+@needs_mindformers
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_moe_experts_equal_mindformers_experts_converter_given_stacked_experts(tmp_path, dtype):
+    """ExpertsConvertOp takes the experts stacked ([E*F, H]); given the Hub's per-expert
+    keys it would make wrong shapes (the issue), so the test stacks them for it."""
+    from mindformers.models.qwen3_moe.utils import Qwen3MoePreTrainedModel
+
+    src = tiny_qwen3_moe(tmp_path / "moe", dtype=dtype)
+    out = tmp_path / "moe.ckpt"
+    report = ms_port.convert(src, ms_model="mindformers:qwen3_moe", output=out)
+    assert report.ok
+    assert [m.target for m in report.plan.matches if m.how == "initialised"] == [
+        f"decoder.layers.{i}.mlp.router.fi_accu" for i in range(2)]
+    ours = {i.name: np.asarray(i.load()) for i in read_source(out)}
+    hf = {i.name: np.asarray(i.load()) for i in read_source(src)}
+    ops = [op for op in Qwen3MoePreTrainedModel.weight_converters
+           if type(op).__name__ == "ExpertsConvertOp"]
+    assert len(ops) == 2
+    for shared in ops:
+        op = copy.copy(shared)
+        op.num_moe_experts, op.hidden_size, op.moe_ffn_hidden_size = 4, 64, 32
+        op.expert_parallel_size = op.optimizer_parallel_size = 1
+        for i in range(2):
+            stacked = [np.concatenate([hf[n.format(i, e)] for e in range(4)])
+                       for n in op.hf_names]
+            (theirs,) = op._hf_to_mf(stacked)
+            name = op.mf_names[0].format(i)
+            assert ours[name].tobytes() == theirs.tobytes(), name
+    for i in range(2):
+        assert not ours[f"decoder.layers.{i}.mlp.router.fi_accu"].any()
+        assert ours[f"decoder.layers.{i}.mlp.router.weight"].tobytes() == hf[
+            f"model.layers.{i}.mlp.gate.weight"].tobytes()
+
+
+def test_moe_expert_order_and_halves_are_the_layout_not_a_guess(tmp_path):
+    """weight1 holds, per expert, [gate_eᵀ | up_eᵀ] (two contiguous halves) and the experts
+    in order: checked against the formula, and against the wrong layouts it must not be."""
+    src = tiny_qwen3_moe(tmp_path / "moe")
+    out = tmp_path / "moe.ckpt"
+    assert ms_port.convert(src, ms_model="mindformers:qwen3_moe", output=out).ok
+    ours = {i.name: np.asarray(i.load()) for i in read_source(out)}
+    hf = {i.name: np.asarray(i.load()) for i in read_source(src)}
+    e = "model.layers.1.mlp.experts.{}.{}_proj.weight"
+    right = np.concatenate([np.concatenate([hf[e.format(k, "gate")].T, hf[e.format(k, "up")].T],
+                                           axis=1) for k in range(4)])
+    w1 = ours["decoder.layers.1.mlp.experts.weight1"]
+    assert np.array_equal(w1, right)
+    interleaved = np.concatenate([np.stack([hf[e.format(k, "gate")].T, hf[e.format(k, "up")].T],
+                                           axis=2).reshape(64, 64) for k in range(4)])
+    reversed_order = np.concatenate([right[k * 64:(k + 1) * 64] for k in reversed(range(4))])
+    assert not np.array_equal(w1, interleaved) and not np.array_equal(w1, reversed_order)
+    down = np.concatenate([hf[e.format(k, "down")].T for k in range(4)])
+    assert np.array_equal(ours["decoder.layers.1.mlp.experts.weight2"], down)
+
+
+def test_moe_configs_mindformers_cannot_hold_are_one_line():
+    from ms_port.archs.parallel_core_moe import target
+
+    with pytest.raises(TargetError, match="mlp_only_layers"):
+        target({**QWEN3_MOE, "model_type": "qwen3_moe", "mlp_only_layers": [0]})
+    with pytest.raises(TargetError, match="num_local_experts"):
+        target({**{k: v for k, v in QWEN3_MOE.items() if k != "num_experts"},
+                "model_type": "qwen3_moe"})

@@ -29,6 +29,7 @@ from ..read.targets import Target, TargetTensor
 from .mindformers import MAX_LAYERS, _bool, _float, _int
 
 QWEN3 = "mindformers:qwen3"
+QWEN3_MOE = "mindformers:qwen3_moe"
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,9 @@ class Qwen3Sizes:
     rope: Rope
     qkv_bias: bool
     tied: bool
+    #: a mixture of experts: how many, and each one's intermediate size (0: dense)
+    experts: int = 0
+    expert_intermediate: int = 0
 
     @property
     def qkv_rows(self) -> int:
@@ -83,11 +87,26 @@ def qwen3_sizes(config: dict[str, Any], family: str = QWEN3) -> Qwen3Sizes:
     if layers > MAX_LAYERS:
         raise TargetError(f"config.json: num_hidden_layers {layers} is more than any "
                           f"published model ({MAX_LAYERS} at most); check the config")
+    experts = expert_intermediate = 0
+    if family == QWEN3_MOE:
+        # transformers 5 writes num_local_experts; the Hub's files num_experts
+        key = "num_experts" if config.get("num_experts") is not None else "num_local_experts"
+        experts = _int(config, key)
+        expert_intermediate = _int(config, "moe_intermediate_size")
+        dense = config.get("mlp_only_layers") or []
+        step = config.get("decoder_sparse_step", 1)
+        if dense or step not in (1, None):
+            raise TargetError(f"config.json: mlp_only_layers {shown(dense)} / "
+                              f"decoder_sparse_step {shown(step)}: MindFormers' Qwen3-MoE makes "
+                              "every layer a mixture of experts, so it cannot hold this model")
     return Qwen3Sizes(
         vocab=_int(config, "vocab_size"), hidden=hidden, layers=layers, heads=heads,
-        kv_heads=kv_heads, head_dim=head_dim, intermediate=_int(config, "intermediate_size"),
+        kv_heads=kv_heads, head_dim=head_dim,
+        intermediate=_int(config, "intermediate_size", 1) if experts else
+        _int(config, "intermediate_size"),
         eps=_float(config, "rms_norm_eps", 1e-6), rope=read_rope(config), qkv_bias=False,
-        tied=_bool(config, "tie_word_embeddings"))
+        tied=_bool(config, "tie_word_embeddings"), experts=experts,
+        expert_intermediate=expert_intermediate)
 
 
 def qwen3_tensors(sizes: Qwen3Sizes) -> list[TargetTensor]:
@@ -110,8 +129,17 @@ def qwen3_tensors(sizes: Qwen3Sizes) -> list[TargetTensor]:
         add(f"{p}.self_attention.q_layernorm.weight", (sizes.head_dim,), "RMSNorm")
         add(f"{p}.self_attention.k_layernorm.weight", (sizes.head_dim,), "RMSNorm")
         add(f"{p}.pre_mlp_layernorm.weight", (h,), "RMSNorm")
-        add(f"{p}.mlp.linear_fc1.weight", (2 * sizes.intermediate, h), "ColumnParallelLinear")
-        add(f"{p}.mlp.linear_fc2.weight", (h, sizes.intermediate), "RowParallelLinear")
+        if sizes.experts:
+            e, f = sizes.experts, sizes.expert_intermediate
+            add(f"{p}.mlp.router.weight", (e, h), "TopKRouter")
+            add(f"{p}.mlp.router.fi_accu", (e,), "TopKRouter")
+            # per expert [gate_e^T | up_e^T] (H x 2F), experts stacked; down_e^T stacked
+            add(f"{p}.mlp.experts.weight1", (e * h, 2 * f), "GroupedMLP")
+            add(f"{p}.mlp.experts.weight2", (e * f, h), "GroupedMLP")
+        else:
+            add(f"{p}.mlp.linear_fc1.weight", (2 * sizes.intermediate, h),
+                "ColumnParallelLinear")
+            add(f"{p}.mlp.linear_fc2.weight", (h, sizes.intermediate), "RowParallelLinear")
     add("decoder.final_layernorm.weight", (h,), "RMSNorm")
     if not sizes.tied:
         add("output_layer.weight", (sizes.vocab, h), "ColumnParallelLinear")
@@ -124,14 +152,21 @@ OPTIONS = {"seq_length": int}
 VARIANTS = ({},)
 
 
-def qwen3_target(config: dict[str, Any]) -> Target:
+def qwen3_target(config: dict[str, Any], family: str = QWEN3) -> Target:
     """The target's names and shapes from a Hugging Face config, without MindFormers."""
-    sizes = qwen3_sizes(config)
+    sizes = qwen3_sizes(config, family)
     tensors = qwen3_tensors(sizes)
     notes = []
     if sizes.rope.kind != "default":
         notes.append(f"{sizes.rope.describe()} (the weights do not depend on it)")
-    return Target("family", QWEN3, {t.name: t for t in tensors}, family=QWEN3, notes=notes)
+    return Target("family", family, {t.name: t for t in tensors}, family=family, notes=notes)
+
+
+def qwen3_moe_target(config: dict[str, Any]) -> Target:
+    """``mindformers:qwen3_moe``: Qwen3's attention; per layer a router (``router.weight``
+    and its zero ``fi_accu`` statistics) and stacked experts (``experts.weight1``: per
+    expert ``[gate_eᵀ | up_eᵀ]``, two contiguous halves; ``experts.weight2``: ``down_eᵀ``)."""
+    return qwen3_target(config, QWEN3_MOE)
 
 
 target = qwen3_target

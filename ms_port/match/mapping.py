@@ -35,6 +35,12 @@ split tensors, and tied ones (see :mod:`ms_port.match.layouts`, :mod:`ms_port.ma
         sources: ['model.layers.{i}.self_attn.q_proj.weight', ...k_proj..., ...v_proj...]
         layout: {grouped: kv_heads, sizes: ['num_attention_heads / kv_heads * head_dim',
                                             head_dim, head_dim]}
+      - target: 'decoder.layers.{i}.mlp.experts.weight2'      # experts stacked:
+        sources: ['model.layers.{i}.mlp.experts.{e}.down_proj.weight']
+        over: {e: experts}      # the sources for e = 0 .. experts-1, in that order
+        layout: {concat: 1}
+        transforms: [{transpose: [1, 0]}]   # a reshape may name config values:
+                                            # {reshape: [experts, -1, hidden]}
     split:                      # several MindSpore tensors from one PyTorch one
       - source: 'h.{i}.attn.c_attn.weight'
         targets: ['h.{i}.q.weight', 'h.{i}.k.weight', 'h.{i}.v.weight']
@@ -44,6 +50,8 @@ split tensors, and tied ones (see :mod:`ms_port.match.layouts`, :mod:`ms_port.ma
       - {source: lm_head.weight, same_as: model.embed_tokens.weight, when: tie_word_embeddings}
     implies:                    # per selected model type: what its code fixes and its
       qwen2: {qkv_bias: true}   # config.json does not say (config.json cannot change it)
+    declared:                   # target tensors Hugging Face has no counterpart for
+      - {target: 'decoder.layers.{i}.mlp.router.fi_accu', init: zeros}
     derived:                    # buffers computed from config.json (old checkpoints hold
       - {source: 'model.layers.{i}.self_attn.rotary_emb.inv_freq', value: rope_inv_freq}
                                 # them): checked against the config, then dropped
@@ -78,7 +86,7 @@ from .patterns import Pattern, PatternError, compile_pattern
 from .transforms import Transform
 
 _SECTIONS = {"version", "description", "rename", "tensors", "drop", "transforms", "select",
-             "params", "fuse", "split", "tied", "implies", "derived"}
+             "params", "fuse", "split", "tied", "implies", "derived", "declared"}
 _SELECT_KEYS = {"model_type", "architectures", "target"}
 _RENAME_KEYS = {"segments", "regex"}
 
@@ -198,6 +206,9 @@ class FuseEntry:
     layout: LayoutSpec
     transforms: tuple[Transform, ...]
     where: str
+    #: placeholders of the sources alone, each counted over a config value
+    #: (``{e: experts}``: the sources for e = 0 .. experts-1, in that order)
+    over: tuple[tuple[str, Any], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -218,6 +229,16 @@ class TiedEntry:
     source: str
     same_as: str
     when: str | None
+    where: str
+
+
+@dataclass(frozen=True)
+class DeclaredEntry:
+    """``declared:``: target tensors matching ``target`` hold ``init`` (Hugging Face has no
+    counterpart: a MoE router's load statistics)."""
+
+    target: Template
+    init: str | float
     where: str
 
 
@@ -254,6 +275,7 @@ class MappingTable:
     #: model type -> config values its architecture implies (``implies:``)
     implies: dict[str, dict[str, Any]] = field(default_factory=dict)
     derived: tuple[DerivedEntry, ...] = ()
+    declared: tuple[DeclaredEntry, ...] = ()
 
     @classmethod
     def empty(cls) -> MappingTable:
@@ -311,7 +333,18 @@ class MappingTable:
             tied=other.tied + self.tied,
             implies={**self.implies, **other.implies},
             derived=other.derived + self.derived,
+            declared=other.declared + self.declared,
         )
+
+    def declared_value(self, target_name: str) -> tuple[str | float, str] | None:
+        """``(value, where)`` a ``tensors:`` or ``declared:`` entry gives a target, if any."""
+        entry = self.tensors.get(target_name)
+        if entry is not None and entry.init is not None:
+            return entry.init, f"tensors entry {{init: {entry.init}}} in {self.origin}"
+        for d in self.declared:
+            if d.target.match(target_name) is not None:
+                return d.init, f"{{init: {d.init}}} ({d.where})"
+        return None
 
     def selects(self, config: dict[str, Any] | None, target: str) -> bool:
         """Whether this table's ``select:`` fits a source config and a target family."""
@@ -462,10 +495,13 @@ def mapping_from_data(data: Any, *, origin: str = "mapping=") -> MappingTable:
     implies = _implies(data.get("implies"), select, origin)
     derived = tuple(_derived_entry(e, origin, i)
                     for i, e in enumerate(_list(data, "derived", origin)))
+    declared = tuple(_declared_entry(e, origin, i)
+                     for i, e in enumerate(_list(data, "declared", origin)))
     return MappingTable(origin=origin, description=str(data.get("description") or ""),
                         segments=dict(segments), regex=regex, tensors=tensors, drop=drop,
                         transforms=transforms, select=select, params=params, fuse=fuse,
-                        split=split, tied=tied, implies=implies, derived=derived)
+                        split=split, tied=tied, implies=implies, derived=derived,
+                        declared=declared)
 
 
 def _list(data: dict, key: str, origin: str) -> list:
@@ -569,20 +605,40 @@ def _layout(data: Any, origin: str, entry: str) -> LayoutSpec:
 def _fuse_entry(data: Any, origin: str, i: int) -> FuseEntry:
     entry = f"fuse[{i}]"
     _expect(isinstance(data, dict) and {"target", "sources", "layout"} <= set(data)
-            and not set(data) - {"target", "sources", "layout", "transforms"}, origin, entry,
-            "{target: NAME, sources: [NAME, ...], layout: ..., transforms: [...]}")
+            and not set(data) - {"target", "sources", "layout", "transforms", "over"},
+            origin, entry, "{target: NAME, sources: [NAME, ...], layout: ..., "
+            "transforms: [...], over: {PLACEHOLDER: COUNT}}")
     target = _template(data["target"], origin, f"{entry}.target")
-    _expect(isinstance(data["sources"], list) and len(data["sources"]) >= 2, origin,
-            f"{entry}.sources", "a list of two or more source names")
+    over_data = data.get("over") or {}
+    _expect(isinstance(over_data, dict) and all(
+        isinstance(k, str) and k not in target.names for k in over_data), origin,
+        f"{entry}.over", "{PLACEHOLDER: COUNT}, placeholders the target does not have")
+    over = tuple((k, _expression(v, origin, f"{entry}.over.{k}")) for k, v in over_data.items())
+    _expect(isinstance(data["sources"], list)
+            and len(data["sources"]) >= (1 if over else 2), origin,
+            f"{entry}.sources", "a list of two or more source names (one with over:)")
     sources = tuple(_template(s, origin, f"{entry}.sources") for s in data["sources"])
+    wanted = set(target.names) | set(over_data)
     for s in sources:
-        _expect(set(s.names) == set(target.names), origin, f"{entry}.sources ({s})",
-                f"the same placeholders as the target ({', '.join(target.names) or 'none'})")
+        _expect(set(s.names) == wanted, origin, f"{entry}.sources ({s})",
+                f"the placeholders {', '.join(sorted(wanted)) or 'none'} (the target's, and "
+                "over:'s)")
     layout = _layout(data["layout"], origin, entry)
-    _expect(layout.sizes is None or len(layout.sizes) == len(sources), origin,
+    _expect(over or layout.sizes is None or len(layout.sizes) == len(sources), origin,
             f"{entry}.layout.sizes", f"one size per source ({len(sources)})")
-    return FuseEntry(target, sources, layout,
-                     _ops(data.get("transforms") or [], origin, entry), f"{entry} in {origin}")
+    ops = _ops(data.get("transforms") or [], origin, entry)
+    for op in ops:
+        for name in op.names:
+            _expression(name, origin, f"{entry}.transforms")
+    return FuseEntry(target, sources, layout, ops, f"{entry} in {origin}", over)
+
+
+def _expression(value: Any, origin: str, entry: str) -> Any:
+    try:
+        check_expression(value)
+    except ParamError as exc:
+        raise MappingError(f"{origin}: {entry}: {exc}", path=origin) from None
+    return value
 
 
 def _split_entry(data: Any, origin: str, i: int) -> SplitEntry:
@@ -615,6 +671,18 @@ def _tied_entry(data: Any, origin: str, i: int) -> TiedEntry:
     _expect(data["source"] != data["same_as"], origin, entry,
             "two different tensors (source is same_as itself)")
     return TiedEntry(data["source"], data["same_as"], data.get("when"), f"{entry} in {origin}")
+
+
+def _declared_entry(data: Any, origin: str, i: int) -> DeclaredEntry:
+    entry = f"declared[{i}]"
+    _expect(isinstance(data, dict) and set(data) == {"target", "init"}, origin, entry,
+            "{target: NAME, init: zeros|ones|NUMBER}")
+    init = data["init"]
+    _expect(init in INIT_VALUES or (isinstance(init, (int, float)) and not isinstance(init, bool)
+                                    and math.isfinite(init)), origin, f"{entry}.init",
+            "zeros, ones or a finite number")
+    return DeclaredEntry(_template(data["target"], origin, f"{entry}.target"), init,
+                         f"{entry} in {origin}")
 
 
 def _derived_entry(data: Any, origin: str, i: int) -> DerivedEntry:

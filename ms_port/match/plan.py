@@ -28,14 +28,14 @@ import yaml
 
 from ..display import Renderable
 from ..errors import MappingError, shown
-from ..read.sources import Source
+from ..read.sources import Skipped, Source
 from ..read.targets import Target, TargetTensor
 from ..read.tensors import FLOAT_DTYPES, TensorInfo, format_shape, itemsize, numpy_dtype
 from .closest import NameIndex
 from .derived import DERIVED, agrees
 from .layouts import Layout, LayoutError
 from .mapping import MappingTable
-from .params import ParamError, resolve
+from .params import ParamError, evaluate, resolve
 from .rules import initial_value, known_drop, propose
 from .transforms import Transform, apply_all, shape_after
 
@@ -130,8 +130,17 @@ class Leftover:
                 "renamed_by": self.renamed_by}
 
 
+@dataclass(frozen=True)
 class Missing(Leftover):
     """A target tensor nothing fills."""
+
+    #: the source entry under this name that was skipped as unusable (a meta tensor, a
+    #: sparse one): why the source has no tensor for it
+    skipped: Skipped | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**super().to_dict(),
+                **({"skipped": self.skipped.to_dict()} if self.skipped else {})}
 
 
 class Unused(Leftover):
@@ -362,6 +371,11 @@ def _literal(name: str) -> str:
 
 
 def _missing_line(m: Missing) -> str:
+    if m.skipped is not None:  # the source has the name, without usable data under it
+        s = m.skipped
+        return (f"no source tensor for {m.name!r} ({format_shape(m.shape)}): the source "
+                f"holds {s.name!r} as {s.kind}, which was skipped: {s.reason} — or pass "
+                "--allow-missing (allow_missing=True)")
     hint = f"; closest: {', '.join(map(str, m.candidates))}" if m.candidates else ""
     return (f"no source tensor for {m.name!r} ({format_shape(m.shape)}){hint} — add it to "
             "your mapping file's tensors: or pass --allow-missing (allow_missing=True)")
@@ -418,6 +432,18 @@ def _renaming(mapping: MappingTable, name: str) -> tuple[str | None, str | None]
 #: leftovers per side that get "did you mean" suggestions: reports show far fewer, and
 #: 100,000 unmatched names must not cost minutes of scoring
 SUGGESTED = 2000
+
+
+def _skipped_by_name(source: Source, mapping: MappingTable) -> dict[str, Skipped]:
+    """The source's skipped entries under the names they would have had as tensors: as
+    read, with the wrapper prefixes the tensors lost, and after the mapping's renames."""
+    prefix = "".join(source.stripped)
+    found: dict[str, Skipped] = {}
+    for s in source.skipped:
+        name = s.name.removeprefix(prefix)
+        for key in (s.name, name, mapping.rename(name)[0]):
+            found.setdefault(key, s)
+    return found
 
 
 def _closest(index: NameIndex, name: str, shape: tuple[int, ...]) -> tuple[Candidate, ...]:
@@ -542,9 +568,7 @@ def make_plan(
         # what PyTorch has no counterpart for: a declared value, never a silent default
         if name in matches or name in conflicted_targets or name in proposals:
             continue
-        entry = mapping.tensors.get(name)
-        declared = (entry.init, f"tensors entry {{init: {entry.init}}} in {mapping.origin}"
-                    ) if entry is not None and entry.init is not None else None
+        declared = mapping.declared_value(name)
         by_rule = initial_value(name, layer_of)
         chosen = declared or (by_rule and (by_rule[0], f"{by_rule[1]}: {by_rule[0]} (PyTorch "
                                                        "has no counterpart)"))
@@ -585,9 +609,11 @@ def make_plan(
 
     s_index = NameIndex((i.name, i.shape) for i in pending_s)
     t_index = NameIndex((t.name, t.shape) for t in pending_t)
+    unusable = _skipped_by_name(source, mapping)
     missing = [Missing(t.name, t.shape, t.dtype,
                        _aligned_candidates(source, ambiguous[t.name]) if t.name in ambiguous
-                       else _closest(s_index, t.name, t.shape) if k < SUGGESTED else ())
+                       else _closest(s_index, t.name, t.shape) if k < SUGGESTED else (),
+                       skipped=unusable.get(t.name))
                for k, t in enumerate(pending_t)]
     unused = [Unused(i.name, i.shape, i.dtype,
                      _closest(t_index, i.name, i.shape) if k < SUGGESTED else (),
@@ -597,6 +623,10 @@ def make_plan(
     return Plan(source, target, mapping, ordered, missing, unused, dropped, conflicts,
                 allow_missing=allow_missing, allow_unused=allow_unused,
                 notes=list(target.notes) + many.notes + notes, params=many.params)
+
+
+#: the most tensors one ``over:`` placeholder may count (experts of the largest MoE: 384)
+MAX_OVER = 4096
 
 
 class _Many:
@@ -660,13 +690,40 @@ class _Many:
             raise MappingError(f"{entry.where}: {what}: {exc}",
                                path=self.mapping.origin) from None
 
+    def _counted(self, entry: Any) -> list[dict[str, str]]:
+        """The values of an entry's ``over:`` placeholders, in order (``[{}]`` without)."""
+        combos: list[dict[str, str]] = [{}]
+        for name, count in entry.over:
+            try:
+                n = evaluate(count, self.values())
+            except ParamError as exc:
+                raise MappingError(f"{entry.where}: over.{name}: {exc} — check config.json",
+                                   path=self.mapping.origin) from None
+            if not 0 < n <= MAX_OVER:
+                raise MappingError(f"{entry.where}: over.{name} is {n}; expected 1 to "
+                                   f"{MAX_OVER} — check config.json", path=self.mapping.origin)
+            combos = [{**c, name: str(k)} for c in combos for k in range(n)]
+        return combos
+
+    def _resolved(self, entry: Any) -> tuple[Transform, ...]:
+        """The entry's transforms with the config values they name computed."""
+        def value(expr: str) -> int:
+            try:
+                return evaluate(expr, self.values())
+            except ParamError as exc:
+                raise MappingError(f"{entry.where}: transforms: {exc} — check config.json",
+                                   path=self.mapping.origin) from None
+        return tuple(t.resolved(value) for t in entry.transforms)
+
     def _fuse(self, entry: Any) -> None:
         axis = entry.layout.axis
+        counted = self._counted(entry) if entry.over else [{}]
+        transforms = self._resolved(entry)
         for t, tt in self.target.tensors.items():
             got = entry.target.match(t)
             if got is None or t in self.matches or t in self.mapping.tensors:
                 continue
-            names = [s.fill(got) for s in entry.sources]
+            names = [s.fill({**got, **c}) for c in counted for s in entry.sources]
             present = [n for n in names if n in self.source and n not in self.consumed]
             if not present:
                 continue
@@ -691,11 +748,11 @@ class _Many:
                 raise MappingError(f"{entry.where}: {what}: {exc}",
                                    path=self.mapping.origin) from None
             dtypes = {i.dtype for i in infos}
-            made = _shape_or_none(entry.transforms, joined)
+            made = _shape_or_none(transforms, joined)
             if made != tt.shape or len(dtypes) > 1:
                 why = (f"its parts have dtypes {sorted(dtypes)}" if len(dtypes) > 1 else
                        f"{layout} makes {format_shape(joined)}"
-                       + (f", then {format_shape(made)}" if entry.transforms else ""))
+                       + (f", then {format_shape(made)}" if transforms else ""))
                 self.conflicts.append(Conflict(
                     "shape", (t,), tuple(names),
                     f"{t!r} ({format_shape(tt.shape)}) cannot be fused from "
@@ -704,7 +761,7 @@ class _Many:
             self.matches[t] = Match(
                 t, names[0], "mapping", f"fuse: {layout} of {len(names)} ({entry.where})",
                 joined, tt.shape, infos[0].dtype, _cast(infos[0].dtype, self.dtype),
-                entry.transforms, parts=tuple(names), layout=layout)
+                transforms, parts=tuple(names), layout=layout)
 
     def _split(self, entry: Any) -> None:
         axis = entry.layout.axis
@@ -887,10 +944,9 @@ def _align_leftovers(source: Source, target: Target, mapping: MappingTable,
 
     gone = used | {d.name for d in dropped}
     pending_s = [(i.name, i.shape) for i in source if i.name not in gone]
-    declared = {n for n, e in mapping.tensors.items() if e.init is not None}
     pending_t = [(t.name, t.shape) for n, t in target.tensors.items()
                  if n not in matches and n not in conflicted and n not in proposals
-                 and n not in declared]  # a declared value is the user's word
+                 and mapping.declared_value(n) is None]  # a declared value is the user's word
     if not pending_s or not pending_t:
         return {}
     result = align(pending_s, pending_t, list(source.tensors), list(target.tensors),

@@ -41,8 +41,14 @@ def _permute(shape: tuple[int, ...], perm: list[int]) -> tuple[int, ...]:
     return tuple(shape[p] for p in perm)
 
 
-def _reshape(shape: tuple[int, ...], dims: list[int]) -> tuple[int, ...]:
-    if int(np.prod(shape)) != int(np.prod(dims)):
+def _reshape(shape: tuple[int, ...], dims: list[Any]) -> tuple[int, ...]:
+    if not all(_is_int(d) for d in dims):
+        raise ValueError(f"reshape {dims} names config values: resolve it against the config "
+                         "first")
+    total, known = int(np.prod(shape)), int(np.prod([d for d in dims if d != -1]))
+    if dims.count(-1) == 1 and known > 0 and total % known == 0:  # numpy's one free axis
+        dims = [total // known if d == -1 else d for d in dims]
+    if total != int(np.prod(dims)) or any(d < 0 for d in dims):
         raise ValueError(f"cannot reshape {shape} to {tuple(dims)}")
     return tuple(dims)
 
@@ -55,6 +61,14 @@ def _is_int_list(v: Any) -> bool:
     return isinstance(v, list) and all(_is_int(x) for x in v)
 
 
+def _is_dims(v: Any) -> bool:
+    """A reshape's dimensions: sizes, one -1, or names of config values (``experts``),
+    resolved against the config before use (:meth:`Transform.resolved`)."""
+    return (isinstance(v, list) and bool(v)
+            and all((_is_int(x) and x >= -1) or (isinstance(x, str) and x) for x in v)
+            and sum(x == -1 for x in v) <= 1)
+
+
 OPS: dict[str, _Op] = {
     "unsqueeze": _Op(_insert, lambda a, ax: np.expand_dims(a, ax),
                      lambda ax, _shape: ("squeeze", ax), _is_int),
@@ -64,7 +78,7 @@ OPS: dict[str, _Op] = {
                      lambda p, _shape: ("transpose", [int(i) for i in np.argsort(p)]),
                      _is_int_list),
     "reshape": _Op(_reshape, lambda a, dims: a.reshape(dims),
-                   lambda _dims, shape: ("reshape", list(shape)), _is_int_list),
+                   lambda _dims, shape: ("reshape", list(shape)), _is_dims),
 }
 
 
@@ -90,6 +104,17 @@ class Transform:
     def inverse(self, input_shape: tuple[int, ...]) -> Transform:
         """The transform that undoes this one, given the shape this one was applied to."""
         return Transform(*OPS[self.op].inverse(self.arg, input_shape))
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The config values its argument names (a reshape's ``[experts, -1, hidden]``)."""
+        return tuple(x for x in self.arg if isinstance(x, str)) if self.op == "reshape" else ()
+
+    def resolved(self, evaluate: Callable[[str], int]) -> Transform:
+        """This transform with every named value computed (``evaluate(expression)``)."""
+        if not self.names:
+            return self
+        return Transform(self.op, [evaluate(x) if isinstance(x, str) else x for x in self.arg])
 
     def to_data(self) -> dict[str, Any]:
         return {self.op: self.arg}

@@ -241,7 +241,8 @@ def from_factory(spec: str, **kwargs: Any) -> Target:
 #: model families built from the source's config.json: spec -> module with
 #: ``target(config, **options)``, ``build(config, **options)`` and ``OPTIONS``
 FAMILIES = {"mindformers:llama": "ms_port.archs.mindformers",
-            "mindformers:qwen3": "ms_port.archs.parallel_core"}
+            "mindformers:qwen3": "ms_port.archs.parallel_core",
+            "mindformers:qwen3_moe": "ms_port.archs.parallel_core_moe"}
 
 
 def family_module(spec: str) -> Any:

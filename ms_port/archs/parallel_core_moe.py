@@ -1,0 +1,14 @@
+"""``mindformers:qwen3_moe``: MindFormers 2.1's parallel_core Qwen3-MoE as a target (see
+:mod:`ms_port.archs.parallel_core`)."""
+
+from __future__ import annotations
+
+from .parallel_core import QWEN3_MOE, qwen3_moe_target
+
+OPTIONS = {"seq_length": int}
+VARIANTS = ({},)
+FAMILY = QWEN3_MOE
+target = qwen3_moe_target
+build = None
+
+__all__ = ["FAMILY", "OPTIONS", "VARIANTS"]
