@@ -524,6 +524,16 @@ def verify(
                                dtypes=input_dtype or ("float32",),
                                ranges=input_range or (None,))
     family = ms_model if isinstance(ms_model, str) and ms_model in FAMILIES else None
+    if family is not None and getattr(family_module(family), "build", None) is None:
+        _family_fits(src, family, ms_options)
+        result = _verify_tensors_only(src, ckpt, family, feed, mapping=mapping, tol=tol,
+                                      seed=seed, names=(str(source), str(checkpoint)),
+                                      why=family_module(family).NO_FORWARD)
+        if report is not None:
+            from .check.html import render_html
+
+            write_text(report, render_html(result.to_dict()), force=force)
+        return result
     if family is not None:  # a config that does not fit the checkpoint: one line, now
         _family_fits(src, family, ms_options)
         first = np.asarray(feed[0].array)
@@ -567,6 +577,48 @@ def verify(
         from .check.html import render_html
 
         write_text(report, render_html(result.to_dict()), force=force)
+    return result
+
+
+def _verify_tensors_only(src: Source, ckpt: Source, family: str, feed: list[Any], *,
+                         mapping: Any, tol: float, seed: int, names: tuple[str, str],
+                         why: str) -> Any:
+    """verify where no forward can run: every tensor through the plan, and the verdict
+    for the forward INCONCLUSIVE with the reason (a differing tensor still FAILs)."""
+    from .check.networks import not_loaded_report
+    from .check.parity import tensor_note
+    from .check.report import FAIL, INCONCLUSIVE, ParityReport
+    from .check.tensors import compare_through_plan
+    from .read.targets import from_family
+
+    tgt = from_family(family, src.config)
+    plan = make_plan(src, tgt, resolve_mapping(mapping, config=src.config, target=tgt),
+                     allow_missing=True, allow_unused=True)
+    not_loaded = [n for n in tgt.tensors if n not in ckpt.tensors]
+    if not_loaded:
+        return not_loaded_report(names[1], not_loaded,
+                                 [n for n in ckpt.tensors if n not in tgt.tensors], tol=tol,
+                                 feed=feed, seed=seed, dtype="float32", torch_device="cpu",
+                                 ms_device="cpu")
+    tensors = compare_through_plan(plan, {i.name: i.load for i in ckpt}, a=names[0], b=names[1])
+    differing = [d for d in tensors.deltas if d.status in ("differs", "shape")]
+    if differing:
+        verdict = FAIL
+        reasons = [f"{len(differing)} MindSpore tensor(s) differ from their PyTorch source "
+                   f"through the plan: {'; '.join(tensor_note(d) for d in differing[:3])}"]
+    else:
+        verdict = INCONCLUSIVE
+        reasons = [f"no forward ran: {why}; every tensor is identical to its source through "
+                   f"the plan ({len(tensors.deltas)} compared), which proves the tensors and "
+                   "their layout as the table states it, not the network"]
+    first = np.asarray(feed[0].array)
+    result = ParityReport(
+        ok=False, tol=tol, error=float("nan"), max_abs=float("nan"), outputs=[],
+        noise_floor=None, first_divergence=None, input_shape=tuple(first.shape[1:]),
+        batch=int(first.shape[0]), seed=seed, dtype="float32", torch_device="cpu",
+        ms_device="cpu", verdict=verdict, reasons=reasons, tensors=tensors,
+        inputs=[i.to_dict() for i in feed], mode="tensors", mode_reason=why)
+    result.message = f"{verdict}: {reasons[0]}"
     return result
 
 

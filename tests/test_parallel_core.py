@@ -264,3 +264,28 @@ def test_moe_configs_mindformers_cannot_hold_are_one_line():
     with pytest.raises(TargetError, match="num_local_experts"):
         target({**{k: v for k, v in QWEN3_MOE.items() if k != "num_experts"},
                 "model_type": "qwen3_moe"})
+
+
+@pytest.mark.parametrize("family,make", [("mindformers:qwen3", "tiny_qwen3"),
+                                         ("mindformers:qwen3_moe", "tiny_qwen3_moe")])
+def test_verify_without_a_forward_is_inconclusive_never_pass(tmp_path, family, make):
+    """Where MindFormers' network cannot run here, the verdict is the tensors' proof and
+    INCONCLUSIVE for the forward, with the reason; a wrong tensor still FAILs, named."""
+    from click.testing import CliRunner
+
+    from ms_port.cli import main
+    from ms_port.testing import rewrite_checkpoint
+
+    src = globals()[make](tmp_path / "m")
+    out = tmp_path / "m.ckpt"
+    assert ms_port.convert(src, ms_model=family, output=out).ok
+    run = CliRunner().invoke(main, ["verify", str(src), str(out), "--ms-model", family,
+                                    "--json"])
+    data = json.loads(run.output)
+    assert run.exit_code == 3 and data["verdict"] == "INCONCLUSIVE"
+    assert "no forward ran" in data["reasons"][0] and data["mode"] == "tensors"
+    name = "decoder.layers.1.self_attention.linear_proj.weight"
+    wrong = rewrite_checkpoint(out, tmp_path / "w.ckpt",
+                               lambda t: t.update({name: t[name][::-1].copy()}) or t)
+    failed = ms_port.verify(src, wrong, ms_model=family)
+    assert failed.verdict == "FAIL" and name in failed.reasons[0]

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from .parallel_core import QWEN3_MOE, qwen3_moe_target
+from .parallel_core import NO_FORWARD, QWEN3_MOE, qwen3_moe_target
 
 OPTIONS = {"seq_length": int}
 VARIANTS = ({},)
@@ -11,4 +11,4 @@ FAMILY = QWEN3_MOE
 target = qwen3_moe_target
 build = None
 
-__all__ = ["FAMILY", "OPTIONS", "VARIANTS"]
+__all__ = ["FAMILY", "NO_FORWARD", "OPTIONS", "VARIANTS"]
