@@ -11,6 +11,7 @@ from rich.table import Table
 from rich.text import Text
 
 from .display import visible
+from .read.fp8 import describe
 from .read.tensors import format_shape
 
 
@@ -47,7 +48,9 @@ def _inspect(r: Any, *, limit: int | None, show: str) -> Any:
     table.add_column("elements", justify="right")
     shown = r.tensors if limit is None else r.tensors[:limit]
     for t in shown:
-        table.add_row(_text(t.name), format_shape(t.shape), t.dtype, f"{t.numel:,}")
+        stored = getattr(t, "stored", None)  # a float8 weight read as bfloat16 (read/fp8.py)
+        dtype = t.dtype if stored is None else f"{stored.dtype}→{t.dtype}"
+        table.add_row(_text(t.name), format_shape(t.shape), dtype, f"{t.numel:,}")
     parts: list[Any] = [table]
     if len(shown) < len(r.tensors):
         parts.append(Text(f"… {len(r.tensors) - len(shown)} more (use --all or --limit N)",
@@ -127,6 +130,9 @@ def _conversion(r: Any, *, limit: int | None, show: str) -> Any:
     if plan.source.unwrapped or plan.source.stripped:
         lines.append(escape(f"source unwrapped {plan.source.unwrapped or '-'}, "
                             f"stripped {plan.source.stripped or '-'}"))
+    dequantized = describe(plan.source)
+    if dequantized:
+        lines.append(escape(f"float8:  {dequantized}"))
     dropped: dict[str, int] = {}
     for d in plan.dropped:
         dropped[d.reason] = dropped.get(d.reason, 0) + 1
@@ -250,8 +256,8 @@ def _parity(r: Any, *, limit: int | None, show: str) -> Any:
     lines.append(f"inputs: {fed}; {r.dtype}; devices: PyTorch {r.torch_device}, MindSpore "
                  f"{r.ms_device}")
     if r.mode_reason:
-        how = "layer by layer (one block per side in memory)" if r.mode == "layers" else \
-            "whole networks"
+        how = {"layers": "layer by layer (one block per side in memory)",
+               "tensors": "tensors only, no forward"}.get(r.mode, "whole networks")
         lines.append(f"mode: {how}: {r.mode_reason}")
     if r.timings:
         lines.append("timings: " + ", ".join(f"{k} {v:.2f}s" for k, v in r.timings.items()))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import struct
 import subprocess
 import sys
@@ -154,6 +155,41 @@ def test_fallback_never_hands_out_uninitialised_memory(tmp_path, global_, call):
                         "--allow-unused", cwd=tmp_path)
     _refused(proc, "u.pth")
     assert not (tmp_path / "o.ckpt").exists() and rss < 600
+
+
+class _Calls:
+    """Pickles as a call of ``print``: what a hostile file asks for (never called here)."""
+
+    def __reduce__(self):
+        return (print, ("ran",))
+
+
+def _protocol5(path: Path, *, zipped: bool, torchscript: bool = False) -> Path:
+    torch.save({"w": torch.ones(2), "x": _Calls()}, path, pickle_protocol=5,
+               _use_new_zipfile_serialization=zipped)
+    if torchscript:  # torch.load takes a zip holding constants.pkl for TorchScript
+        with zipfile.ZipFile(path, "a", compression=zipfile.ZIP_STORED) as zf:
+            root = zf.namelist()[0].split("/")[0]
+            zf.writestr(f"{root}/constants.pkl", pickle.dumps([], protocol=2))
+    return path
+
+
+@pytest.mark.parametrize(("build", "message"), [
+    (lambda p: _protocol5(p, zipped=True), "refused to unpickle"),
+    (lambda p: _protocol5(p, zipped=False), "refused to unpickle"),
+    (lambda p: _protocol5(p, zipped=True, torchscript=True), "TorchScript archives"),
+], ids=["zip", "legacy", "TorchScript-looking zip"])
+def test_torch_load_warnings_never_precede_the_refusal(tmp_path, build, message):
+    """torch.load warns about a pickle protocol other than its own 2 (and about a zip that
+    looks like TorchScript) before it refuses the file; the user sees ms-port's line and
+    its hint, nothing of torch's."""
+    path = build(tmp_path / "p5.pth")
+    proc, _, _ = _run("inspect", str(path), cwd=tmp_path)
+    _refused(proc, message)
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 2 and lines[0].startswith("error: "), proc.stderr
+    assert lines[1] == "(run with --debug for the traceback)", proc.stderr
+    assert "ran" not in proc.stdout
 
 
 def test_legacy_storage_declared_but_never_filled_is_refused(tmp_path):

@@ -34,7 +34,7 @@ from typing import Any, BinaryIO, NamedTuple
 import numpy as np
 
 from ..errors import SourceError, WriteError
-from .tensors import MAX_RANK, NUMPY_DTYPES, dtype_name, format_shape, numpy_dtype
+from .tensors import MAX_RANK, STORED_DTYPES, dtype_name, format_shape, numpy_dtype
 
 #: canonical dtype name -> MindSpore ``tensor_type`` string
 MS_TENSOR_TYPES: dict[str, str] = {
@@ -525,7 +525,7 @@ def tensor_bytes(array: Any) -> tuple[tuple[int, ...], str, np.ndarray]:
     except (KeyError, TypeError, ValueError):
         return array.shape, str(array.dtype), np.empty(0, np.uint8)
     # the shape is kept first: ascontiguousarray turns a 0-d array into shape (1,)
-    raw = np.ascontiguousarray(array, dtype=NUMPY_DTYPES[dtype]).reshape(-1).view(np.uint8)
+    raw = np.ascontiguousarray(array, dtype=numpy_dtype(dtype)).reshape(-1).view(np.uint8)
     return array.shape, dtype, raw
 
 
@@ -607,9 +607,12 @@ class CkptWriter:
             raise self._fail(f"tensor name {name!r} is empty or written twice; names must "
                              "be unique", tensor=name)
         if dtype not in WRITABLE_DTYPES:
+            fix = ("ms-port dequantizes float8 weights that have block scales and a "
+                   "quantization_config.weight_block_size in config.json"
+                   if dtype in STORED_DTYPES else
+                   f"cast it to one of {sorted(WRITABLE_DTYPES)}")
             raise self._fail(f"tensor {name!r} has dtype {dtype}, which MindSpore cannot load "
-                             f"from a checkpoint; cast it to one of {sorted(WRITABLE_DTYPES)}",
-                             tensor=name)
+                             f"from a checkpoint; {fix}", tensor=name)
         nbytes = math.prod(shape) * numpy_dtype(dtype).itemsize
         if nbytes == 0:
             raise self._fail(f"tensor {name!r} is empty ({format_shape(shape)}): "

@@ -20,13 +20,14 @@ only way around it is the explicit ``unsafe_pickle=True`` for files the user tru
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import stat
 import sys
 import warnings
 import zipfile
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -34,8 +35,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..display import visible
-from ..errors import SourceError, UnsafePickleError
-from .tensors import MAX_DIM, MAX_RANK, TensorInfo, numpy_dtype
+from ..errors import SourceError, UnsafePickleError, shown
+from .tensors import MAX_DIM, MAX_RANK, PACKED_DTYPES, TensorInfo, numpy_dtype
 
 if TYPE_CHECKING:
     from .hub import HubRef
@@ -53,6 +54,14 @@ SAFETENSORS_DTYPES = {
     "I64": "int64", "I32": "int32", "I16": "int16", "I8": "int8",
     "U64": "uint64", "U32": "uint32", "U16": "uint16", "U8": "uint8", "BOOL": "bool",
     "C64": "complex64",
+}
+#: safetensors dtypes MindSpore cannot hold: listed and loaded as stored, never written
+#: (``SAFETENSORS_DTYPES`` are what ms-port writes); float8 weights with block scales are
+#: dequantized to bfloat16 (:mod:`ms_port.read.fp8`)
+SAFETENSORS_STORED_DTYPES = {
+    "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2", "F8_E4M3FNUZ": "float8_e4m3fnuz",
+    "F8_E5M2FNUZ": "float8_e5m2fnuz", "F8_E8M0": "float8_e8m0fnu",
+    "F4": "float4_e2m1fn", "F6_E2M3": "float6_e2m3fn", "F6_E3M2": "float6_e3m2fn",
 }
 
 
@@ -225,7 +234,9 @@ def read_source(
         unsafe_pickle: allow arbitrary unpickling for a trusted legacy file. This runs
             whatever code the file contains; never use it on a file from elsewhere.
         config: read the Hugging Face ``config.json`` beside the file, if any, into
-            ``Source.config``.
+            ``Source.config``; where it has ``quantization_config.weight_block_size``,
+            float8 weights are read as bfloat16 with their block scales
+            (:func:`ms_port.read.fp8.dequantized_view`).
         revision: a Hub id's branch, tag or commit hash (default: ``main``); refused
             with a local path.
 
@@ -252,6 +263,9 @@ def read_source(
     found = _find_config(path) if config else None
     if found is not None:
         source.config, source.config_path = read_config(found), str(found)
+        from .fp8 import dequantized_view
+
+        source = dequantized_view(source)
     source.hub = hub
     return source
 
@@ -308,6 +322,23 @@ def _check_sizes(source: Source, path: Path) -> None:
 # -- PyTorch -------------------------------------------------------------------------
 
 
+#: torch.load's warnings about a file it then loads or refuses (a newer pickle protocol, a
+#: TorchScript-looking zip): our one line says what matters, they only crowd stderr
+TORCH_LOAD_NOISE = (
+    (UserWarning, r"Detected pickle protocol \d+ in the checkpoint"),
+    (UserWarning, r"'torch\.load' received a zip file that looks like a TorchScript archive"),
+)
+
+
+@contextlib.contextmanager
+def _torch_load_noise_ignored() -> Iterator[None]:
+    """Ignore the :data:`TORCH_LOAD_NOISE` warnings inside; every other one passes."""
+    with warnings.catch_warnings():
+        for category, message in TORCH_LOAD_NOISE:
+            warnings.filterwarnings("ignore", message, category)
+        yield
+
+
 def _torch_load(path: Path, fmt: str, *, unsafe_pickle: bool) -> Any:
     """The unpickled checkpoint: torch-free where possible, else torch.load(weights_only)."""
     import pickle
@@ -340,8 +371,9 @@ def _torch_load(path: Path, fmt: str, *, unsafe_pickle: bool) -> Any:
     try:
         # mmap=False: a member torch would map must be stored as-is, and _check_zip has
         # refused compressed ones; reading copies keeps values right whatever the layout
-        return torch.load(path, map_location="cpu", weights_only=not unsafe_pickle,
-                          mmap=False)
+        with _torch_load_noise_ignored():
+            return torch.load(path, map_location="cpu", weights_only=not unsafe_pickle,
+                              mmap=False)
     except pickle.UnpicklingError as exc:
         if unsafe_pickle:
             raise SourceError(f"{path}: cannot unpickle ({exc}); the file is corrupt",
@@ -433,7 +465,8 @@ def _tensor_leaf(name: str, value: Any) -> TensorInfo | Skipped:
         return Skipped(name, f"tensor ({value.layout})",
                        "sparse or quantized tensors are not supported; make it dense")
     if value.is_meta:
-        return Skipped(name, "tensor (meta)", "a meta tensor has a shape but no data")
+        return Skipped(name, "tensor (meta)", "a meta tensor has a shape but no data; re-save "
+                       "the checkpoint with real tensors (load the weights before saving)")
     if len(value.shape) > MAX_RANK:
         raise SourceError(f"tensor {name!r} has {len(value.shape)} dimensions (at most "
                           f"{MAX_RANK}); the file is corrupt or crafted", tensor=name)
@@ -571,7 +604,8 @@ def safetensors_layout(path: str | Path) -> tuple[
         header's ``__metadata__``.
 
     Raises:
-        SourceError: an invalid file, or a dtype MindSpore cannot hold.
+        SourceError: an invalid file, or a dtype this ms-port does not know (every
+            dtype of safetensors 0.8 is known; float8 and packed 4/6-bit ones are listed).
     """
     from safetensors import SafetensorError, safe_open
 
@@ -592,10 +626,12 @@ def safetensors_layout(path: str | Path) -> tuple[
     entries = {}
     for name in names:
         entry = header[name]
-        dtype = SAFETENSORS_DTYPES.get(entry["dtype"])
-        if dtype is None:
-            raise SourceError(f"{path}: tensor {name!r} has dtype {entry['dtype']}, which "
-                              "MindSpore cannot hold", path=path)
+        code = entry["dtype"]
+        dtype = SAFETENSORS_DTYPES.get(code) or SAFETENSORS_STORED_DTYPES.get(code)
+        if dtype is None:  # a dtype of a safetensors newer than this ms-port knows
+            raise SourceError(f"{path}: tensor {name!r} has dtype {shown(code)}, which this "
+                              "ms-port does not know; upgrade ms-port", path=path,
+                              tensor=name)
         start, end = entry["data_offsets"]
         entries[name] = (tuple(entry["shape"]), dtype, base + start, end - start)
     return entries, metadata
@@ -603,6 +639,8 @@ def safetensors_layout(path: str | Path) -> tuple[
 
 def _map_region(path: Path, offset: int, nbytes: int, shape: tuple[int, ...],
                 dtype: str) -> np.ndarray:
+    if dtype in PACKED_DTYPES:  # no numpy dtype holds them packed: their bytes
+        shape, dtype = (nbytes,), "uint8"
     dt = numpy_dtype(dtype)
     if nbytes == 0:
         return np.zeros(shape, dt)
@@ -634,7 +672,10 @@ def _sharded(index: Path, **read: Any) -> Source:
     shards: dict[str, Source] = {}
     for name, shard in weight_map.items():
         if shard not in shards:
-            shards[shard] = read_source(index.parent / shard, strip_prefixes=False, **read)
+            # the index's config is read once, by the caller: a weight's block scales may
+            # lie in another shard
+            shards[shard] = read_source(index.parent / shard, strip_prefixes=False,
+                                        config=False, **read)
         if name not in shards[shard]:
             raise SourceError(f"{index}: lists {name!r} in {shard}, which does not hold it; "
                               "the set is inconsistent — re-download it", path=index)

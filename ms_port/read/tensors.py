@@ -3,6 +3,9 @@
 Data travels as numpy arrays. numpy has no bfloat16, so bfloat16 arrays use
 ``ml_dtypes.bfloat16`` (the dtype JAX and TensorFlow use); everything else is plain numpy.
 Dtypes are named by one canonical string each (``"float32"``, ``"bfloat16"``, ``"int64"``…).
+A file may also store dtypes MindSpore cannot hold (:data:`STORED_DTYPES`: float8 as
+ml_dtypes arrays; :data:`PACKED_DTYPES`: 4- and 6-bit floats, several to a byte): they
+are listed by their own names and loaded as stored, never converted silently.
 """
 
 from __future__ import annotations
@@ -35,7 +38,21 @@ NUMPY_DTYPES: dict[str, np.dtype] = {
     "complex64": np.dtype(np.complex64),
     "complex128": np.dtype(np.complex128),
 }
-_NAME_OF = {dt: name for name, dt in NUMPY_DTYPES.items()}
+#: dtypes a file may store that MindSpore cannot hold: listed, and loaded as stored
+STORED_DTYPES: dict[str, np.dtype] = {
+    "float8_e4m3fn": np.dtype(ml_dtypes.float8_e4m3fn),
+    "float8_e5m2": np.dtype(ml_dtypes.float8_e5m2),
+    "float8_e4m3fnuz": np.dtype(ml_dtypes.float8_e4m3fnuz),
+    "float8_e5m2fnuz": np.dtype(ml_dtypes.float8_e5m2fnuz),
+    "float8_e8m0fnu": np.dtype(ml_dtypes.float8_e8m0fnu),  # a power of two: MX block scales
+}
+#: float8 formats that hold weights (dequantized with their block scales, see
+#: :mod:`ms_port.read.fp8`); e8m0 holds only scales
+FLOAT8_DTYPES = frozenset(STORED_DTYPES) - {"float8_e8m0fnu"}
+#: sub-byte dtypes packed several to a byte (safetensors ``F4``, ``F6_*``): bits per
+#: element. No numpy dtype holds them packed: they load as their bytes, a flat uint8 array
+PACKED_DTYPES: dict[str, int] = {"float4_e2m1fn": 4, "float6_e2m3fn": 6, "float6_e3m2fn": 6}
+_NAME_OF = {dt: name for name, dt in {**NUMPY_DTYPES, **STORED_DTYPES}.items()}
 
 FLOAT_DTYPES = frozenset({"float64", "float32", "float16", "bfloat16"})
 #: more dimensions than any real network uses (torch allows 64, numpy 32): files that
@@ -55,15 +72,23 @@ def dtype_name(dtype: np.dtype | str) -> str:
 
 
 def numpy_dtype(name: str) -> np.dtype:
-    """The numpy dtype for a canonical dtype name."""
-    try:
-        return NUMPY_DTYPES[name]
-    except KeyError:
-        raise ValueError(f"unknown dtype {name!r}; known: {', '.join(NUMPY_DTYPES)}") from None
+    """The numpy dtype for a canonical dtype name (float8 ones too, as ml_dtypes')."""
+    found = NUMPY_DTYPES.get(name, STORED_DTYPES.get(name))
+    if found is None:
+        packed = " (packed below a byte: no numpy dtype)" if name in PACKED_DTYPES else ""
+        raise ValueError(f"unknown dtype {name!r}{packed}; known: "
+                         f"{', '.join([*NUMPY_DTYPES, *STORED_DTYPES])}")
+    return found
 
 
 def itemsize(name: str) -> int:
     return numpy_dtype(name).itemsize
+
+
+def nbytes_of(numel: int, dtype: str) -> int:
+    """The bytes ``numel`` elements of ``dtype`` take, packed dtypes rounded up to a byte."""
+    bits = PACKED_DTYPES.get(dtype)
+    return numel * itemsize(dtype) if bits is None else (numel * bits + 7) // 8
 
 
 #: bytes compared at a time where numpy compares: bounds its boolean temporaries
@@ -119,7 +144,7 @@ class TensorInfo:
 
     @property
     def nbytes(self) -> int:
-        return self.numel * itemsize(self.dtype)
+        return nbytes_of(self.numel, self.dtype)
 
     def load(self) -> np.ndarray:
         """Return the tensor's data (a fresh array or a read-only memory map)."""

@@ -555,6 +555,11 @@ def _write_safetensors(plan: Plan, items: Iterator[tuple[Match, _Data]], f: Bina
     header: dict[str, Any] = {"__metadata__": dict(metadata or {"format": "ms-port"})}
     offset = 0
     for m in plan.matches:
+        if m.out_dtype not in WRITABLE_DTYPES or m.out_dtype not in _ST_CODES:
+            raise WriteError(  # a float8 tensor without block scales, before any byte
+                f"tensor {m.target!r} has dtype {m.out_dtype}, which MindSpore cannot load; "
+                "ms-port dequantizes float8 weights that have block scales and a "
+                "quantization_config.weight_block_size in config.json", tensor=m.target)
         size = m.nbytes
         header[m.target] = {"dtype": _ST_CODES[m.out_dtype], "shape": list(m.shape),
                             "data_offsets": [offset, offset + size]}
