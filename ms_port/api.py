@@ -524,6 +524,21 @@ def verify(
                                dtypes=input_dtype or ("float32",),
                                ranges=input_range or (None,))
     family = ms_model if isinstance(ms_model, str) and ms_model in FAMILIES else None
+    forward = getattr(family_module(family), "FORWARD", None) if family else None
+    if forward is not None and arch is None and torch_model is None and language:
+        _family_fits(src, family, ms_options)
+        where = src.config_path or str(source)
+        check_size(src.config, where, sum(i.numel for i in src))
+        result = _verify_graph_forward(
+            src, ckpt, family, feed, mapping=mapping, tol=tol, seed=seed,
+            noise_floor=noise_floor, names=(str(source), str(checkpoint)),
+            build_torch=lambda: torch_from_config(src.config, where), forward=forward,
+            progress=progress)
+        if report is not None:
+            from .check.html import render_html
+
+            write_text(report, render_html(result.to_dict()), force=force)
+        return result
     if family is not None and getattr(family_module(family), "build", None) is None:
         _family_fits(src, family, ms_options)
         result = _verify_tensors_only(src, ckpt, family, feed, mapping=mapping, tol=tol,
@@ -577,6 +592,99 @@ def verify(
         from .check.html import render_html
 
         write_text(report, render_html(result.to_dict()), force=force)
+    return result
+
+
+def _verify_graph_forward(src: Source, ckpt: Source, family: str, feed: list[Any], *,
+                          mapping: Any, tol: float, seed: int, noise_floor: bool,
+                          names: tuple[str, str], build_torch: Callable[[], Any],
+                          forward: str, progress: Callable[[str], None] | None) -> Any:
+    """verify a network that runs only in GRAPH mode, with CPU stand-ins for the kernels
+    it lacks (MindFormers' parallel_core): every tensor through the plan, then the logits
+    of both networks against their rounding-aware bound. GRAPH mode records no layer, so
+    a wrong tensor is named by the tensor check; the report lists the stand-ins that ran.
+    A network that does not compile here is INCONCLUSIVE for the forward, naming why."""
+    import importlib
+    import time
+
+    from .check import devices
+    from .check.compare import torch_outputs
+    from .check.inputs import second_draw
+    from .check.networks import load_torch_weights, not_loaded_report
+    from .check.parity import Networks, _compare_outputs, judge
+    from .check.verdict import Drift
+
+    step = progress or (lambda _msg: None)
+    started = time.perf_counter()
+    first = _verify_tensors_only(src, ckpt, family, feed, mapping=mapping, tol=tol, seed=seed,
+                                 names=names, why="")
+    if first.verdict == "FAIL" and first.tensors is None:  # tensors the network needs, absent
+        return first
+    tensors = first.tensors
+    ids = np.asarray(feed[0].array)
+    other = np.asarray(second_draw(feed, seed=seed)[0].array)
+    step("building the PyTorch network")
+    tnet = build_torch()
+    load_torch_weights(tnet, src)
+    cpu = devices.torch_device("cpu")
+    timings: dict[str, float] = {}
+
+    def torch_run(model: Any, x: np.ndarray, what: str) -> dict[str, np.ndarray]:
+        t0 = time.perf_counter()
+        out = dict(devices.run_torch(model, [x], cpu, what, torch_outputs))
+        timings[what.replace(" ", "_")] = time.perf_counter() - t0
+        return out
+
+    import torch
+
+    notes: list[str] = []
+    t32 = torch_run(tnet, ids, "torch forward")
+    t64: dict[str, np.ndarray] = {}
+    if noise_floor:
+        try:  # optional, as in the whole-network run: the comparison stands without it
+            t64 = torch_run(devices.torch_variant(tnet, torch.float64, cpu), ids,
+                            "torch float64 forward")
+        except MsPortError as exc:
+            notes.append(f"noise not measured: {exc.message.split('; check')[0]}; the bound "
+                         "is tol")
+    t2 = torch_run(tnet, other, "torch second-input forward")
+    del tnet
+    module = importlib.import_module(forward)
+    step("building and running MindFormers' network (GRAPH mode, CPU stand-ins)")
+    t0 = time.perf_counter()
+    try:
+        with module.cpu_standins() as standins:
+            net = module.build_network(src.config, seq_length=int(ids.shape[1]))
+            loaded = module.load_arrays(net, {i.name: np.asarray(i.load(), dtype=np.float32)
+                                              for i in ckpt})
+            if not loaded.complete:
+                return not_loaded_report(names[1], list(loaded.missing),
+                                         list(loaded.unexpected), tol=tol, feed=feed,
+                                         seed=seed, dtype="float32", torch_device="cpu",
+                                         ms_device="cpu")
+            logits = module.forward(net, ids)
+            ran = standins.lines(net)
+    except (RuntimeError, ValueError, TypeError) as exc:  # MindSpore's compile/run errors
+        line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        return _verify_tensors_only(src, ckpt, family, feed, mapping=mapping, tol=tol,
+                                    seed=seed, names=names,
+                                    why=f"MindFormers' network did not run here ({line[:300]})")
+    timings["mindspore_forward"] = time.perf_counter() - t0
+    notes.append("MindSpore ran in GRAPH mode with CPU stand-ins for what has no CPU kernel "
+                 f"({len(ran)}): " + "; ".join(ran))
+    notes.append("layers not recorded: GRAPH mode runs no cell hooks; the tensors are "
+                 "compared one by one instead")
+    drift = Drift()
+    outputs = _compare_outputs([("logits", t32["logits"])], [("logits", logits)],
+                               {"logits": t64["logits"]} if t64 else {},
+                               {"logits": t2["logits"]}, tol=tol, scaled=True, drift=drift,
+                               notes=notes)
+    networks = Networks(params_of=lambda path, torch_side: [], known=lambda c: [])
+    result = judge(outputs, [], drift, networks, correspondence=[], nonfinite_weights=[],
+                   tensor_diff=tensors, notes=notes, feed=feed, seed=seed, tol=tol,
+                   dtype="float32", scaled=True, torch_device="cpu", ms_device="cpu",
+                   timings=timings, started=started)
+    result.mode, result.mode_reason = "whole", "GRAPH mode with CPU stand-ins"
     return result
 
 

@@ -266,16 +266,69 @@ def test_moe_configs_mindformers_cannot_hold_are_one_line():
                 "model_type": "qwen3_moe"})
 
 
-@pytest.mark.parametrize("family,make", [("mindformers:qwen3", "tiny_qwen3"),
-                                         ("mindformers:qwen3_moe", "tiny_qwen3_moe")])
-def test_verify_without_a_forward_is_inconclusive_never_pass(tmp_path, family, make):
+FAMILY_MAKERS = [("mindformers:qwen3", "tiny_qwen3"), ("mindformers:qwen3_moe", "tiny_qwen3_moe")]
+
+
+@needs_mindformers
+@pytest.mark.parametrize("family,make", FAMILY_MAKERS)
+def test_verify_runs_mindformers_network_with_cpu_standins(tmp_path, family, make):
+    """MindFormers' own parallel_core network computes transformers' logits on this CPU
+    (GRAPH mode, stand-ins named in the report); a wrong tensor FAILs, named."""
+    from ms_port.testing import rewrite_checkpoint
+
+    src = globals()[make](tmp_path / "m")
+    out = tmp_path / "m.ckpt"
+    assert ms_port.convert(src, ms_model=family, output=out).ok
+    report = ms_port.verify(src, out, ms_model=family)
+    assert report.verdict == "PASS", report.message
+    assert report.outputs[0].error < 1e-5 and report.tensors.counts["identical"] > 10
+    ran = next(n for n in report.notes if "CPU stand-ins" in n)
+    assert "rms-norm" in ran and "attention" in ran
+    assert ("experts-grouped-matmul" in ran) == (family.endswith("moe"))
+    name = "decoder.layers.1.self_attention.linear_proj.weight"
+    wrong = rewrite_checkpoint(out, tmp_path / "w.ckpt",
+                               lambda t: t.update({name: t[name][::-1].copy()}) or t)
+    failed = ms_port.verify(src, wrong, ms_model=family)
+    assert failed.verdict == "FAIL" and name in " ".join(failed.reasons)
+    assert not failed.outputs[0].ok  # the forward sees it too
+
+
+@needs_mindformers
+def test_the_forward_alone_fails_a_plainly_fused_qkv(tmp_path):
+    """A table that fuses q/k/v plainly ([q; k; v]) agrees with itself tensor by tensor;
+    MindFormers' network reads the grouped layout, so its logits FAIL."""
+    src = tiny_qwen3(tmp_path / "m")
+    table = tmp_path / "plain.yaml"
+    table.write_text(
+        "fuse:\n"
+        "  - target: 'decoder.layers.{i}.self_attention.linear_qkv.weight'\n"
+        "    sources: ['model.layers.{i}.self_attn.q_proj.weight',\n"
+        "              'model.layers.{i}.self_attn.k_proj.weight',\n"
+        "              'model.layers.{i}.self_attn.v_proj.weight']\n"
+        "    layout: concat\n")
+    out = tmp_path / "plain.ckpt"
+    assert ms_port.convert(src, ms_model="mindformers:qwen3", mapping=[table], output=out).ok
+    report = ms_port.verify(src, out, ms_model="mindformers:qwen3", mapping=[table])
+    assert report.tensors.counts["identical"] == len(report.tensors.deltas)
+    assert report.verdict == "FAIL" and report.outputs[0].error > 1e-2
+
+
+@needs_mindformers
+@pytest.mark.parametrize("family,make", FAMILY_MAKERS)
+def test_verify_without_a_forward_is_inconclusive_never_pass(tmp_path, monkeypatch, family,
+                                                             make):
     """Where MindFormers' network cannot run here, the verdict is the tensors' proof and
     INCONCLUSIVE for the forward, with the reason; a wrong tensor still FAILs, named."""
     from click.testing import CliRunner
 
+    from ms_port.archs import parallel_core_cpu
     from ms_port.cli import main
     from ms_port.testing import rewrite_checkpoint
 
+    def no_kernel(*_a, **_k):
+        raise RuntimeError("Unsupported op [SomeKernel] on CPU")
+
+    monkeypatch.setattr(parallel_core_cpu, "build_network", no_kernel)
     src = globals()[make](tmp_path / "m")
     out = tmp_path / "m.ckpt"
     assert ms_port.convert(src, ms_model=family, output=out).ok
@@ -283,7 +336,8 @@ def test_verify_without_a_forward_is_inconclusive_never_pass(tmp_path, family, m
                                     "--json"])
     data = json.loads(run.output)
     assert run.exit_code == 3 and data["verdict"] == "INCONCLUSIVE"
-    assert "no forward ran" in data["reasons"][0] and data["mode"] == "tensors"
+    assert "no forward ran" in data["reasons"][0] and "SomeKernel" in data["reasons"][0]
+    assert data["mode"] == "tensors"
     name = "decoder.layers.1.self_attention.linear_proj.weight"
     wrong = rewrite_checkpoint(out, tmp_path / "w.ckpt",
                                lambda t: t.update({name: t[name][::-1].copy()}) or t)

@@ -171,6 +171,9 @@ def qwen3_moe_target(config: dict[str, Any]) -> Target:
 
 target = qwen3_target
 build = None
+#: where the CPU forward lives: MindFormers' network in GRAPH mode with stand-ins for the
+#: kernels it lacks on a CPU (verify runs it; NO_FORWARD says why where it cannot run)
+FORWARD = "ms_port.archs.parallel_core_cpu"
 #: why verify runs no forward for this family (its verdict is then the tensors' and
 #: INCONCLUSIVE)
 NO_FORWARD = ("MindFormers' parallel_core networks have no CPU kernels for RmsNorm and "

@@ -10,5 +10,8 @@ VARIANTS = ({},)
 FAMILY = QWEN3_MOE
 target = qwen3_moe_target
 build = None
+#: where the CPU forward lives: MindFormers' network in GRAPH mode with stand-ins for the
+#: kernels it lacks on a CPU (verify runs it; NO_FORWARD says why where it cannot run)
+FORWARD = "ms_port.archs.parallel_core_cpu"
 
 __all__ = ["FAMILY", "NO_FORWARD", "OPTIONS", "VARIANTS"]

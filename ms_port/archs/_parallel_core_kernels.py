@@ -1,0 +1,194 @@
+"""CPU stand-ins for the kernels MindFormers' parallel_core networks call and MindSpore 2.10
+has no CPU implementation of (applied by :mod:`ms_port.archs.parallel_core_cpu`).
+
+MindSpore compiles a GRAPH-mode network from its Python source, so each stand-in is plain
+source in a file: a ``construct`` put in a MindFormers class's place, a Cell put where
+MindFormers builds a primitive, or a function put where it calls one. Each computes what
+the kernel it replaces computes, in float32 where the caller asked for float32.
+"""
+
+from __future__ import annotations
+
+import mindspore.common.dtype as mstype
+from mindspore import nn, ops
+
+
+def rms_norm_construct(self, x):
+    """``FusedRMSNorm.construct`` without ``P.RmsNorm``: x·rsqrt(mean(x², -1) + ε)·w in the
+    layer's compute dtype (what MindFormers' own unfused ``RMSNorm`` computes)."""
+    original_type = x.dtype
+    x = ops.cast(x, self.compute_type)
+    norm = ops.rsqrt(ops.mean(ops.square(x), -1, True) + self.eps)
+    return ops.cast(x * norm * self.weight, original_type)
+
+
+def attention_construct(self, query, key, value, attention_mask, attn_mask_type=None,
+                        attention_bias=None, packed_seq_params=None, alibi_mask=None,
+                        prefix=None, padding_mask=None, actual_seq_qlen=None,
+                        actual_seq_kvlen=None):
+    """``FlashAttention.construct`` without ``FlashAttentionScore``: softmax attention in
+    float32 over MindFormers' ``[S, B, N, D]`` query and ``[S, B, N_kv, D]`` key/value.
+
+    Query heads share their key/value head in consecutive groups (head h reads KV head
+    h // (N / N_kv), as Hugging Face's ``repeat_kv``). The scale is 1/sqrt(head_dim), as
+    ``FlashAttention`` sets it without multi-latent attention. ``attention_mask`` is the
+    kernel's: 1 hides a key from a query (MindFormers' causal mask, which also hides its
+    pad id). Returns ``[S, B, N*D]``, as the kernel's BNSD path does.
+    """
+    seq, batch, heads, dim = query.shape
+    kv_seq, kv_heads = key.shape[0], key.shape[2]
+    group = heads // kv_heads
+    q = ops.transpose(ops.cast(query, mstype.float32), (1, 2, 0, 3))
+    q = q.reshape((batch, kv_heads, group, seq, dim))
+    k = ops.transpose(ops.cast(key, mstype.float32), (1, 2, 0, 3))
+    k = k.reshape((batch, kv_heads, 1, kv_seq, dim))
+    v = ops.transpose(ops.cast(value, mstype.float32), (1, 2, 0, 3))
+    v = v.reshape((batch, kv_heads, 1, kv_seq, dim))
+    scores = ops.matmul(q, ops.swapaxes(k, -1, -2)) * (1.0 / dim ** 0.5)  # FlashAttention's
+    if attention_mask is not None:
+        hidden = ops.cast(attention_mask, mstype.bool_).reshape((-1, 1, 1, seq, kv_seq))
+        scores = ops.masked_fill(scores, hidden, -1e30)  # exp underflows to exactly 0
+    probs = ops.softmax(scores, -1)
+    out = ops.matmul(probs, v).reshape((batch, heads, seq, dim))
+    return self._merge_heads(ops.cast(out, query.dtype))
+
+
+#: ``mstype`` as ``attention.py`` reads it, with ``float16`` meaning float32: its ``if
+#: query.dtype not in (mstype.float16, mstype.bfloat16): cast to float16`` (the flash
+#: kernel's input dtype) then leaves float32 queries, keys and values as they are. A class,
+#: not a module: MindSpore's graph parser re-imports a module by its name.
+DtypesWithoutFloat16 = type(
+    "DtypesWithoutFloat16", (),
+    {**{k: v for k, v in vars(mstype).items() if not k.startswith("_")},
+     "float16": mstype.float32})
+
+
+class PrimitiveStandIn(nn.Cell):
+    """A Cell where MindFormers builds a primitive. It configures primitives as it builds
+    them (``shard``, ``add_prim_attr``, ``recompute``, chained); on one device those
+    settings mean nothing, so they are accepted and ignored."""
+
+    def shard(self, *args, **kwargs):
+        return self
+
+    def add_prim_attr(self, *args, **kwargs):
+        return self
+
+    def recompute(self, *args, **kwargs):
+        return self
+
+
+class Outer(PrimitiveStandIn):
+    """``ops.auto_generate.Outer``: ``a[:, None] * b``."""
+
+    def construct(self, a, b):
+        return ops.expand_dims(a, -1) * b
+
+
+class TopkExt(PrimitiveStandIn):
+    """``ops.auto_generate.TopkExt``: the ``k`` largest along ``dim``, values and int64
+    indices, by ``ops.topk``."""
+
+    def construct(self, input, k, dim=-1, largest=True, sorted=True):
+        values, indices = ops.topk(input, k, dim, largest, sorted)
+        return values, ops.cast(indices, mstype.int64)
+
+
+class CumsumExt(PrimitiveStandIn):
+    """``ops.auto_generate.CumsumExt``: the running sum along ``dim``, by ``ops.cumsum``."""
+
+    def construct(self, input, dim, dtype=None):
+        out = ops.cumsum(input, dim)
+        if dtype is not None:
+            out = ops.cast(out, dtype)
+        return out
+
+
+class Swiglu(PrimitiveStandIn):
+    """``ops.auto_generate.Swiglu``: the input's two halves along ``dim``, a and b, give
+    silu(a)·b (MindSpore's definition: the first half is the gate)."""
+
+    def construct(self, input, dim=-1):
+        a, b = ops.chunk(input, 2, dim)
+        return ops.silu(a) * b
+
+
+def grouped_matmul_rows(x, weight, group_list):
+    """Rows ``group_list[e-1] <= r < group_list[e]`` of ``x [T, K]`` times ``weight[e]``
+    (``weight [E, K, M]``, ``group_list`` the cumulative row counts); rows past the last
+    group give zeros. Every expert's product is computed and the row's own kept: E times
+    the work of the kernel, no data-dependent shapes."""
+    rows = x.shape[0]
+    experts = weight.shape[0]
+    ends = ops.cast(group_list, mstype.int32).reshape((1, experts))
+    row = ops.arange(0, rows, 1, dtype=mstype.int32).reshape((rows, 1))
+    owner = ops.cast(row >= ends, mstype.int32).sum(axis=1)  # groups ending at or before r
+    pick = ops.one_hot(owner, experts, ops.ones((), x.dtype), ops.zeros((), x.dtype))
+    every = ops.matmul(ops.expand_dims(x, 0), weight)  # [E, T, M]
+    chosen = every * ops.expand_dims(ops.transpose(pick, (1, 0)), -1)
+    return chosen.sum(axis=0)
+
+
+def GroupedMatmul(split_item=3, group_type=0, transpose_a=False, transpose_b=False):
+    """``ops.auto_generate.GroupedMatmul`` as ``FFNGroupedGEMM`` calls it (one x, one
+    weight per call, grouped along x's rows, ``group_list`` cumulative): a function
+    returning the call, so that MindFormers' ``GroupedMatmul(...)(...)`` inside its graph
+    compiles."""
+
+    def call(x, weight, bias=None, scale=None, offset=None, antiquant_scale=None,
+             antiquant_offset=None, group_list=None):
+        return [grouped_matmul_rows(x[0], weight[0], group_list)]
+
+    return call
+
+
+def sort_ext(input, dim=-1, descending=False, stable=False):
+    """``SortExt``'s call: values and int64 indices along ``dim``, by ``ops.sort``."""
+    values, indices = ops.sort(input, dim, descending)
+    return values, ops.cast(indices, mstype.int64)
+
+
+def SortExt():
+    """``ops.auto_generate.SortExt``: built in ``__init__`` and inside graph functions
+    alike (``SortExt()(x, dim=1)``), hence a function returning :func:`sort_ext`."""
+    return sort_ext
+
+
+def fmod_scalar(input, other):
+    """``FmodScalar``'s call: the remainder of truncated division, in the input's dtype
+    (``ops.fmod`` of integers returns floats: exact below 2**24, as token indices are)."""
+    return ops.cast(ops.fmod(input, other), input.dtype)
+
+
+def FmodScalar():
+    """``ops.auto_generate.FmodScalar``, built inside graph functions: :func:`fmod_scalar`."""
+    return fmod_scalar
+
+
+def index_select(input, dim, index):
+    """``IndexSelect``'s call: the slices ``index`` of ``input`` along ``dim`` (``ops.gather``)."""
+    return ops.gather(input, index, dim)
+
+
+def IndexSelect():
+    """``ops.auto_generate.IndexSelect``, built inside graph functions: :func:`index_select`."""
+    return index_select
+
+
+class MoveTo(PrimitiveStandIn):
+    """``ops.MoveTo`` (a copy to the host): on a CPU the tensor is there already."""
+
+    def construct(self, x, to="CPU", blocking=True):
+        return x
+
+
+def token_dispatcher_init(original):
+    """``MoETokenDispatcher.__init__`` then its ``d2h`` (``ops.MoveTo``, reached through
+    ``mindspore.ops`` itself, which is not patched) replaced by :class:`MoveTo`."""
+
+    def __init__(self, config):
+        original(self, config)
+        self.d2h = MoveTo()
+
+    __init__.__wrapped__ = original
+    return __init__

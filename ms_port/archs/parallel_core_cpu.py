@@ -1,0 +1,651 @@
+"""MindFormers 2.1's own parallel_core networks (Qwen3, Qwen3-MoE) computing on a CPU.
+
+MindFormers' ``TrainingQwen3ForCausalLM`` and ``TrainingQwen3MoeForCausalLM`` are written
+for Ascend: they compile only in GRAPH mode, and kernels they call have no CPU
+implementation in MindSpore 2.10 ("Unsupported op [RmsNorm] on CPU": also
+``FlashAttentionScore``, ``Outer``; for MoE ``TopkExt``, ``CumsumExt``, ``SortExt``,
+``FmodScalar``, ``IndexSelect``, ``MoveTo``, ``GroupedMatmul``, ``Swiglu``), and attention
+rounds q/k/v to float16 for its flash kernel where the network asks for float32. To prove
+a conversion by forward, ms-port runs MindFormers' own network, float32, eval mode, with
+a stand-in for each such kernel (:data:`STANDINS`), and says which stand-ins ran.
+
+Use::
+
+    with cpu_standins() as standins:
+        net = build_network(config, seq_length=16)      # config: a config.json dict
+        report = load_arrays(net, arrays)               # name -> numpy, Parameter.name
+        logits = forward(net, input_ids)                # [B, S, V] float32 numpy
+    lines = standins.lines(net)                         # the stand-ins that ran
+
+Everything happens inside the ``with``: some stand-ins are built into the network, the
+others are read when it compiles (its first call), and the network runs in GRAPH mode,
+which the block sets and restores. Nothing here prints or writes files; MindFormers' own
+log lines go to stderr (:func:`~ms_port.archs.mindformers.contained`).
+
+Measured (tiny seeded models: 2 layers, hidden 64, GQA 8/2 heads of 16; 4 experts, top 2;
+16 tokens; 2 CPU cores): the logits match transformers' to 5.2e-7 (Qwen3) and 4.6e-7
+(Qwen3-MoE) relative L2; with MindFormers' float16 cast kept, Qwen3 is off by 2.4e-4. The
+first forward compiles (5-15 s), later ones take 7 ms (Qwen3) and 37 ms (Qwen3-MoE).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import os
+import shutil
+import tempfile
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..errors import TargetError, shown
+from ..match.rope import read_rope
+from .mindformers import contained
+
+_TRAINING_GRAPH = "mindformers.parallel_core.training_graph"
+_KERNELS = "ms_port.archs._parallel_core_kernels"
+
+
+@dataclass(frozen=True)
+class Patch:
+    """One attribute replaced for the duration: ``module.attr`` (``attr`` may be dotted,
+    ``Class.method``) becomes ``replacement`` (an attribute of
+    :mod:`ms_port.archs._parallel_core_kernels`), or, with ``wraps``, what that
+    attribute makes of the original."""
+
+    module: str
+    attr: str
+    replacement: str
+    wraps: bool = False  # the replacement is a function of the original
+
+
+@dataclass(frozen=True)
+class StandIn:
+    """A CPU stand-in for a kernel MindFormers' network calls.
+
+    Attributes:
+        name: short name (``rms-norm``).
+        replaces: what is replaced, and in which MindFormers file.
+        why: why it cannot run as MindFormers wrote it.
+        computes: what the stand-in computes instead.
+        patches: the attributes replaced.
+        cells: MindFormers classes; the stand-in runs in a network holding one of them.
+    """
+
+    name: str
+    replaces: str
+    why: str
+    computes: str
+    patches: tuple[Patch, ...]
+    cells: tuple[str, ...]
+
+    def describe(self) -> str:
+        """One line: ``rms-norm: FusedRMSNorm.construct (…/norm.py): no CPU kernel …``."""
+        return f"{self.name}: {self.replaces}: {self.why}; stand-in {self.computes}"
+
+
+def _patch(module: str, attr: str, replacement: str, *, wraps: bool = False) -> Patch:
+    return Patch(f"{_TRAINING_GRAPH}.{module}", attr, replacement, wraps)
+
+
+#: every stand-in, in the order they are applied
+STANDINS: tuple[StandIn, ...] = (
+    StandIn("rms-norm", "FusedRMSNorm.construct (parallel_core/training_graph/transformer/"
+            "norm.py)", "P.RmsNorm has no CPU kernel",
+            "x*rsqrt(mean(x^2,-1)+eps)*w in the layer's compute dtype (MindFormers' own "
+            "unfused RMSNorm)",
+            (_patch("transformer.norm", "FusedRMSNorm.construct", "rms_norm_construct"),),
+            ("FusedRMSNorm",)),
+    StandIn("rope-outer", "Outer in RotaryEmbedding (parallel_core/training_graph/base_models/"
+            "common/embeddings/rotary_pos_embedding.py)", "ops.Outer has no CPU kernel",
+            "a[:, None] * b",
+            (_patch("base_models.common.embeddings.rotary_pos_embedding", "Outer", "Outer"),),
+            ("RotaryEmbedding",)),
+    StandIn("attention", "FlashAttention.construct (parallel_core/training_graph/transformer/"
+            "flash_attention.py)", "FlashAttentionScore has no CPU kernel",
+            "float32 softmax attention, BNSD, each KV head shared by its group of query "
+            "heads, scale 1/sqrt(head_dim), MindFormers' causal mask",
+            (_patch("transformer.flash_attention", "FlashAttention.construct",
+                    "attention_construct"),),
+            ("FlashAttention",)),
+    StandIn("qkv-float16-cast", "the float16 cast of q/k/v before the flash kernel in "
+            "Attention.construct (parallel_core/training_graph/transformer/attention.py)",
+            "it rounds float32 activations to float16 (2e-4 to 3e-4 on tiny models' logits)",
+            "none: q/k/v stay float32 (that module's mstype.float16 reads as float32)",
+            (_patch("transformer.attention", "mstype", "DtypesWithoutFloat16"),),
+            ("Attention",)),
+    StandIn("router-topk", "TopkExt in TopKRouter (parallel_core/training_graph/transformer/"
+            "moe/router.py)", "TopkExt has no CPU kernel", "ops.topk",
+            (_patch("transformer.moe.router", "TopkExt", "TopkExt"),),
+            ("TopKRouter",)),
+    StandIn("dispatch-cumsum", "CumsumExt in MoEAlltoAllTokenDispatcher (parallel_core/"
+            "training_graph/transformer/moe/token_dispatcher.py)",
+            "CumsumExt has no CPU kernel", "ops.cumsum",
+            (_patch("transformer.moe.token_dispatcher", "CumsumExt", "CumsumExt"),),
+            ("FFNGroupedGEMM",)),
+    StandIn("dispatch-sort", "SortExt in the MoE token dispatcher (parallel_core/"
+            "training_graph/transformer/moe/token_dispatcher.py: permute, "
+            "MoEAlltoAllTokenDispatcher)", "SortExt has no CPU kernel",
+            "ops.sort (ties may order differently; the unsort map inverts whichever order)",
+            (_patch("transformer.moe.token_dispatcher", "SortExt", "SortExt"),),
+            ("FFNGroupedGEMM",)),
+    StandIn("dispatch-fmod", "FmodScalar in permute (parallel_core/training_graph/transformer/"
+            "moe/token_dispatcher.py)", "FmodScalar has no CPU kernel",
+            "ops.fmod, cast back to the index dtype",
+            (_patch("transformer.moe.token_dispatcher", "FmodScalar", "FmodScalar"),),
+            ("FFNGroupedGEMM",)),
+    StandIn("dispatch-index-select", "IndexSelect in the MoE token dispatcher (parallel_core/"
+            "training_graph/transformer/moe/token_dispatcher.py: permute, unpermute, "
+            "MoEAlltoAllTokenDispatcher)", "IndexSelect has no CPU kernel", "ops.gather",
+            (_patch("transformer.moe.token_dispatcher", "IndexSelect", "IndexSelect"),),
+            ("FFNGroupedGEMM",)),
+    StandIn("dispatch-move-to", "MoETokenDispatcher.d2h, an ops.MoveTo to the host "
+            "(parallel_core/training_graph/transformer/moe/token_dispatcher.py)",
+            "MoveTo has no CPU kernel", "the identity (a CPU tensor is on the host)",
+            (_patch("transformer.moe.token_dispatcher", "MoETokenDispatcher.__init__",
+                    "token_dispatcher_init", wraps=True),),
+            ("FFNGroupedGEMM",)),
+    StandIn("experts-grouped-matmul", "GroupedMatmul in FFNGroupedGEMM.experts_forward "
+            "(parallel_core/training_graph/transformer/moe/ffn.py)",
+            "GroupedMatmul has no CPU kernel",
+            "every expert's matmul on every row, each row keeping its own expert's",
+            (_patch("transformer.moe.ffn", "GroupedMatmul", "GroupedMatmul"),),
+            ("FFNGroupedGEMM",)),
+    StandIn("experts-swiglu", "Swiglu in FFNGroupedGEMM (parallel_core/training_graph/"
+            "transformer/moe/ffn.py)", "Swiglu has no CPU kernel",
+            "silu(first half) * second half of the last axis",
+            (_patch("transformer.moe.ffn", "Swiglu", "Swiglu"),),
+            ("FFNGroupedGEMM",)),
+)
+
+_BY_NAME = {s.name: s for s in STANDINS}
+if len(_BY_NAME) != len(STANDINS):
+    raise RuntimeError("two stand-ins share a name in STANDINS")
+
+
+def _resolve(obj: Any, dotted: str) -> tuple[Any, str]:
+    """The object holding the last part of ``dotted``, and that part's name."""
+    *outer, last = dotted.split(".")
+    for part in outer:
+        obj = getattr(obj, part)
+    return obj, last
+
+
+@dataclass
+class StandIns:
+    """What :func:`cpu_standins` applied (``applied``), and which of those a network runs
+    (:meth:`used_by`)."""
+
+    applied: tuple[StandIn, ...]
+    omitted: tuple[StandIn, ...] = ()
+    _restore: list[tuple[Any, str, Any]] = field(default_factory=list, repr=False)
+
+    def used_by(self, net: Any) -> list[StandIn]:
+        """The applied stand-ins ``net`` runs: those whose MindFormers class it holds."""
+        held = {klass.__name__ for _, cell in net.cells_and_names()
+                for klass in type(cell).__mro__}
+        return [s for s in self.applied if held.intersection(s.cells)]
+
+    def lines(self, net: Any) -> list[str]:
+        """One line per stand-in ``net`` runs (:meth:`StandIn.describe`)."""
+        return [s.describe() for s in self.used_by(net)]
+
+
+_ACTIVE: list[StandIns] = []
+_INHERITED = object()  # marks a patched attribute its class had only by inheritance
+
+
+def _select(omit: Iterable[str]) -> tuple[tuple[StandIn, ...], tuple[StandIn, ...]]:
+    omit = tuple(omit)
+    unknown = [n for n in omit if n not in _BY_NAME]
+    if unknown:
+        raise ValueError(f"unknown stand-in {unknown[0]!r}; known: {', '.join(_BY_NAME)}")
+    return (tuple(s for s in STANDINS if s.name not in omit),
+            tuple(s for s in STANDINS if s.name in omit))
+
+
+@contextlib.contextmanager
+def _graph_mode() -> Iterator[None]:
+    """GRAPH mode and MindFormers' ``use_legacy: False`` (which its parallel_core networks
+    build under) for the duration; the previous mode, flag and environment after.
+
+    MindFormers' context is built once per process, by ``build_context`` on the CPU, and
+    kept: MindSpore refuses to set its CPU affinity a second time. A failed compile writes
+    its ``analyze_fail.ir`` into a temporary folder, not ``./``.
+    """
+    import mindspore as ms
+
+    with contained():
+        from mindformers import build_context
+        from mindformers.core.context.build_context import Context, MFContextOperator
+
+    before = dict(os.environ)
+    changed = {"MS_OM_PATH"}  # the environment variables to restore
+    mode = ms.get_context("mode")
+    scratch = tempfile.mkdtemp(prefix="ms-port-graphs-")
+    flags = None
+    legacy = True  # what MindFormers assumes with no context
+    try:
+        if not Context.is_exists():
+            with contained():
+                build_context({"use_legacy": False, "parallel": {},
+                               "context": {"device_target": "CPU", "mode": ms.GRAPH_MODE}})
+            changed |= {k for k in set(os.environ) | set(before)
+                        if os.environ.get(k) != before.get(k)}
+        else:
+            legacy = getattr(MFContextOperator.get_mf_ctx_instance(), "use_legacy", True)
+        flags = MFContextOperator.get_mf_ctx_instance()
+        flags.use_legacy = False
+        ms.set_context(mode=ms.GRAPH_MODE)
+        os.environ["MS_OM_PATH"] = scratch
+        yield
+    finally:
+        ms.set_context(mode=mode)
+        if flags is not None:
+            flags.use_legacy = legacy
+        for key in changed:
+            if key in before:
+                os.environ[key] = before[key]
+            else:
+                os.environ.pop(key, None)
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def cpu_standins(*, omit: Iterable[str] = ()) -> Iterator[StandIns]:
+    """Run MindFormers' parallel_core networks on a CPU for the duration: the kernel
+    stand-ins of :data:`STANDINS` patched into MindFormers, GRAPH mode, MindFormers'
+    ``use_legacy: False`` context. Everything is restored on leaving, in reverse order.
+
+    Build, load and run the network inside the block: some stand-ins are built into the
+    network, the others are read when it compiles at its first call.
+
+    Args:
+        omit: names of stand-ins not to apply (to measure what one changes; a kernel with
+            no CPU implementation then fails the compile).
+
+    Yields:
+        :class:`StandIns`: what was applied; ``used_by(net)`` says which a network runs.
+
+    Raises:
+        TargetError: MindFormers is not installed, or no longer has an attribute a
+            stand-in replaces (its version changed: the stand-in would not run).
+
+    Example::
+
+        with cpu_standins() as standins:
+            net = build_network(config, seq_length=16)
+            logits = forward(net, ids)
+    """
+    applied, omitted = _select(omit)
+    if _ACTIVE:
+        raise RuntimeError("cpu_standins() is already active; nest none")
+    try:
+        with contained():
+            kernels = importlib.import_module(_KERNELS)
+            modules = {p.module: importlib.import_module(p.module)
+                       for s in applied for p in s.patches}
+    except ImportError as err:
+        raise TargetError(f"MindFormers' parallel_core networks need MindFormers 2.1 ({err}); "
+                          "pip install --no-deps mindformers==2.1.0 (see the README)") from None
+    record = StandIns(applied, omitted)
+    with _graph_mode():
+        try:
+            for standin in applied:
+                for p in standin.patches:
+                    try:
+                        holder, name = _resolve(modules[p.module], p.attr)
+                        original = getattr(holder, name)
+                    except AttributeError:
+                        raise TargetError(
+                            f"stand-in {standin.name}: {p.module} has no {p.attr}; this "
+                            "MindFormers is not the 2.1 the stand-ins were written for") from None
+                    replacement = getattr(kernels, p.replacement)
+                    # an attribute a class inherits is restored by removing ours
+                    own = not isinstance(holder, type) or name in vars(holder)
+                    setattr(holder, name, replacement(original) if p.wraps else replacement)
+                    record._restore.append((holder, name, original if own else _INHERITED))
+            _ACTIVE.append(record)
+            yield record
+        finally:
+            if _ACTIVE and _ACTIVE[-1] is record:
+                _ACTIVE.pop()
+            for holder, name, original in reversed(record._restore):
+                if original is _INHERITED:
+                    delattr(holder, name)
+                else:
+                    setattr(holder, name, original)
+            record._restore.clear()
+
+
+def _require_active(what: str) -> None:
+    if not _ACTIVE:
+        raise RuntimeError(f"{what} inside `with cpu_standins():` (the stand-ins are built "
+                           "into the network and read when it compiles)")
+
+
+# ---- config.json -> MindFormers' config -------------------------------------------------
+
+#: the most decoder layers / experts a config may ask for
+MAX_LAYERS, MAX_EXPERTS, MAX_SIZE = 1024, 4096, 2**31
+
+
+def _int(config: Mapping[str, Any], key: str, default: int | None = None) -> int:
+    value = config.get(key, default)
+    if value is None:
+        value = default
+    if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= MAX_SIZE:
+        raise TargetError(f"config.json: {key} is {shown(value)}; MindFormers' parallel_core "
+                          f"network needs a positive integer there (at most {MAX_SIZE})")
+    return value
+
+
+def _float(config: Mapping[str, Any], key: str, default: float) -> float:
+    value = config.get(key, default)
+    if value is None:
+        value = default
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1e300:
+        raise TargetError(f"config.json: {key} is {shown(value)}; expected a positive number")
+    return float(value)
+
+
+def _bool(config: Mapping[str, Any], key: str, default: bool = False) -> bool:
+    value = config.get(key, default)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise TargetError(f"config.json: {key} is {shown(value)}; expected true or false")
+    return value
+
+
+def _dense_settings(config: Mapping[str, Any]) -> dict[str, Any]:
+    """The architecture keys of MindFormers' ``Qwen3Config``, read from a Hugging Face
+    config.json (either transformers' form) and checked."""
+    heads, hidden = _int(config, "num_attention_heads"), _int(config, "hidden_size")
+    kv_heads = _int(config, "num_key_value_heads", heads)
+    head_dim = _int(config, "head_dim", max(1, hidden // heads))
+    if heads % kv_heads:
+        raise TargetError(f"config.json: {heads} attention heads are not a multiple of "
+                          f"{kv_heads} KV heads")
+    layers = _int(config, "num_hidden_layers")
+    if layers > MAX_LAYERS:
+        raise TargetError(f"config.json: num_hidden_layers {layers} is more than "
+                          f"{MAX_LAYERS}; check the config")
+    act = config.get("hidden_act", "silu")
+    if act != "silu":
+        raise TargetError(f"config.json: hidden_act {shown(act)}; MindFormers' Qwen3 computes "
+                          "SiLU")
+    if _bool(config, "use_sliding_window"):
+        raise TargetError("config.json: use_sliding_window is true; MindFormers' Qwen3 "
+                          "ignores it, so its network would compute another function")
+    if _bool(config, "attention_bias"):
+        raise TargetError("config.json: attention_bias is true; MindFormers' Qwen3 would give "
+                          "q/k/v biases but no o_proj bias (its add_bias_linear is false)")
+    rope = read_rope(config)
+    if rope.kind != "default":
+        raise TargetError(f"config.json: {rope.describe()}; ms-port runs MindFormers' "
+                          "parallel_core networks with plain RoPE only")
+    return {
+        "vocab_size": _int(config, "vocab_size"), "hidden_size": hidden,
+        "intermediate_size": _int(config, "intermediate_size"),
+        "num_hidden_layers": layers, "num_attention_heads": heads,
+        "num_key_value_heads": kv_heads, "head_dim": head_dim,
+        "rms_norm_eps": _float(config, "rms_norm_eps", 1e-6), "rope_theta": rope.theta,
+        "attention_bias": False,
+        "tie_word_embeddings": _bool(config, "tie_word_embeddings")}
+
+
+def _moe_settings(config: Mapping[str, Any]) -> dict[str, Any]:
+    """:func:`_dense_settings` plus the MoE keys of MindFormers' ``Qwen3MoeConfig``.
+    transformers 5 writes ``num_local_experts`` where the Hub's files say ``num_experts``;
+    ``Qwen3MoeConfig(**config)`` would silently take its default of 128."""
+    settings = _dense_settings(config)
+    key = "num_experts" if config.get("num_experts") is not None else "num_local_experts"
+    experts = _int(config, key)
+    if experts > MAX_EXPERTS:
+        raise TargetError(f"config.json: {key} {experts} is more than {MAX_EXPERTS}")
+    top_k = _int(config, "num_experts_per_tok")
+    if top_k > experts:
+        raise TargetError(f"config.json: num_experts_per_tok {top_k} is more than the "
+                          f"{experts} experts")
+    if _int(config, "decoder_sparse_step", 1) != 1 or config.get("mlp_only_layers"):
+        raise TargetError("config.json: decoder_sparse_step / mlp_only_layers make some layers "
+                          "dense; MindFormers' Qwen3-MoE has experts in every layer")
+    return {**settings, "num_experts": experts, "num_experts_per_tok": top_k,
+            "moe_intermediate_size": _int(config, "moe_intermediate_size"),
+            # transformers' default; MindFormers' TransformerConfig defaults to true
+            "norm_topk_prob": _bool(config, "norm_topk_prob", False)}
+
+
+#: run settings: float32 throughout, no dropout, no token masked as padding (MindFormers
+#: hides its pad id from attention, transformers does not)
+RUN_SETTINGS: dict[str, Any] = {
+    "compute_dtype": "float32", "params_dtype": "float32",
+    "layernorm_compute_dtype": "float32", "rotary_dtype": "float32",
+    "softmax_compute_dtype": "float32", "hidden_dropout": 0.0, "attention_dropout": 0.0,
+    "pad_token_id": -1}
+
+#: MoE run settings: the grouped-GEMM experts (the only ones MindFormers builds) and a
+#: scaling factor of 1 (GRAPH mode cannot multiply by its default, None)
+MOE_RUN_SETTINGS: dict[str, Any] = {
+    "moe_grouped_gemm": True, "moe_router_topk_scaling_factor": 1.0}
+
+
+@dataclass(frozen=True)
+class Family:
+    """A model type MindFormers builds as a parallel_core training network."""
+
+    model_type: str
+    config_class: str
+    network_class: str
+    settings: Any  # config.json -> architecture keys
+    run_settings: Mapping[str, Any]
+
+
+FAMILIES: dict[str, Family] = {f.model_type: f for f in (
+    Family("qwen3", "mindformers.models.qwen3.configuration_qwen3:Qwen3Config",
+           "mindformers.models.qwen3.modeling_qwen3_train:TrainingQwen3ForCausalLM",
+           _dense_settings, RUN_SETTINGS),
+    Family("qwen3_moe", "mindformers.models.qwen3_moe.configuration_qwen3_moe:Qwen3MoeConfig",
+           "mindformers.models.qwen3_moe.modeling_qwen3_moe_train:TrainingQwen3MoeForCausalLM",
+           _moe_settings, {**RUN_SETTINGS, **MOE_RUN_SETTINGS}),
+)}
+
+
+def _family(config: Mapping[str, Any]) -> Family:
+    model_type = config.get("model_type")
+    family = FAMILIES.get(model_type) if isinstance(model_type, str) else None
+    if family is None:
+        raise TargetError(f"config.json: model_type {shown(model_type)}; MindFormers' "
+                          f"parallel_core networks ms-port runs: {', '.join(FAMILIES)}")
+    return family
+
+
+def _import(spec: str) -> Any:
+    module, _, name = spec.partition(":")
+    with contained():
+        return getattr(importlib.import_module(module), name)
+
+
+#: TransformerConfig field -> the settings key whose value it must hold
+_HELD = {"vocab_size": "vocab_size", "hidden_size": "hidden_size",
+         "ffn_hidden_size": "intermediate_size", "num_layers": "num_hidden_layers",
+         "num_attention_heads": "num_attention_heads",
+         "num_query_groups": "num_key_value_heads", "kv_channels": "head_dim",
+         "layernorm_epsilon": "rms_norm_eps", "rotary_base": "rope_theta",
+         "add_qkv_bias": "attention_bias", "pad_token_id": "pad_token_id",
+         "hidden_dropout": "hidden_dropout", "attention_dropout": "attention_dropout",
+         "seq_length": "seq_length", "num_moe_experts": "num_experts",
+         "moe_router_topk": "num_experts_per_tok", "moe_ffn_hidden_size": "moe_intermediate_size",
+         "norm_topk_prob": "norm_topk_prob",
+         "moe_router_topk_scaling_factor": "moe_router_topk_scaling_factor"}
+
+#: TransformerConfig fields the stand-ins and this module assume, and their values
+_ASSUMED = {"normalization": "RMSNorm", "gated_linear_unit": True, "add_bias_linear": False,
+            "position_embedding_type": "rope", "use_flash_attention": True,
+            "input_layout": "BNSD", "sparse_mode": 0, "window_size": None,
+            "multi_latent_attention": False, "use_eod_reset": False,
+            "use_attn_mask_compression": False, "apply_rope_fusion": False,
+            "moe_permute_fusion": False, "moe_router_enable_expert_bias": False,
+            "moe_router_score_function": "softmax", "moe_token_dispatcher_type": "alltoall",
+            "moe_shared_expert_intermediate_size": None}
+
+
+#: what the network reads from MindFormers' model config itself, not its TransformerConfig
+#: (``TrainingQwen3ForCausalLM``: ``rotary_base=config.rope_theta``,
+#: ``share_embeddings_and_output_weights=config.tie_word_embeddings``)
+_HELD_BY_MODEL_CONFIG = ("rope_theta", "tie_word_embeddings")
+
+
+def _same(held: Any, want: Any) -> bool:
+    if isinstance(want, float) and not isinstance(held, bool):
+        return isinstance(held, (int, float)) and abs(held - want) <= 1e-12 * abs(want)
+    return bool(held == want)
+
+
+def _check_held(mf_config: Any, settings: Mapping[str, Any]) -> None:
+    """MindFormers' model config and the ``TransformerConfig`` it converts to hold what
+    ms-port set, and what the stand-ins assume."""
+    import mindspore as ms
+
+    for key in _HELD_BY_MODEL_CONFIG:
+        held = getattr(mf_config, key, "<absent>")
+        if not _same(held, settings[key]):
+            raise TargetError(f"MindFormers' {type(mf_config).__name__} holds {key}="
+                              f"{shown(held)} where ms-port set {shown(settings[key])}")
+    with contained():
+        transformer = mf_config.convert_to_transformer_config()
+    expected = {field_: settings[key] for field_, key in _HELD.items() if key in settings}
+    expected.update(_ASSUMED)
+    expected["compute_dtype"] = expected["params_dtype"] = ms.float32
+    if "num_experts" not in settings:
+        for key in [k for k in expected if k.startswith("moe_") or k == "norm_topk_prob"]:
+            del expected[key]
+    for name, want in expected.items():
+        held = getattr(transformer, name, "<absent>")
+        if not _same(held, want):
+            raise TargetError(f"MindFormers' TransformerConfig holds {name}={shown(held)} where "
+                              f"ms-port set {shown(want)}; its config conversion changed, "
+                              "so its network would not be the checkpoint's")
+
+
+def network_config(config: Mapping[str, Any], *, seq_length: int) -> Any:
+    """MindFormers' config (``Qwen3Config`` / ``Qwen3MoeConfig``) for the model a Hugging
+    Face config.json describes, float32 inference of ``seq_length`` tokens on a CPU.
+
+    Every key is mapped here, not by ``Qwen3MoeConfig(**config)`` (which misreads
+    transformers 5's ``num_local_experts`` and ``rope_parameters``), and the
+    ``TransformerConfig`` MindFormers converts it to is checked against what was meant.
+
+    Raises:
+        TargetError: a model type, key or value MindFormers' network cannot compute
+            exactly; or a converted config that does not hold what was set.
+    """
+    family = _family(config)
+    if not isinstance(seq_length, int) or isinstance(seq_length, bool) or seq_length < 1:
+        raise TargetError(f"seq_length {shown(seq_length)}: a positive integer")
+    settings = family.settings(config)
+    # MindFormers' rotary table is computed for the run's length; its own limit must allow it
+    positions = max(seq_length, _int(config, "max_position_embeddings", seq_length))
+    settings.update(family.run_settings, seq_length=seq_length,
+                    max_position_embeddings=positions)
+    config_class = _import(family.config_class)
+    with contained():
+        mf_config = config_class(**settings)
+    _check_held(mf_config, settings)
+    return mf_config
+
+
+def build_network(config: Mapping[str, Any], *, seq_length: int) -> Any:
+    """MindFormers' training network for the model a config.json describes, built on a
+    CPU for float32 inference (eval mode) of ``[B, seq_length]`` token ids, its
+    parameters uninitialised (``no_init_parameters``: the weights come from a checkpoint,
+    :func:`load_arrays`). Call inside ``with cpu_standins():``.
+
+    Example::
+
+        with cpu_standins():
+            net = build_network(json.load(open("config.json")), seq_length=16)
+    """
+    _require_active("build_network(): build")
+    from mindspore.nn.utils import no_init_parameters
+
+    mf_config = network_config(config, seq_length=seq_length)
+    network_class = _import(_family(config).network_class)
+    with contained(), no_init_parameters():
+        net = network_class(mf_config)
+    net.set_train(False)
+    return net
+
+
+# ---- weights --------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class LoadReport:
+    """What :func:`load_arrays` did, both ways.
+
+    Attributes:
+        loaded: names set.
+        missing: the network's parameters no array was given for (left uninitialised).
+        unexpected: arrays given for no parameter of the network.
+        mismatched: ``(name, parameter shape, array shape)`` for arrays not loaded.
+    """
+
+    loaded: tuple[str, ...]
+    missing: tuple[str, ...]
+    unexpected: tuple[str, ...]
+    mismatched: tuple[tuple[str, tuple[int, ...], tuple[int, ...]], ...]
+
+    @property
+    def complete(self) -> bool:
+        """Every parameter set, every array used."""
+        return not (self.missing or self.unexpected or self.mismatched)
+
+
+def load_arrays(net: Any, arrays: Mapping[str, np.ndarray]) -> LoadReport:
+    """Set ``net``'s parameters from ``arrays`` (name -> numpy array), by ``Parameter.name``
+    as a parallel_core checkpoint names them (``decoder.layers.0…``, no ``model.``
+    prefix), each cast to its parameter's dtype. Reports, never raises, what did not fit.
+
+    Example::
+
+        report = load_arrays(net, dict(np.load("weights.npz")))
+        assert report.complete, report
+    """
+    import mindspore as ms
+
+    params = {p.name: p for p in net.get_parameters()}
+    loaded, mismatched = [], []
+    for name in sorted(set(params) & set(arrays)):
+        param, array = params[name], np.asarray(arrays[name])
+        if tuple(array.shape) != tuple(param.shape):
+            mismatched.append((name, tuple(param.shape), tuple(array.shape)))
+            continue
+        param.set_data(ms.Tensor(np.ascontiguousarray(array), dtype=param.dtype))
+        loaded.append(name)
+    return LoadReport(tuple(loaded), tuple(sorted(set(params) - set(arrays))),
+                      tuple(sorted(set(arrays) - set(params))), tuple(mismatched))
+
+
+def forward(net: Any, input_ids: np.ndarray) -> np.ndarray:
+    """Run the network on ``[B, S]`` token ids (S the ``seq_length`` it was built for);
+    its logits as float32 numpy ``[B, S, vocab]``. Call inside ``with cpu_standins():``
+    (the first call compiles the graph)."""
+    _require_active("forward(): run the network")
+    import mindspore as ms
+
+    ids = np.asarray(input_ids)
+    if ids.ndim != 2 or not np.issubdtype(ids.dtype, np.integer):
+        raise TargetError(f"input ids of shape {ids.shape} and dtype {ids.dtype}: expected "
+                          "[batch, seq_length] integers")
+    with contained():
+        logits = net(ms.Tensor(ids.astype(np.int32))).asnumpy()
+    return logits.reshape(ids.shape[0], ids.shape[1], -1).astype(np.float32, copy=False)
+
+
+__all__ = ["FAMILIES", "MOE_RUN_SETTINGS", "RUN_SETTINGS", "STANDINS", "Family", "LoadReport",
+           "Patch", "StandIn", "StandIns", "build_network", "cpu_standins", "forward",
+           "load_arrays", "network_config"]
