@@ -530,7 +530,7 @@ def verify(
         where = src.config_path or str(source)
         check_size(src.config, where, sum(i.numel for i in src))
         result = _verify_graph_forward(
-            src, ckpt, family, feed, mapping=mapping, tol=tol, seed=seed,
+            src, ckpt, family, feed, mapping=mapping, tol=tol, seed=seed, ms_options=ms_options,
             noise_floor=noise_floor, names=(str(source), str(checkpoint)),
             build_torch=lambda: torch_from_config(src.config, where), forward=forward,
             progress=progress)
@@ -543,7 +543,8 @@ def verify(
         _family_fits(src, family, ms_options)
         result = _verify_tensors_only(src, ckpt, family, feed, mapping=mapping, tol=tol,
                                       seed=seed, names=(str(source), str(checkpoint)),
-                                      why=family_module(family).NO_FORWARD)
+                                      why=family_module(family).NO_FORWARD,
+                                      ms_options=ms_options)
         if report is not None:
             from .check.html import render_html
 
@@ -597,6 +598,7 @@ def verify(
 
 def _verify_graph_forward(src: Source, ckpt: Source, family: str, feed: list[Any], *,
                           mapping: Any, tol: float, seed: int, noise_floor: bool,
+                          ms_options: dict[str, Any] | None,
                           names: tuple[str, str], build_torch: Callable[[], Any],
                           forward: str, progress: Callable[[str], None] | None) -> Any:
     """verify a network that runs only in GRAPH mode, with CPU stand-ins for the kernels
@@ -617,7 +619,7 @@ def _verify_graph_forward(src: Source, ckpt: Source, family: str, feed: list[Any
     step = progress or (lambda _msg: None)
     started = time.perf_counter()
     first = _verify_tensors_only(src, ckpt, family, feed, mapping=mapping, tol=tol, seed=seed,
-                                 names=names, why="")
+                                 names=names, why="", ms_options=ms_options)
     if first.verdict == "FAIL" and first.tensors is None:  # tensors the network needs, absent
         return first
     tensors = first.tensors
@@ -667,7 +669,7 @@ def _verify_graph_forward(src: Source, ckpt: Source, family: str, feed: list[Any
     except (RuntimeError, ValueError, TypeError) as exc:  # MindSpore's compile/run errors
         line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         return _verify_tensors_only(src, ckpt, family, feed, mapping=mapping, tol=tol,
-                                    seed=seed, names=names,
+                                    seed=seed, names=names, ms_options=ms_options,
                                     why=f"MindFormers' network did not run here ({line[:300]})")
     timings["mindspore_forward"] = time.perf_counter() - t0
     notes.append("MindSpore ran in GRAPH mode with CPU stand-ins for what has no CPU kernel "
@@ -690,7 +692,7 @@ def _verify_graph_forward(src: Source, ckpt: Source, family: str, feed: list[Any
 
 def _verify_tensors_only(src: Source, ckpt: Source, family: str, feed: list[Any], *,
                          mapping: Any, tol: float, seed: int, names: tuple[str, str],
-                         why: str) -> Any:
+                         why: str, ms_options: dict[str, Any] | None = None) -> Any:
     """verify where no forward can run: every tensor through the plan, and the verdict
     for the forward INCONCLUSIVE with the reason (a differing tensor still FAILs)."""
     from .check.networks import not_loaded_report
@@ -699,7 +701,7 @@ def _verify_tensors_only(src: Source, ckpt: Source, family: str, feed: list[Any]
     from .check.tensors import compare_through_plan
     from .read.targets import from_family
 
-    tgt = from_family(family, src.config)
+    tgt = from_family(family, src.config, ms_options)
     plan = make_plan(src, tgt, resolve_mapping(mapping, config=src.config, target=tgt),
                      allow_missing=True, allow_unused=True)
     not_loaded = [n for n in tgt.tensors if n not in ckpt.tensors]

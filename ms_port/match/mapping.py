@@ -41,6 +41,10 @@ split tensors, and tied ones (see :mod:`ms_port.match.layouts`, :mod:`ms_port.ma
         layout: {concat: 1}
         transforms: [{transpose: [1, 0]}]   # a reshape may name config values:
                                             # {reshape: [experts, -1, hidden]}
+      - target: 'mtp.layers.{k}.enorm.weight'                 # one source: a rename that
+        sources: ['model.layers.{n}.enorm.weight']            # applies where the target
+        at: {n: num_hidden_layers + k}  # has the tensor; at: numbers a source-only
+                                        # placeholder from the config and the target's
     split:                      # several MindSpore tensors from one PyTorch one
       - source: 'h.{i}.attn.c_attn.weight'
         targets: ['h.{i}.q.weight', 'h.{i}.k.weight', 'h.{i}.v.weight']
@@ -48,6 +52,8 @@ split tensors, and tied ones (see :mod:`ms_port.match.layouts`, :mod:`ms_port.ma
         transforms: [{transpose: [1, 0]}]                  # applied to each part
     tied:                       # a PyTorch tensor that is another one (tied embeddings)
       - {source: lm_head.weight, same_as: model.embed_tokens.weight, when: tie_word_embeddings}
+      - {source: 'model.layers.{n}.embed_tokens.weight', same_as: model.embed_tokens.weight,
+         at: {n: num_hidden_layers}}   # a numbered copy; absent from a checkpoint: no note
     implies:                    # per selected model type: what its code fixes and its
       qwen2: {qkv_bias: true}   # config.json does not say (config.json cannot change it)
     declared:                   # target tensors Hugging Face has no counterpart for
@@ -58,7 +64,9 @@ split tensors, and tied ones (see :mod:`ms_port.match.layouts`, :mod:`ms_port.ma
 
 Layouts: ``concat`` / ``{concat: AXIS}``, ``interleave`` / ``{interleave: AXIS}`` (one row
 of each part in turn), ``{grouped: GROUPS, sizes: [...], axis: 0}`` (per group, ``sizes[i]``
-rows of part i). A fused target's ``transforms`` apply after fusing.
+rows of part i). A fused target's ``transforms`` apply after fusing. A ``fuse:`` entry with
+one source, no ``over:`` and no ``layout:`` is a rename that fires only where the target has
+that tensor (two layouts of one network in one table).
 
 Renames never chain: each one reads the original PyTorch name, so their order in the
 file only matters when two regexes match the same name (the first wins). A name no regex
@@ -81,7 +89,7 @@ import yaml
 
 from ..errors import MappingError, shown
 from .layouts import KINDS, Layout, LayoutError
-from .params import ParamError, check_expression, evaluate
+from .params import ParamError, check_expression, evaluate, names_in
 from .patterns import Pattern, PatternError, compile_pattern
 from .transforms import Transform
 
@@ -209,6 +217,9 @@ class FuseEntry:
     #: placeholders of the sources alone, each counted over a config value
     #: (``{e: experts}``: the sources for e = 0 .. experts-1, in that order)
     over: tuple[tuple[str, Any], ...] = ()
+    #: placeholders of the sources alone, each one number computed from the config and the
+    #: target's placeholders (``{n: num_hidden_layers + k}``: a block numbered after others)
+    at: tuple[tuple[str, Any], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -224,12 +235,14 @@ class SplitEntry:
 
 @dataclass(frozen=True)
 class TiedEntry:
-    """``tied:``: ``source`` is the same tensor as ``same_as`` when config ``when`` is true."""
+    """``tied:``: ``source`` is the same tensor as ``same_as`` when config ``when`` is true;
+    their placeholders, if any, take the numbers ``at`` computes from the config."""
 
     source: str
     same_as: str
     when: str | None
     where: str
+    at: tuple[tuple[str, Any], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -604,33 +617,51 @@ def _layout(data: Any, origin: str, entry: str) -> LayoutSpec:
 
 def _fuse_entry(data: Any, origin: str, i: int) -> FuseEntry:
     entry = f"fuse[{i}]"
-    _expect(isinstance(data, dict) and {"target", "sources", "layout"} <= set(data)
-            and not set(data) - {"target", "sources", "layout", "transforms", "over"},
+    _expect(isinstance(data, dict) and {"target", "sources"} <= set(data)
+            and not set(data) - {"target", "sources", "layout", "transforms", "over", "at"},
             origin, entry, "{target: NAME, sources: [NAME, ...], layout: ..., "
-            "transforms: [...], over: {PLACEHOLDER: COUNT}}")
+            "transforms: [...], over: {PLACEHOLDER: COUNT}, at: {PLACEHOLDER: NUMBER}}")
     target = _template(data["target"], origin, f"{entry}.target")
-    over_data = data.get("over") or {}
-    _expect(isinstance(over_data, dict) and all(
-        isinstance(k, str) and k not in target.names for k in over_data), origin,
-        f"{entry}.over", "{PLACEHOLDER: COUNT}, placeholders the target does not have")
-    over = tuple((k, _expression(v, origin, f"{entry}.over.{k}")) for k, v in over_data.items())
-    _expect(isinstance(data["sources"], list)
-            and len(data["sources"]) >= (1 if over else 2), origin,
-            f"{entry}.sources", "a list of two or more source names (one with over:)")
+    over = _bound(data, "over", target.names, origin, entry)
+    at = _bound(data, "at", target.names, origin, entry)
+    _expect(not {k for k, _ in over} & {k for k, _ in at}, origin, f"{entry}.at",
+            "placeholders over: does not count")
+    # one source is a rename, which states no layout; with a layout, a list cut short
+    _expect(isinstance(data["sources"], list) and len(data["sources"]) >= 1
+            and (len(data["sources"]) > 1 or bool(over) or "layout" not in data), origin,
+            f"{entry}.sources", "a list of two or more source names (one with over:, or one "
+            "and no layout: for a rename)")
     sources = tuple(_template(s, origin, f"{entry}.sources") for s in data["sources"])
-    wanted = set(target.names) | set(over_data)
+    own = {k for k, _ in over + at}
+    # a target placeholder an at: expression uses may leave the source names
+    spent = {n for _, expr in at for n in names_in(expr)} & set(target.names)
     for s in sources:
-        _expect(set(s.names) == wanted, origin, f"{entry}.sources ({s})",
-                f"the placeholders {', '.join(sorted(wanted)) or 'none'} (the target's, and "
-                "over:'s)")
-    layout = _layout(data["layout"], origin, entry)
+        _expect(own <= set(s.names) <= set(target.names) | own
+                and set(target.names) - spent <= set(s.names), origin, f"{entry}.sources ({s})",
+                f"the placeholders {', '.join(sorted(set(target.names) | own)) or 'none'} "
+                "(the target's, and over:'s and at:'s; a target's that at: uses may be left "
+                "out)")
+    _expect((len(sources) == 1 and not over) or "layout" in data, origin, entry,
+            "a layout: for several sources (concat, interleave or grouped)")
+    layout = _layout(data["layout"], origin, entry) if "layout" in data else LayoutSpec("concat")
     _expect(over or layout.sizes is None or len(layout.sizes) == len(sources), origin,
             f"{entry}.layout.sizes", f"one size per source ({len(sources)})")
     ops = _ops(data.get("transforms") or [], origin, entry)
     for op in ops:
         for name in op.names:
             _expression(name, origin, f"{entry}.transforms")
-    return FuseEntry(target, sources, layout, ops, f"{entry} in {origin}", over)
+    return FuseEntry(target, sources, layout, ops, f"{entry} in {origin}", over, at)
+
+
+def _bound(data: dict, key: str, target_names: list[str], origin: str,
+           entry: str) -> tuple[tuple[str, Any], ...]:
+    """An entry's ``over:`` or ``at:``: source-only placeholders, each with an expression."""
+    given = data.get(key) or {}
+    _expect(isinstance(given, dict) and all(
+        isinstance(k, str) and k not in target_names for k in given), origin, f"{entry}.{key}",
+        f"{{PLACEHOLDER: {'COUNT' if key == 'over' else 'NUMBER'}}}, placeholders the target "
+        "does not have")
+    return tuple((k, _expression(v, origin, f"{entry}.{key}.{k}")) for k, v in given.items())
 
 
 def _expression(value: Any, origin: str, entry: str) -> Any:
@@ -665,12 +696,17 @@ def _split_entry(data: Any, origin: str, i: int) -> SplitEntry:
 def _tied_entry(data: Any, origin: str, i: int) -> TiedEntry:
     entry = f"tied[{i}]"
     _expect(isinstance(data, dict) and {"source", "same_as"} <= set(data)
-            and not set(data) - {"source", "same_as", "when"}
-            and all(isinstance(v, str) and v for v in data.values()), origin, entry,
-            "{source: NAME, same_as: NAME, when: CONFIG_KEY}")
+            and not set(data) - {"source", "same_as", "when", "at"}
+            and all(isinstance(v, str) and v for k, v in data.items() if k != "at"), origin,
+            entry, "{source: NAME, same_as: NAME, when: CONFIG_KEY, at: {PLACEHOLDER: NUMBER}}")
     _expect(data["source"] != data["same_as"], origin, entry,
             "two different tensors (source is same_as itself)")
-    return TiedEntry(data["source"], data["same_as"], data.get("when"), f"{entry} in {origin}")
+    at = _bound(data, "at", [], origin, entry)
+    for key in ("source", "same_as"):
+        _expect(set(_template(data[key], origin, f"{entry}.{key}").names) <= {k for k, _ in at},
+                origin, f"{entry}.{key}", "placeholders that at: gives a number")
+    return TiedEntry(data["source"], data["same_as"], data.get("when"), f"{entry} in {origin}",
+                     at)
 
 
 def _declared_entry(data: Any, origin: str, i: int) -> DeclaredEntry:

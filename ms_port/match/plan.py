@@ -34,8 +34,9 @@ from ..read.tensors import FLOAT_DTYPES, TensorInfo, format_shape, itemsize, num
 from .closest import NameIndex
 from .derived import DERIVED, agrees
 from .layouts import Layout, LayoutError
-from .mapping import MappingTable
+from .mapping import MappingTable, Template
 from .params import ParamError, evaluate, resolve
+from .patterns import MAX_DIGITS
 from .rules import initial_value, known_drop, propose
 from .transforms import Transform, apply_all, shape_after
 
@@ -306,7 +307,8 @@ class Plan(Renderable):
                 for src, ms in splits.items() if ms[0].layout is not None]
         if self.mapping.tied:
             data["tied"] = [{"source": e.source, "same_as": e.same_as,
-                             **({"when": e.when} if e.when else {})}
+                             **({"when": e.when} if e.when else {}),
+                             **({"at": dict(e.at)} if e.at else {})}
                             for e in self.mapping.tied]
         drops = [d.name for d in self.dropped if (full or not known_drop(d.name))
                  and not d.reason.startswith("tied")]
@@ -705,6 +707,26 @@ class _Many:
             combos = [{**c, name: str(k)} for c in combos for k in range(n)]
         return combos
 
+    def _at(self, entry: Any, got: dict[str, str]) -> dict[str, str] | None:
+        """The numbers an entry's ``at:`` gives its source-only placeholders, computed from
+        the config and the target's placeholders ``got``; ``None`` where a placeholder's
+        digits are too many to be a block number (that name is no match)."""
+        if any(len(v) > MAX_DIGITS for v in got.values()):
+            return None
+        known = {**self.values(), **{k: int(v) for k, v in got.items()}}
+        out: dict[str, str] = {}
+        for name, expr in entry.at:
+            try:
+                n = evaluate(expr, known)
+            except ParamError as exc:
+                raise MappingError(f"{entry.where}: at.{name}: {exc} — check config.json",
+                                   path=self.mapping.origin) from None
+            if n < 0:
+                raise MappingError(f"{entry.where}: at.{name} is {n}, not a tensor's number "
+                                   "— check config.json", path=self.mapping.origin)
+            out[name] = str(n)
+        return out
+
     def _resolved(self, entry: Any) -> tuple[Transform, ...]:
         """The entry's transforms with the config values they name computed."""
         def value(expr: str) -> int:
@@ -723,11 +745,17 @@ class _Many:
             got = entry.target.match(t)
             if got is None or t in self.matches or t in self.mapping.tensors:
                 continue
-            names = [s.fill({**got, **c}) for c in counted for s in entry.sources]
+            fixed = self._at(entry, got) if entry.at else {}
+            if fixed is None:
+                continue
+            names = [s.fill({**got, **fixed, **c}) for c in counted for s in entry.sources]
             present = [n for n in names if n in self.source and n not in self.consumed]
             if not present:
                 continue
             self.consumed.update(present)
+            if len(entry.sources) == 1 and not entry.over:
+                self._renamed(entry, t, tt, names[0], transforms)
+                continue
             if len(present) < len(names):
                 lacking = [n for n in names if n not in present]
                 self.conflicts.append(Conflict(
@@ -762,6 +790,23 @@ class _Many:
                 t, names[0], "mapping", f"fuse: {layout} of {len(names)} ({entry.where})",
                 joined, tt.shape, infos[0].dtype, _cast(infos[0].dtype, self.dtype),
                 transforms, parts=tuple(names), layout=layout)
+
+    def _renamed(self, entry: Any, t: str, tt: TargetTensor, name: str,
+                 transforms: tuple[Transform, ...]) -> None:
+        """A one-source ``fuse:`` entry: ``name`` fills ``t`` as it is, or through the
+        entry's transforms."""
+        info = self.source.tensors[name]
+        made = _shape_or_none(transforms, info.shape)
+        if made != tt.shape:
+            self.conflicts.append(Conflict(
+                "shape", (t,), (name,),
+                f"{name!r} ({format_shape(info.shape)}) cannot fill {t!r} "
+                f"({format_shape(tt.shape)}) ({entry.where})"
+                + (f": its transforms make {format_shape(made)}" if transforms and made
+                   else "")))
+            return
+        self.matches[t] = Match(t, name, "mapping", f"renamed by {entry.where}", info.shape,
+                                tt.shape, info.dtype, _cast(info.dtype, self.dtype), transforms)
 
     def _split(self, entry: Any) -> None:
         axis = entry.layout.axis
@@ -813,33 +858,37 @@ class _Many:
         if entry.when is not None and not (self.config or {}).get(entry.when):
             return
         why = f"tied ({entry.when}, {entry.where})" if entry.when else f"tied ({entry.where})"
-        partner = self.source.tensors.get(entry.same_as)
-        if partner is None or entry.source in self.consumed:  # a table layered on itself
+        source, same_as = entry.source, entry.same_as
+        if entry.at:
+            fixed = self._at(entry, {})
+            source, same_as = Template(source).fill(fixed), Template(same_as).fill(fixed)
+            if source not in self.source:  # a numbered block's copy this checkpoint lacks
+                return
+        partner = self.source.tensors.get(same_as)
+        if partner is None or source in self.consumed:  # a table layered on itself
             return
-        renamed, _ = self.mapping.rename(entry.source)
-        own = entry.source in self.target or renamed in self.target
-        if entry.source in self.source:
-            info = self.source.tensors[entry.source]
+        renamed, _ = self.mapping.rename(source)
+        own = source in self.target or renamed in self.target
+        if source in self.source:
+            info = self.source.tensors[source]
             if not (info.shape == partner.shape
                     and np.array_equal(info.load(), partner.load())):
-                self.notes.append(f"{entry.source} should be tied to {entry.same_as} "
+                self.notes.append(f"{source} should be tied to {same_as} "
                                   f"({why}) but holds other values; it is matched on its own")
             elif not own:  # else the target has its own head, filled like any tensor
-                self.consumed.add(entry.source)
-                self.dropped.append(Dropped(entry.source,
-                                            f"{why}: the same tensor as {entry.same_as}"))
+                self.consumed.add(source)
+                self.dropped.append(Dropped(source, f"{why}: the same tensor as {same_as}"))
             return
         if not own:
-            self.notes.append(f"{entry.source} is {entry.same_as}: {why}; stored once, on "
-                              "both sides")
+            self.notes.append(f"{source} is {same_as}: {why}; stored once, on both sides")
             return
-        for name in dict.fromkeys((entry.source, renamed)):
+        for name in dict.fromkeys((source, renamed)):
             if name in self.target and name not in self.matches:
                 tt = self.target.tensors[name]
                 if tt.shape != partner.shape:
                     continue
                 self.matches[name] = Match(
-                    name, entry.same_as, "tied", f"{entry.source} is {entry.same_as}: {why}",
+                    name, same_as, "tied", f"{source} is {same_as}: {why}",
                     partner.shape, tt.shape, partner.dtype, _cast(partner.dtype, self.dtype))
                 return
 

@@ -117,7 +117,9 @@ class Transform:
         return Transform(self.op, [evaluate(x) if isinstance(x, str) else x for x in self.arg])
 
     def to_data(self) -> dict[str, Any]:
-        return {self.op: self.arg}
+        # a copy: one argument shared by many entries would be dumped as a YAML alias,
+        # which the loader refuses
+        return {self.op: list(self.arg) if isinstance(self.arg, list) else self.arg}
 
     def __str__(self) -> str:
         return f"{self.op}({self.arg})"

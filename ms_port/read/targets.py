@@ -242,7 +242,8 @@ def from_factory(spec: str, **kwargs: Any) -> Target:
 #: ``target(config, **options)``, ``build(config, **options)`` and ``OPTIONS``
 FAMILIES = {"mindformers:llama": "ms_port.archs.mindformers",
             "mindformers:qwen3": "ms_port.archs.parallel_core",
-            "mindformers:qwen3_moe": "ms_port.archs.parallel_core_moe"}
+            "mindformers:qwen3_moe": "ms_port.archs.parallel_core_moe",
+            "mindformers:deepseek3": "ms_port.archs.parallel_core_deepseek"}
 
 
 def family_module(spec: str) -> Any:
