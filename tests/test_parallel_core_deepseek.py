@@ -518,14 +518,9 @@ def test_verify_honours_the_options_the_checkpoint_was_converted_with(tmp_path, 
     assert result.verdict == "INCONCLUSIVE", result.reasons[0]
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "export builds the PyTorch side from transformers' DeepseekV3ForCausalLM on the meta "
-    "device, whose experts are fused in memory (mlp.experts.gate_up_proj [E, 2F, H], "
-    "mlp.experts.down_proj [E, H, F]) while save_pretrained and the Hub write per-expert keys "
-    "(mlp.experts.{e}.gate_proj.weight): the table's expert entries match no PyTorch name, "
-    "and export cannot undo a fused layout with transforms yet; the same open problem as "
-    "Qwen3-MoE"))
 def test_export_round_trip_is_bit_identical(tmp_path):
+    """Back to the Hub's layout: per-expert keys (transformers 5 holds them stacked in
+    memory, saves them one by one), the stacked experts' transforms undone."""
     src = tiny_deepseek(tmp_path / "ds", mtp=0)
     out = tmp_path / "ds.ckpt"
     converted(src, out)
@@ -533,28 +528,6 @@ def test_export_round_trip_is_bit_identical(tmp_path):
                           output=tmp_path / "back")
     assert back.ok
     assert_equal_to(hf_tensors(tmp_path / "back"), hf_tensors(src))
-
-
-def test_export_fails_on_the_experts_for_the_reason_stated(tmp_path):
-    """The xfail above, pinned down: everything but the routed experts pairs up, and comes
-    back bit for bit (linear_qkv split, the interleaved rows taken apart)."""
-    src = tiny_deepseek(tmp_path / "ds", mtp=0)
-    out = tmp_path / "ds.ckpt"
-    converted(src, out)
-    back = ms_port.export(out, ms_model=FAMILY, config=src / "config.json",
-                          output=tmp_path / "back", dry_run=True)
-    assert not back.ok
-    missing = {m.name for m in back.plan.missing}
-    assert missing == {f"model.layers.{i}.mlp.experts.{p}" for i in (1, 2)
-                       for p in ("gate_up_proj", "down_proj")}
-    assert {u.name for u in back.plan.unused} == {
-        f"decoder.layers.{i}.mlp.experts.weight{w}" for i in (1, 2) for w in (1, 2)}
-    back = ms_port.export(out, ms_model=FAMILY, config=src / "config.json",
-                          output=tmp_path / "back", allow_missing=True, allow_unused=True)
-    assert back.ok
-    again, original = hf_tensors(tmp_path / "back"), hf_tensors(src)
-    assert set(again) == {n for n in original if ".mlp.experts." not in n}
-    assert_equal_to(again, {n: original[n] for n in again})
 
 
 def test_a_saved_plan_loads_back(tmp_path):

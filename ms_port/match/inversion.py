@@ -63,9 +63,24 @@ def _from_config(config: dict[str, Any], where: str) -> tuple[Source, str]:
     for name, tensor in module.state_dict().items():
         if tied.get(name, set()) & set(infos):  # the twin is already listed
             continue
-        infos[name] = TensorInfo(name, tuple(tensor.shape), dtype)
+        for part, shape in _on_disk(name, tuple(tensor.shape)):
+            infos[part] = TensorInfo(part, shape, dtype)
     what = f"transformers {type(module).__name__} ({where})"
     return Source(what, "torch-module", infos, config=config, config_path=where), what
+
+
+def _on_disk(name: str, shape: tuple[int, ...]) -> list[tuple[str, tuple[int, ...]]]:
+    """The names and shapes transformers saves a tensor under: a mixture of experts it
+    holds stacked in memory is written one tensor per expert, as the Hub's files have it
+    (:data:`~ms_port.check.networks.STACKED_IN_MEMORY`); anything else as it is."""
+    from ..check.networks import STACKED_IN_MEMORY
+
+    for suffix, parts in STACKED_IN_MEMORY.items():
+        if name.endswith("." + suffix) and len(shape) == 3 and shape[1] % len(parts) == 0:
+            prefix = name[: -len(suffix)]
+            each = (shape[1] // len(parts), shape[2])
+            return [(prefix + p.format(e=e), each) for e in range(shape[0]) for p in parts]
+    return [(name, shape)]
 
 
 def _on_meta(build: Any) -> Any:
@@ -142,17 +157,20 @@ def invert_plan(forward: Plan, checkpoint: Source, torch_side: Source) -> Plan:
         if m.how == "tied":  # PyTorch holds it once, as the tensor it is tied to
             initialised.append(Dropped(m.target, f"tied: {m.detail}"))
             continue
-        if (m.parts or m.part is not None) and m.transforms:
+        if m.part is not None and m.transforms:
             conflicts.append(Conflict("shape", (m.source,), (m.target,), (
                 f"{m.target!r} was {m.detail} with transforms "
-                f"{', '.join(map(str, m.transforms))}; export cannot undo a layout with "
-                "transforms yet — export without that entry")))
+                f"{', '.join(map(str, m.transforms))}; export cannot join parts that were "
+                "transformed one by one yet — export without that entry")))
             continue
-        if m.parts:  # fused on conversion: each PyTorch part is taken back out
+        if m.parts:  # fused on conversion: each PyTorch part is taken back out, after
+            # the transforms applied to the joined tensor are undone
+            before = invert(m.transforms, m.source_shape)
             for i, part in enumerate(m.parts):
                 shape = torch_side.tensors[part].shape
                 matches[part] = Match(part, m.target, m.how, f"part {i + 1} of {m.detail}",
-                                      m.shape, shape, dtype, dtype, layout=m.layout, part=i)
+                                      m.shape, shape, dtype, dtype, layout=m.layout, part=i,
+                                      before=before)
             continue
         if m.part is not None:  # split on conversion: fused again below
             split.setdefault(m.source, []).append(m)

@@ -75,6 +75,9 @@ class Match:
     layout: Layout | None = None
     #: a split source: this target is part ``part`` of ``source`` laid out by ``layout``
     part: int | None = None
+    #: for a part: transforms that bring the source back to its layout first (export of a
+    #: target fused and then transformed: the experts' transpose and reshapes undone)
+    before: tuple[Transform, ...] = ()
 
     @property
     def sources(self) -> tuple[str, ...]:
@@ -410,7 +413,7 @@ def materialize(match: Match, info: TensorInfo | list[TensorInfo]) -> np.ndarray
         array = match.layout.join([i.load() for i in info])
     elif match.part is not None:
         assert match.layout is not None
-        array = match.layout.part(info.load(), match.part)
+        array = match.layout.part(apply_all(match.before, info.load()), match.part)
     else:
         array = info.load()
     array = apply_all(match.transforms, array)
