@@ -19,6 +19,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from ..errors import TargetError
 from .mindformers import llama_config, llama_sizes
 
 #: the decoder layer every layer runs as
@@ -134,7 +135,7 @@ class LlamaBlocks:
     # --- MindSpore --------------------------------------------------------------------
     def ms_network(self, piece: Piece, tensors: dict[str, Any]) -> Any:
         """MindFormers' network with one decoder layer, built without weights, holding the
-        piece's tensors (float32)."""
+        piece's tensors (float32); ``tensors`` is emptied as they are loaded."""
         import mindspore as ms
 
         from ..read.targets import without_weights
@@ -151,8 +152,14 @@ class LlamaBlocks:
 
         net = without_weights(build)
         net.set_train(False)
-        params = {k: ms.Parameter(ms.Tensor(v), name=k) for k, v in tensors.items()}
-        ms.load_param_into_net(net, params)
+        own = {p.name: p for p in net.get_parameters()}
+        for name in list(tensors):  # one tensor at a time: each array let go once loaded
+            array = tensors.pop(name)
+            if name not in own or tuple(own[name].shape) != array.shape:
+                has = tuple(own[name].shape) if name in own else "no such parameter"
+                raise TargetError(f"{name} {array.shape} does not fit MindFormers' network "
+                                  f"({has}); convert again")
+            own[name].set_data(ms.Tensor(array))
         return net
 
     def ms_step(self, net: Any, piece: Piece, state: Any, ids: np.ndarray) -> Any:

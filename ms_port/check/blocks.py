@@ -22,7 +22,6 @@ A family gives its blocks with five methods (``pieces``, ``torch_network``,
 from __future__ import annotations
 
 import contextlib
-import copy
 import gc
 import time
 from collections.abc import Iterator
@@ -85,10 +84,10 @@ def choose_mode(mode: str, parameters: int, why_not: str | None,
     return "whole", f"the whole networks fit (~{need / gib:.1f} GiB{where})"
 
 
-def _float32(source: Source, names: dict[str, str], found: list[str], side: str
-             ) -> dict[str, np.ndarray]:
-    """The named tensors as float32 arrays (bf16/fp16 checkpoints compute in float32);
-    NaN/Inf is recorded in ``found``."""
+def _arrays(source: Source, names: dict[str, str], found: list[str], side: str,
+            dtype: Any = np.float32) -> dict[str, np.ndarray]:
+    """The named tensors in ``dtype`` (bf16/fp16 checkpoints compute in float32; float64
+    for the noise), each cast as it is read; NaN/Inf is recorded in ``found``."""
     arrays = {}
     for local, name in names.items():
         info = source.tensors.get(name)
@@ -96,11 +95,12 @@ def _float32(source: Source, names: dict[str, str], found: list[str], side: str
             raise ParityError(f"{source.path}: no tensor {name!r}, which the block needs; "
                               "convert again", path=source.path)
         array = np.asarray(info.load())
-        if array.dtype != np.float32:
-            array = array.astype(np.float32)
-        bad = _count_nonfinite(side, name, array)
-        if bad:
-            found.append(bad)
+        if array.dtype != dtype:
+            array = array.astype(dtype)
+        if dtype == np.float32:
+            bad = _count_nonfinite(side, name, array)
+            if bad:
+                found.append(bad)
         arrays[local] = array
     return arrays
 
@@ -206,35 +206,45 @@ def _run_piece(blocks: Any, piece: Any, source: Source, checkpoint: Source,
     import mindspore as ms
     import torch
 
-    # one side's tensors at a time: PyTorch's are freed before MindSpore's are read
+    # one block of one precision of one side in memory at a time: PyTorch float32 (the
+    # main and second-input passes), then float64 (the noise, its tensors read again as
+    # float64: no float32 copy beside them), then MindSpore
     with timer("read"):
-        t_arrays = _float32(source, piece.torch, nonfinite, "PyTorch")
+        t_arrays = _arrays(source, piece.torch, nonfinite, "PyTorch")
     with timer("build"):
         model = blocks.torch_network(piece, {k: torch.from_numpy(v)
                                              for k, v in t_arrays.items()})
-        # a float64 copy: the piece's own tensors (the rest stays on the meta device)
-        alt = copy.deepcopy(model).to(dtype=torch.float64) if noise_floor else None
     del t_arrays
     given = streams.t
-    noise: dict[tuple[str, int], float] = {}
-    fed64 = None
     with timer("torch"):
         streams.t, events = record_torch(
             model, lambda mdl=model: blocks.torch_step(mdl, piece, given, ids))
-        if alt is not None:
+        before2 = streams.t2
+        streams.t2, sens = Measure(events, "recorded").run(
+            model, lambda mdl=model: blocks.torch_step(mdl, piece, before2, ids2))
+    del model
+    gc.collect()
+    noise: dict[tuple[str, int], float] = {}
+    fed64 = None
+    if noise_floor:
+        with timer("read"):
+            w_arrays = _arrays(source, piece.torch, nonfinite, "PyTorch", np.float64)
+        with timer("build"):
+            alt = blocks.torch_network(piece, {k: torch.from_numpy(v)
+                                               for k, v in w_arrays.items()})
+        del w_arrays
+        with timer("torch"):
             before64 = streams.t64
             streams.t64, noise = Measure(events, "float64").run(
                 alt, lambda mdl=alt: blocks.torch_step(mdl, piece, before64, ids))
             if given is not None:
                 fed64 = blocks.torch_step(alt, piece, given.double(), ids)
-        before2 = streams.t2
-        streams.t2, sens = Measure(events, "recorded").run(
-            model, lambda mdl=model: blocks.torch_step(mdl, piece, before2, ids2))
-    del model, alt
+        del alt
+        gc.collect()
     with timer("read"):
-        m_arrays = _float32(checkpoint, piece.ms, nonfinite, "MindSpore")
+        m_arrays = _arrays(checkpoint, piece.ms, nonfinite, "MindSpore")
     with timer("build"):
-        net = blocks.ms_network(piece, m_arrays)
+        net = blocks.ms_network(piece, m_arrays)  # takes the arrays out as it loads them
     del m_arrays
     before_m = streams.m
     with timer("mindspore"):
