@@ -28,6 +28,7 @@ from ..errors import TargetError, shown
 from ..match.mapping import select_table, selected_model_types
 from ..match.rope import Rope, read_rope
 from ..read.targets import Target, TargetTensor
+from .config_values import read_bool, read_float, read_int
 
 FAMILY = "mindformers:llama"
 
@@ -60,36 +61,8 @@ class LlamaSizes:
         return self.rope.theta
 
 
-#: the largest size a config may give (a dimension of a real model is far below)
-MAX_SIZE = 2**31
-
-
-def _int(config: dict[str, Any], key: str, default: int | None = None) -> int:
-    value = config.get(key, default)
-    if value is None:
-        value = default
-    if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= MAX_SIZE:
-        raise TargetError(f"config.json: {key} is {shown(value)}; mindformers:llama needs a "
-                          f"positive integer there (at most {MAX_SIZE})")
-    return value
-
-
-def _float(config: dict[str, Any], key: str, default: float) -> float:
-    value = config.get(key)
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
-            0 < value < 1e300):
-        raise TargetError(f"config.json: {key} is {str(value)[:40]!r}; mindformers:llama "
-                          "needs a positive finite number there")
-    return float(value)
-
-
-def _bool(config: dict[str, Any], key: str) -> bool:
-    value = config.get(key, False)
-    if not isinstance(value, bool) and value is not None:
-        raise TargetError(f"config.json: {key} is {str(value)[:40]!r}; expected true or false")
-    return bool(value)
+# checked readers of config.json values (shared with the parallel_core families)
+_int, _float, _bool = read_int, read_float, read_bool
 
 
 #: what a mapping table's ``implies:`` may say of a model type, and its default

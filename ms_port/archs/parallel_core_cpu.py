@@ -43,6 +43,7 @@ import numpy as np
 
 from ..errors import TargetError, shown
 from ..match.rope import read_rope
+from .config_values import read_bool, read_float, read_int
 from .mindformers import contained
 
 _TRAINING_GRAPH = "mindformers.parallel_core.training_graph"
@@ -330,35 +331,9 @@ def _require_active(what: str) -> None:
 # ---- config.json -> MindFormers' config -------------------------------------------------
 
 #: the most decoder layers / experts a config may ask for
-MAX_LAYERS, MAX_EXPERTS, MAX_SIZE = 1024, 4096, 2**31
-
-
-def _int(config: Mapping[str, Any], key: str, default: int | None = None) -> int:
-    value = config.get(key, default)
-    if value is None:
-        value = default
-    if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= MAX_SIZE:
-        raise TargetError(f"config.json: {key} is {shown(value)}; MindFormers' parallel_core "
-                          f"network needs a positive integer there (at most {MAX_SIZE})")
-    return value
-
-
-def _float(config: Mapping[str, Any], key: str, default: float) -> float:
-    value = config.get(key, default)
-    if value is None:
-        value = default
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1e300:
-        raise TargetError(f"config.json: {key} is {shown(value)}; expected a positive number")
-    return float(value)
-
-
-def _bool(config: Mapping[str, Any], key: str, default: bool = False) -> bool:
-    value = config.get(key, default)
-    if value is None:
-        return default
-    if not isinstance(value, bool):
-        raise TargetError(f"config.json: {key} is {shown(value)}; expected true or false")
-    return value
+MAX_LAYERS, MAX_EXPERTS = 1024, 4096
+# checked readers of config.json values
+_int, _float, _bool = read_int, read_float, read_bool
 
 
 def _dense_settings(config: Mapping[str, Any]) -> dict[str, Any]:

@@ -1,0 +1,48 @@
+"""Numbers and switches read from a Hugging Face ``config.json``: each checked before use
+(a file's value is data), each refusal one line naming the key and what it should be."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from ..errors import TargetError, shown
+
+#: the largest size a config may give (a dimension of a real model is far below)
+MAX_SIZE = 2**31
+
+
+def read_int(config: Mapping[str, Any], key: str, default: int | None = None) -> int:
+    """A positive integer (at most :data:`MAX_SIZE`); ``default`` where unset or null."""
+    value = config.get(key, default)
+    if value is None:
+        value = default
+    if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= MAX_SIZE:
+        raise TargetError(f"config.json: {key} is {shown(value)}; expected a positive integer "
+                          f"there (at most {MAX_SIZE})")
+    return value
+
+
+def read_float(config: Mapping[str, Any], key: str, default: float) -> float:
+    """A positive finite number; ``default`` where unset or null."""
+    value = config.get(key)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
+            0 < value < 1e300):
+        raise TargetError(f"config.json: {key} is {shown(value)}; expected a positive finite "
+                          "number there")
+    return float(value)
+
+
+def read_bool(config: Mapping[str, Any], key: str, default: bool = False) -> bool:
+    """true or false; ``default`` where unset or null."""
+    value = config.get(key, default)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise TargetError(f"config.json: {key} is {shown(value)}; expected true or false")
+    return value
+
+
+__all__ = ["MAX_SIZE", "read_bool", "read_float", "read_int"]
