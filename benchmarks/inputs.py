@@ -32,6 +32,11 @@ never imported. The harness runs generation in a child process of its own.
 - ``llm-7b/``: the same at Mistral-7B's shape (vocab 32000, hidden 4096, 32 layers, 32
   heads, 8 KV heads, intermediate 14336; 7,241,732,096 parameters, 13.5 GiB), cut into
   Hugging Face shards of at most 5 GB with ``model.safetensors.index.json``.
+- ``llm-70b-2l/``, ``llm-70b-4l/``: the same layout with Llama-3-70B's widths (vocab 128256,
+  hidden 8192, 64 heads, 8 KV heads, intermediate 28672, ``rope_theta`` 500000) but only 2
+  or 4 decoder layers (3.81e9 / 5.52e9 parameters, 7.1 / 10.3 GiB): one such layer is
+  855,654,400 parameters (1.6 GiB in bfloat16), the embedding and the head 1,050,673,152
+  each. For ``verify --mode layers``, whose memory should follow one block, not the depth.
 """
 
 from __future__ import annotations
@@ -53,10 +58,17 @@ LLM_SIZES = {
     # Mistral-7B's shape (GQA, 7.24B parameters, 13.5 GiB in bfloat16)
     "7b": {"vocab_size": 32000, "hidden_size": 4096, "num_hidden_layers": 32,
            "num_attention_heads": 32, "num_key_value_heads": 8, "intermediate_size": 14336},
+    # Llama-3-70B's widths at 2 and 4 layers (70B itself has 80)
+    **{f"70b-{n}l": {"vocab_size": 128256, "hidden_size": 8192, "num_hidden_layers": n,
+                     "num_attention_heads": 64, "num_key_value_heads": 8,
+                     "intermediate_size": 28672} for n in (2, 4)},
 }
+#: config.json keys that differ from the defaults of :func:`llm_config`
+LLM_CONFIG = {f"70b-{n}l": {"rope_theta": 500000.0, "max_position_embeddings": 8192,
+                            "bos_token_id": 128000, "eos_token_id": 128001} for n in (2, 4)}
 #: sizes written as Hugging Face shards of at most this many bytes, with an index
 #: (``save_pretrained``'s layout: ``model-00001-of-0000N.safetensors``)
-LLM_SHARD_BYTES = {"7b": 5 * 10**9}
+LLM_SHARD_BYTES = {"7b": 5 * 10**9, "70b-2l": 5 * 10**9, "70b-4l": 5 * 10**9}
 
 
 def synth_path(size: str) -> Path:
@@ -90,8 +102,18 @@ def big_bytes(shards: int = BIG_SHARDS) -> int:
 
 
 def llm_dir(size: str = "1b") -> Path:
-    """``size`` is ``1b``, ``7b`` or ``tiny``."""
+    """``size`` is a key of :data:`LLM_SIZES` (``1b``, ``7b``, ``tiny``, ``70b-2l``...)."""
     return CACHE / f"llm-{size}"
+
+
+def llm_70b_depths(case: str) -> list[int]:
+    """``llm-70b-layers`` is 2 and 4 layers; ``llm-70b-layers:2`` (or ``:2+4``) picks."""
+    given = case.partition(":")[2]
+    depths = [int(d) for d in given.split("+")] if given else [2, 4]
+    for d in depths:
+        if f"70b-{d}l" not in LLM_SIZES:
+            raise SystemExit(f"{case}: no input of {d} layers (there are 2 and 4)")
+    return depths
 
 
 def llm_mf_yaml(size: str = "1b") -> Path:
@@ -103,7 +125,8 @@ def llm_config(size: str = "1b") -> dict:
     return {"architectures": ["LlamaForCausalLM"], "model_type": "llama",
             **LLM_SIZES[size], "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
             "tie_word_embeddings": False, "hidden_act": "silu", "torch_dtype": "bfloat16",
-            "max_position_embeddings": 2048, "bos_token_id": 1, "eos_token_id": 2}
+            "max_position_embeddings": 2048, "bos_token_id": 1, "eos_token_id": 2,
+            **LLM_CONFIG.get(size, {})}
 
 
 def llm_shapes(size: str = "1b") -> list[tuple[str, tuple[int, ...]]]:
@@ -206,7 +229,7 @@ def make_llm(size: str = "1b") -> Path:
                  "weight_map": {name: file for file, shapes in files for name, _ in shapes}}
         _atomic(folder / "model.safetensors.index.json",
                 lambda tmp: tmp.write_text(json.dumps(index, indent=2)))
-    c = LLM_SIZES[size]
+    c, theta = LLM_SIZES[size], llm_config(size)["rope_theta"]
     yaml = "\n".join([
         "# the model section MindFormers' llama convert_to_qkv_concat reads",
         "model:", "  model_config:", "    type: LlamaConfig",
@@ -215,7 +238,7 @@ def make_llm(size: str = "1b") -> Path:
         f"    n_kv_heads: {c['num_key_value_heads']}",
         f"    intermediate_size: {c['intermediate_size']}",
         f"    vocab_size: {c['vocab_size']}", "    rms_norm_eps: 1.0e-5",
-        "    theta: 10000.0", "    qkv_concat: True", "  arch:",
+        f"    theta: {theta}", "    qkv_concat: True", "  arch:",
         "    type: LlamaForCausalLM", ""])
     _atomic(llm_mf_yaml(size), lambda tmp: tmp.write_text(yaml))
     _atomic(config, lambda tmp: tmp.write_text(json.dumps(llm_config(size), indent=2)))
@@ -399,8 +422,15 @@ def prepare(cases: list[str]) -> None:
         elif case == "llm-1b":
             make_llm("tiny")
             make_llm("1b")
-        elif case == "llm-7b":
+        elif case in ("llm-7b", "llm-7b-verify"):
             make_llm("7b")
+        elif case == "llm-1b-verify-modes":
+            make_llm("tiny")
+            make_llm("1b")
+        elif case.startswith("llm-70b-layers"):
+            make_llm("tiny")
+            for depth in llm_70b_depths(case):
+                make_llm(f"70b-{depth}l")
 
 
 if __name__ == "__main__":

@@ -5,6 +5,8 @@
         [--big] [--write-readme] [--json FILE] [--from-json FILE]
     python benchmarks/run.py --cases llm-1b [--runs 3] [--write-readme]
     python benchmarks/run.py --cases llm-7b [--runs 3] [--write-readme]
+    python benchmarks/run.py --cases llm-1b-verify-modes,llm-70b-layers,llm-7b-verify
+        [--runs 3] [--heavy-runs 1] [--phases] [--write-readme]
 
 Each conversion case runs the recipe (``benchmarks/recipe.py``) and the ``ms-port`` CLI
 on the same input, alternating (recipe first on even rounds, ms-port first on odd ones),
@@ -16,6 +18,9 @@ Medians are reported, with ratios ms-port / recipe and the goals' verdicts.
 a case of several tools rather than two: ``cp`` of the safetensors file (the floor), ms-port
 to MindFormers' fused and separate layouts, and MindFormers' own two-step converter
 (``benchmarks/mindformers_llama.py``); ratios are to ``cp`` and to MindFormers.
+
+The ``verify`` cases at language-model sizes (``llm-1b-verify-modes``, ``llm-70b-layers``,
+``llm-7b-verify``; not default cases) are in ``benchmarks/verify_cases.py``.
 
 Inputs are generated once into ``benchmarks/.cache`` (``benchmarks/inputs.py``; seeded,
 no downloads). See ``benchmarks/README.md`` for the definitions.
@@ -38,6 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import inputs  # benchmarks/inputs.py: paths only at import time
+import verify_cases  # the verify cases at language-model sizes (paths only at import)
 
 HERE = Path(__file__).resolve().parent
 CACHE = inputs.CACHE
@@ -45,7 +51,8 @@ OUT = CACHE / "out"
 PY = sys.executable
 GIB = 2**30
 DEFAULT_CASES = "resnet50,synth-1g,synth-3g,help,inspect,verify,verify-vgg16"
-EXTRA_CASES = "llm-1b,llm-7b"  # known, not run by default
+EXTRA_CASES = ("llm-1b,llm-7b,llm-1b-verify-modes,llm-70b-layers,"
+               "llm-7b-verify")  # known, not run by default
 # MindFormers writes its logs under $LOCAL_DEFAULT_PATH (./output when unset)
 MF_LOG = Path(tempfile.gettempdir()) / "ms-port-bench-mindformers-log"
 HEAVY = ("torch", "mindspore")
@@ -276,6 +283,8 @@ def build_cases(names: list[str]) -> list[Case | ToolsCase]:
 
 def missing_inputs(name: str) -> int:
     """Bytes of input files a case still has to generate."""
+    if verify_cases.is_verify_case(name):
+        return verify_cases.missing_inputs(name)
     if name == "resnet50":
         return 0 if inputs.resnet50_path().exists() else 100 << 20
     if name == "inspect":
@@ -300,6 +309,8 @@ def missing_inputs(name: str) -> int:
 
 def output_bytes(name: str) -> int:
     """Bytes a case writes while it runs (deleted before the next case), with a margin."""
+    if verify_cases.is_verify_case(name):
+        return verify_cases.output_bytes(name)
     if name == "resnet50":
         return 300 << 20
     if name.startswith("synth-"):
@@ -600,9 +611,10 @@ def _mib(x: float) -> str:
 
 def render(rows: list[dict], baseline: dict[str, float]) -> str:
     """The recipe-vs-ms-port table (if such cases ran), then one table per tools case."""
-    pairs = [row for row in rows if row.get("kind") != "tools"]
+    pairs = [row for row in rows if row.get("kind") not in ("tools", "verify")]
     parts = [render_pairs(pairs, baseline)] if pairs else []
     parts += [render_tools(row) for row in rows if row.get("kind") == "tools"]
+    parts += [verify_cases.render(row) for row in rows if row.get("kind") == "verify"]
     return "\n\n".join(parts)
 
 
@@ -705,7 +717,7 @@ def render_pairs(rows: list[dict], baseline: dict[str, float]) -> str:
     return "\n".join(lines)
 
 
-def machine(load_before: str, load_after: str) -> str:
+def machine(load_before: str, load_after: str, commit_before: str | None = None) -> str:
     cpu = "unknown CPU"
     with open("/proc/cpuinfo") as f:
         for line in f:
@@ -716,7 +728,10 @@ def machine(load_before: str, load_after: str) -> str:
         mem = int(re.search(r"MemTotal:\s+(\d+)", f.read()).group(1)) / 2**20
     from importlib.metadata import version
 
-    return (f"{os.cpu_count()} cores ({cpu}), {mem:.0f} GiB RAM, "
+    now = verify_cases.commit()
+    tree = (now if commit_before in (None, now)
+            else f"{commit_before} at the start, {now} at the end")
+    return (f"commit {tree}; {os.cpu_count()} cores ({cpu}), {mem:.0f} GiB RAM, "
             f"{platform.system()} {platform.release()}; Python {platform.python_version()}, "
             f"torch {version('torch')}, MindSpore {version('mindspore')}, "
             f"numpy {version('numpy')}, ms-port {version('ms-port')}; "
@@ -729,12 +744,13 @@ def write_readme(data: dict) -> None:
     the recipe-vs-ms-port cases, ``<!-- results:CASE -->`` for each tools case."""
     readme = HERE / "README.md"
     body = readme.read_text()
-    pairs = [row for row in data["rows"] if row.get("kind") != "tools"]
+    pairs = [row for row in data["rows"] if row.get("kind") not in ("tools", "verify")]
     blocks = [("results", pairs)] if pairs else []
-    blocks += [(f"results:{row['case']}", [row]) for row in data["rows"]
-               if row.get("kind") == "tools"]
+    # a verify case's block is named without its ``:depths`` (llm-70b-layers:2)
+    blocks += [(f"results:{row['case'].partition(':')[0]}", [row]) for row in data["rows"]
+               if row.get("kind") in ("tools", "verify")]
     for tag, rows in blocks:
-        text = header(data) + render(rows, data["baseline"])
+        text = header(data, rows) + render(rows, data["baseline"])
         block = f"<!-- {tag} -->\n{text}\n<!-- /{tag} -->"
         body, n = re.subn(rf"<!-- {re.escape(tag)} -->.*<!-- /{re.escape(tag)} -->",
                           lambda _m, block=block: block, body, flags=re.S)
@@ -743,7 +759,17 @@ def write_readme(data: dict) -> None:
     readme.write_text(body)
 
 
-def header(data: dict) -> str:
+def header(data: dict, rows: list[dict] | None = None) -> str:
+    rows = data["rows"] if rows is None else rows
+    if rows and all(row.get("kind") == "verify" for row in rows):
+        heavy = data.get("heavy_runs", 1)
+        runs = "; ".join(
+            f"{row['case']}: " + (f"median of {data['runs']} runs per mode"
+                                  if row["case"] == "llm-1b-verify-modes" else
+                                  f"{heavy} run{'s' if heavy > 1 else ''} per command"
+                                  + (" (median)" if heavy > 1 else ""))
+            for row in rows)
+        return f"Machine: {data['machine']}. {runs}.\n\n"
     return (f"Machine: {data['machine']}. Median of {data['runs']} runs per tool and case."
             "\n\n")
 
@@ -761,6 +787,12 @@ def main() -> None:
                              "(big:N: N shards of 2 GiB instead of 7; llm-1b: a 1.1B bfloat16 "
                              "LLaMA against cp and MindFormers' converter, 3-4 min, ~13 GiB "
                              "of disk; llm-7b: a 7B-shaped one against cp, ~5 min, ~29 GiB)")
+    parser.add_argument("--heavy-runs", type=int, default=1,
+                        help="runs of each verify of llm-7b-verify and llm-70b-layers (each "
+                             "takes minutes; llm-1b-verify-modes takes --runs)")
+    parser.add_argument("--phases", action="store_true",
+                        help="verify cases: also run each verify command once through "
+                             "verify_phases.py (where the time goes; not in the medians)")
     parser.add_argument("--big", action="store_true",
                         help="add the 14 GiB bfloat16 sharded case (ms-port only; needs "
                              "~30 GiB of free disk)")
@@ -782,6 +814,10 @@ def main() -> None:
         if args.json:
             Path(args.json).write_text(json.dumps(data, indent=1))
     print(header(data) + render(data["rows"], data["baseline"]))
+    failed = [text for row in data["rows"] if row.get("kind") == "verify"
+              for text, ok in row["goals"] if not ok]
+    if failed:  # said last, where it is seen
+        print("\nMISSED: " + "; ".join(failed), file=sys.stderr)
     if args.write_readme:
         write_readme(data)
 
@@ -799,13 +835,15 @@ def measure_all(args: argparse.Namespace) -> dict:
     subprocess.run([PY, str(HERE / "inputs.py"), *names], check=True)
     OUT.mkdir(exist_ok=True)
     clean_outputs()
-    load_before = loadavg()
-    cases = build_cases(names)
+    load_before, commit_before = loadavg(), verify_cases.commit()
+    cases = build_cases([n for n in names if not verify_cases.is_verify_case(n)])
     baseline = median_run([measure([PY, "-c", "pass"], "bare python") for _ in range(args.runs)])
     rows = [run_tools_case(case, args.runs) if isinstance(case, ToolsCase)
             else run_case(case, args.runs, baseline) for case in cases]
-    return {"machine": machine(load_before, loadavg()), "runs": args.runs,
-            "baseline": baseline, "rows": rows}
+    rows += [verify_cases.run_case(n, ms_port_script(), args.runs, args.heavy_runs, args.phases)
+             for n in names if verify_cases.is_verify_case(n)]
+    return {"machine": machine(load_before, loadavg(), commit_before), "runs": args.runs,
+            "heavy_runs": args.heavy_runs, "baseline": baseline, "rows": rows}
 
 
 if __name__ == "__main__":
