@@ -10,6 +10,9 @@ from ..errors import TargetError, shown
 
 #: the largest size a config may give (a dimension of a real model is far below)
 MAX_SIZE = 2**31
+#: the most decoder layers a config may ask for (the largest published LLaMA has 126): a
+#: target is listed layer by layer, so this bounds the work a file asks for
+MAX_LAYERS = 1024
 
 
 def read_int(config: Mapping[str, Any], key: str, default: int | None = None) -> int:
@@ -45,4 +48,13 @@ def read_bool(config: Mapping[str, Any], key: str, default: bool = False) -> boo
     return value
 
 
-__all__ = ["MAX_SIZE", "read_bool", "read_float", "read_int"]
+def read_layers(config: Mapping[str, Any]) -> int:
+    """``num_hidden_layers``, at most :data:`MAX_LAYERS`."""
+    layers = read_int(config, "num_hidden_layers")
+    if layers > MAX_LAYERS:
+        raise TargetError(f"config.json: num_hidden_layers {layers} is more than any "
+                          f"published model ({MAX_LAYERS} at most); check the config")
+    return layers
+
+
+__all__ = ["MAX_LAYERS", "MAX_SIZE", "read_bool", "read_float", "read_int", "read_layers"]

@@ -28,12 +28,10 @@ from ..errors import TargetError, shown
 from ..match.mapping import select_table, selected_model_types
 from ..match.rope import Rope, read_rope
 from ..read.targets import Target, TargetTensor
-from .config_values import read_bool, read_float, read_int
+from .config_values import read_bool, read_float, read_int, read_layers
 
 FAMILY = "mindformers:llama"
 
-#: the most decoder layers a config may ask for (the largest published LLaMA has 126)
-MAX_LAYERS = 1024
 
 
 @dataclass(frozen=True)
@@ -114,10 +112,7 @@ def llama_sizes(config: dict[str, Any]) -> LlamaSizes:
                           "computes SiLU")
     rope = read_rope(config)  # never refused: the weights do not depend on it
     bias = _bool(config, "attention_bias")
-    layers = _int(config, "num_hidden_layers")
-    if layers > MAX_LAYERS:  # the target is listed layer by layer: bound the work a file asks
-        raise TargetError(f"config.json: num_hidden_layers {layers} is more than any "
-                          f"published model ({MAX_LAYERS} at most); check the config")
+    layers = read_layers(config)
     return LlamaSizes(
         vocab=_int(config, "vocab_size"), hidden=hidden, layers=layers,
         heads=heads, kv_heads=kv_heads, intermediate=_int(config, "intermediate_size"),

@@ -26,7 +26,8 @@ from ..errors import TargetError, shown
 from ..match.mapping import select_table, selected_model_types
 from ..match.rope import Rope, read_rope
 from ..read.targets import Target, TargetTensor
-from .mindformers import MAX_LAYERS, _bool, _float, _int
+from .config_values import read_layers
+from .mindformers import _bool, _float, _int
 
 QWEN3 = "mindformers:qwen3"
 QWEN3_MOE = "mindformers:qwen3_moe"
@@ -83,10 +84,7 @@ def qwen3_sizes(config: dict[str, Any], family: str = QWEN3) -> Qwen3Sizes:
         raise TargetError("config.json: attention_bias is set; MindFormers' Qwen3 takes q/k/v "
                           "biases but has no o_proj bias (add_bias_linear), so it cannot hold "
                           "this model")
-    layers = _int(config, "num_hidden_layers")
-    if layers > MAX_LAYERS:
-        raise TargetError(f"config.json: num_hidden_layers {layers} is more than any "
-                          f"published model ({MAX_LAYERS} at most); check the config")
+    layers = read_layers(config)
     experts = expert_intermediate = 0
     if family == QWEN3_MOE:
         # transformers 5 writes num_local_experts; the Hub's files num_experts

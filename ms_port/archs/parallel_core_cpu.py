@@ -43,7 +43,7 @@ import numpy as np
 
 from ..errors import TargetError, shown
 from ..match.rope import read_rope
-from .config_values import read_bool, read_float, read_int
+from .config_values import read_bool, read_float, read_int, read_layers
 from .mindformers import contained
 
 _TRAINING_GRAPH = "mindformers.parallel_core.training_graph"
@@ -331,7 +331,7 @@ def _require_active(what: str) -> None:
 # ---- config.json -> MindFormers' config -------------------------------------------------
 
 #: the most decoder layers / experts a config may ask for
-MAX_LAYERS, MAX_EXPERTS = 1024, 4096
+MAX_EXPERTS = 4096
 # checked readers of config.json values
 _int, _float, _bool = read_int, read_float, read_bool
 
@@ -345,10 +345,7 @@ def _dense_settings(config: Mapping[str, Any]) -> dict[str, Any]:
     if heads % kv_heads:
         raise TargetError(f"config.json: {heads} attention heads are not a multiple of "
                           f"{kv_heads} KV heads")
-    layers = _int(config, "num_hidden_layers")
-    if layers > MAX_LAYERS:
-        raise TargetError(f"config.json: num_hidden_layers {layers} is more than "
-                          f"{MAX_LAYERS}; check the config")
+    layers = read_layers(config)
     act = config.get("hidden_act", "silu")
     if act != "silu":
         raise TargetError(f"config.json: hidden_act {shown(act)}; MindFormers' Qwen3 computes "

@@ -48,7 +48,7 @@ from ..errors import TargetError, shown
 from ..match.mapping import select_table, selected_model_types
 from ..match.rope import Rope, read_rope
 from ..read.targets import Target, TargetTensor
-from .mindformers import MAX_LAYERS
+from .config_values import read_layers
 from .parallel_core import NO_FORWARD
 
 FAMILY = "mindformers:deepseek3"
@@ -120,10 +120,7 @@ def deepseek_sizes(config: dict[str, Any], *, mtp: bool | None = None) -> Deepse
         raise TargetError(f"config.json: moe_layer_freq {shown(freq)}; transformers and "
                           "MindFormers (with first_k_dense_replace) make every layer after "
                           "the first dense ones a mixture of experts")
-    layers = _size(config, "num_hidden_layers")
-    if layers > MAX_LAYERS:
-        raise TargetError(f"config.json: num_hidden_layers {layers} is more than any "
-                          f"published model ({MAX_LAYERS} at most); check the config")
+    layers = read_layers(config)
     if "q_lora_rank" in config and config["q_lora_rank"] is None:
         raise TargetError("config.json: q_lora_rank is null (one q_proj, as DeepSeek-V2-Lite and "
                           "Moonlight have); mindformers:deepseek3 takes the low-rank query of "
