@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from ..archs.experts import stack_experts
 from ..errors import ParityError
 from ..read.sources import Source, read_source
 from .report import FAIL, ParityReport
@@ -37,47 +38,10 @@ def build_network(spec: Any, option: str, arch: Any, side: str) -> Any:
         lambda: arch.build_mindspore() if spec is None else instantiate(spec, option))
 
 
-#: transformers 5 holds a mixture of experts fused in memory, while its files (and the
-#: Hub's) keep one tensor per expert: in-memory suffix -> the per-expert suffixes stacked
-#: into it, each expert's parts joined on their first axis ({e}: the expert's number)
-STACKED_IN_MEMORY = {
-    "mlp.experts.gate_up_proj": ("mlp.experts.{e}.gate_proj.weight",
-                                 "mlp.experts.{e}.up_proj.weight"),   # [E, 2F, H]
-    "mlp.experts.down_proj": ("mlp.experts.{e}.down_proj.weight",),   # [E, H, F]
-}
-
-
-def _stack_experts(state: dict[str, Any], wanted: dict[str, Any]) -> None:
-    """Fill a network's in-memory stacked expert tensors from per-expert ones, in place
-    (:data:`STACKED_IN_MEMORY`); what does not fit exactly is left for the caller to name."""
-    import torch
-
-    for name, param in wanted.items():
-        if name in state:
-            continue
-        for suffix, parts in STACKED_IN_MEMORY.items():
-            if not name.endswith("." + suffix):
-                continue
-            prefix = name[: -len(suffix)]
-            experts = []
-            for e in range(int(param.shape[0])):
-                keys = [prefix + p.format(e=e) for p in parts]
-                if not all(k in state for k in keys):
-                    break
-                experts.append(torch.cat([state[k] for k in keys]))
-            else:
-                stacked = torch.stack(experts)
-                if tuple(stacked.shape) == tuple(param.shape):
-                    state[name] = stacked
-                    for e in range(len(experts)):
-                        for p in parts:
-                            state.pop(prefix + p.format(e=e))
-
-
 def load_torch_weights(model: Any, src: Source) -> None:
     """Load an already-read checkpoint into a torch module; a mismatch names the tensors.
     A transformers 5 mixture of experts gets its stacked experts from the file's
-    per-expert tensors (:data:`STACKED_IN_MEMORY`)."""
+    per-expert tensors (:data:`~ms_port.archs.experts.STACKED_IN_MEMORY`)."""
     import torch
 
     source = src.path
@@ -88,7 +52,7 @@ def load_torch_weights(model: Any, src: Source) -> None:
             state[info.name] = torch.from_numpy(array.view("int16").copy()).view(torch.bfloat16)
         else:
             state[info.name] = torch.from_numpy(array.copy())
-    _stack_experts(state, dict(model.named_parameters()))
+    stack_experts(state, dict(model.named_parameters()))
     result = model.load_state_dict(state, strict=False)
     tied = tied_names(model)
     # a tied parameter (an LM head that is the embedding) is filled through its twin

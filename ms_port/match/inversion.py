@@ -72,8 +72,8 @@ def _from_config(config: dict[str, Any], where: str) -> tuple[Source, str]:
 def _on_disk(name: str, shape: tuple[int, ...]) -> list[tuple[str, tuple[int, ...]]]:
     """The names and shapes transformers saves a tensor under: a mixture of experts it
     holds stacked in memory is written one tensor per expert, as the Hub's files have it
-    (:data:`~ms_port.check.networks.STACKED_IN_MEMORY`); anything else as it is."""
-    from ..check.networks import STACKED_IN_MEMORY
+    (:data:`~ms_port.archs.experts.STACKED_IN_MEMORY`); anything else as it is."""
+    from ..archs.experts import STACKED_IN_MEMORY
 
     for suffix, parts in STACKED_IN_MEMORY.items():
         if name.endswith("." + suffix) and len(shape) == 3 and shape[1] % len(parts) == 0:
