@@ -529,11 +529,10 @@ def verify(
         _family_fits(src, family, ms_options)
         where = src.config_path or str(source)
         check_size(src.config, where, sum(i.numel for i in src))
-        result = _verify_graph_forward(
-            src, ckpt, family, feed, mapping=mapping, tol=tol, seed=seed, ms_options=ms_options,
-            noise_floor=noise_floor, names=(str(source), str(checkpoint)),
-            build_torch=lambda: torch_from_config(src.config, where), forward=forward,
-            progress=progress)
+        result = _verify_graph(src, ckpt, family, feed, mode=mode, mapping=mapping, tol=tol,
+                               seed=seed, ms_options=ms_options, noise_floor=noise_floor,
+                               names=(str(source), str(checkpoint)), where=where,
+                               forward=forward, progress=progress)
         if report is not None:
             from .check.html import render_html
 
@@ -596,6 +595,48 @@ def verify(
     return result
 
 
+def _verify_graph(src: Source, ckpt: Source, family: str, feed: list[Any], *, mode: str,
+                  mapping: Any, tol: float, seed: int, ms_options: dict[str, Any] | None,
+                  noise_floor: bool, names: tuple[str, str], where: str, forward: str,
+                  progress: Callable[[str], None] | None) -> Any:
+    """verify a family whose MindSpore network runs only in GRAPH mode with CPU stand-ins
+    (MindFormers' parallel_core): whole (:func:`_verify_graph_forward`) or one block at a
+    time, as ``mode`` and the memory say; INCONCLUSIVE for the forward where MindFormers'
+    network cannot run here."""
+    from .check.blocks import choose_mode
+    from .check.language import torch_from_config
+    from .errors import ForwardUnavailable
+    from .read.targets import family_module, family_options
+
+    blocks = getattr(family_module(family), "blocks", None)
+    mode, why = choose_mode(mode, sum(i.numel for i in src),
+                            None if blocks is not None else
+                            f"{family} has no blocks to run one at a time")
+    if mode == "whole":
+        result = _verify_graph_forward(
+            src, ckpt, family, feed, mapping=mapping, tol=tol, seed=seed,
+            ms_options=ms_options, noise_floor=noise_floor, names=names,
+            build_torch=lambda: torch_from_config(src.config, where), forward=forward,
+            progress=progress)
+        if result.mode == "whole":
+            result.mode_reason = f"{why}; GRAPH mode with CPU stand-ins"
+        return result
+    options = family_options(family, ms_options)
+    options.setdefault("seq_length", int(np.asarray(feed[0].array).shape[1]))
+    try:
+        result = _verify_by_layers(
+            src, ckpt, family, blocks(src.config, lambda c: torch_from_config(c, where),
+                                      **options),
+            feed, mapping=mapping, tol=tol, seed=seed, noise_floor=noise_floor, names=names,
+            progress=progress)
+    except ForwardUnavailable as exc:
+        return _verify_tensors_only(src, ckpt, family, feed, mapping=mapping, tol=tol,
+                                    seed=seed, names=names, ms_options=ms_options,
+                                    why=exc.message)
+    result.mode, result.mode_reason = mode, why
+    return result
+
+
 def _verify_graph_forward(src: Source, ckpt: Source, family: str, feed: list[Any], *,
                           mapping: Any, tol: float, seed: int, noise_floor: bool,
                           ms_options: dict[str, Any] | None,
@@ -615,6 +656,7 @@ def _verify_graph_forward(src: Source, ckpt: Source, family: str, feed: list[Any
     from .check.networks import load_torch_weights, not_loaded_report
     from .check.parity import Networks, _compare_outputs, judge
     from .check.verdict import Drift
+    from .read.targets import family_options
 
     step = progress or (lambda _msg: None)
     started = time.perf_counter()
@@ -656,7 +698,8 @@ def _verify_graph_forward(src: Source, ckpt: Source, family: str, feed: list[Any
     t0 = time.perf_counter()
     try:
         with module.cpu_standins() as standins:
-            net = module.build_network(src.config, seq_length=int(ids.shape[1]))
+            net = module.build_network(src.config, seq_length=int(ids.shape[1]),
+                                       options=family_options(family, ms_options))
             loaded = module.load_arrays(net, {i.name: np.asarray(i.load(), dtype=np.float32)
                                               for i in ckpt})
             if not loaded.complete:
@@ -745,8 +788,7 @@ def _verify_by_layers(src: Source, ckpt: Source, family: str, blocks: Any, feed:
     from .read.targets import from_family
 
     step = progress or (lambda _msg: None)
-    tgt = from_family(family, src.config, None if not blocks.qkv_concat else
-                      {"qkv_concat": True})
+    tgt = from_family(family, src.config, blocks.options or None)
     plan = make_plan(src, tgt, resolve_mapping(mapping, config=src.config, target=tgt),
                      allow_missing=True, allow_unused=True)
     not_loaded = [n for n in tgt.tensors if n not in ckpt.tensors]

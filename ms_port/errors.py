@@ -82,6 +82,11 @@ class ParityError(MsPortError):
     """Verification could not run (a network failed to build or to load weights)."""
 
 
+class ForwardUnavailable(ParityError):
+    """The MindSpore network cannot compile or run here (a kernel this machine lacks):
+    verify falls back to the tensors' proof and INCONCLUSIVE for the forward."""
+
+
 class DeviceError(MsPortError):
     """A requested device is not available on one side; the message says which."""
 

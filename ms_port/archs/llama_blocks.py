@@ -20,6 +20,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ..errors import TargetError
+from .experts import stack_experts
 from .mindformers import llama_config, llama_sizes
 
 #: the decoder layer every layer runs as
@@ -44,6 +45,9 @@ class Piece:
     ms: dict[str, str]
     prefix: str | None = None
     index: int = 0
+    #: the layers whose outputs are the block's own, PyTorch's and MindSpore's: compared
+    #: where the MindSpore side records no layers (GRAPH mode); None where it does
+    outputs: tuple[str, str] | None = None
 
     def rename(self, path: str) -> str:
         """A recorded layer path under its real name (``model.layers.0.x`` -> ``…17.x``)."""
@@ -52,7 +56,61 @@ class Piece:
         return path
 
 
-class LlamaBlocks:
+class HuggingFaceSide:
+    """The PyTorch side of a Hugging Face causal LM's blocks: transformers' own network
+    built from the config with one decoder layer, and one step of it (a family's blocks
+    add ``pieces``, ``ms_network`` and ``ms_step``)."""
+
+    def __init__(self, config: dict[str, Any], build_torch: Callable[[dict[str, Any]], Any]
+                 ) -> None:
+        """``build_torch(config)``: transformers' network for a config (float32, eager
+        attention), called on the meta device."""
+        self.config = config
+        self.build_torch = build_torch
+        self._rotary: Any = None
+
+    # --- PyTorch ----------------------------------------------------------------------
+    def torch_network(self, piece: Piece, tensors: dict[str, Any]) -> Any:
+        """transformers' network with one decoder layer, on the meta device but for the
+        piece's tensors (float32)."""
+        import torch
+
+        one = {**self.config, "num_hidden_layers": 1}
+        kinds = self.config.get("layer_types")
+        if isinstance(kinds, list) and len(kinds) > piece.index:  # this layer's own kind
+            one["layer_types"] = [kinds[piece.index]]
+        with torch.device("meta"):
+            model = self.build_torch(one)
+        # every name of a tied parameter (a tied head is the embedding under its own name)
+        own = dict(model.named_parameters(remove_duplicate=False))
+        # a transformers 5 mixture of experts holds its experts stacked: the file's
+        # per-expert tensors are stacked into them
+        stack_experts(tensors, own)
+        state = {k: v for k, v in tensors.items() if k in own}  # not inv_freq buffers
+        model.load_state_dict(state, strict=False, assign=True)
+        if self._rotary is None:  # computed once, on the CPU (its buffers are not weights)
+            self._rotary = type(model.model.rotary_emb)(config=model.config)
+        return model
+
+    def torch_step(self, model: Any, piece: Piece, state: Any, ids: np.ndarray) -> Any:
+        """One piece's forward: token ids -> hidden states -> … -> logits."""
+        import torch
+
+        with torch.no_grad():
+            if piece.kind == "embedding":
+                return model.model.embed_tokens(torch.as_tensor(ids))
+            if piece.kind == "head":
+                return model.lm_head(model.model.norm(state))
+            length = state.shape[1]
+            positions = torch.arange(length)[None]
+            cos, sin = self._rotary(state, positions)
+            # transformers' eager attention adds the mask; causal, nothing else masked
+            mask = torch.full((length, length), torch.finfo(state.dtype).min,
+                              dtype=state.dtype).triu(1)[None, None]
+            return model.model.layers[0](state, attention_mask=mask, position_ids=positions,
+                                         position_embeddings=(cos, sin))
+
+class LlamaBlocks(HuggingFaceSide):
     """The pieces of a Hugging Face LLaMA / Mistral / Qwen2 and of MindFormers'
     ``LlamaForCausalLM`` built from the same config, and one step of each."""
 
@@ -62,12 +120,11 @@ class LlamaBlocks:
                  qkv_concat: bool = False, seq_length: int = 16) -> None:
         """``build_torch(config)``: transformers' network for a config (float32, eager
         attention), called on the meta device."""
-        self.config = config
-        self.build_torch = build_torch
+        super().__init__(config, build_torch)
         self.sizes = llama_sizes(config)
         self.qkv_concat = qkv_concat
         self.seq_length = seq_length
-        self._rotary: Any = None
+        self.options = {"qkv_concat": True} if qkv_concat else {}
 
     # --- the pieces -------------------------------------------------------------------
     def pieces(self, source_names: set[str], checkpoint_names: set[str]) -> list[Piece]:
@@ -93,44 +150,6 @@ class LlamaBlocks:
              ("model.tok_embeddings.embedding_weight" if tied else "lm_head.weight"):
              ("model.tok_embeddings.embedding_weight" if tied else "lm_head.weight")}))
         return found
-
-    # --- PyTorch ----------------------------------------------------------------------
-    def torch_network(self, piece: Piece, tensors: dict[str, Any]) -> Any:
-        """transformers' network with one decoder layer, on the meta device but for the
-        piece's tensors (float32)."""
-        import torch
-
-        one = {**self.config, "num_hidden_layers": 1}
-        kinds = self.config.get("layer_types")
-        if isinstance(kinds, list) and len(kinds) > piece.index:  # this layer's own kind
-            one["layer_types"] = [kinds[piece.index]]
-        with torch.device("meta"):
-            model = self.build_torch(one)
-        # every name of a tied parameter (a tied head is the embedding under its own name)
-        own = dict(model.named_parameters(remove_duplicate=False))
-        state = {k: v for k, v in tensors.items() if k in own}  # not inv_freq buffers
-        model.load_state_dict(state, strict=False, assign=True)
-        if self._rotary is None:  # computed once, on the CPU (its buffers are not weights)
-            self._rotary = type(model.model.rotary_emb)(config=model.config)
-        return model
-
-    def torch_step(self, model: Any, piece: Piece, state: Any, ids: np.ndarray) -> Any:
-        """One piece's forward: token ids -> hidden states -> … -> logits."""
-        import torch
-
-        with torch.no_grad():
-            if piece.kind == "embedding":
-                return model.model.embed_tokens(torch.as_tensor(ids))
-            if piece.kind == "head":
-                return model.lm_head(model.model.norm(state))
-            length = state.shape[1]
-            positions = torch.arange(length)[None]
-            cos, sin = self._rotary(state, positions)
-            # transformers' eager attention adds the mask; causal, nothing else masked
-            mask = torch.full((length, length), torch.finfo(state.dtype).min,
-                              dtype=state.dtype).triu(1)[None, None]
-            return model.model.layers[0](state, attention_mask=mask, position_ids=positions,
-                                         position_embeddings=(cos, sin))
 
     # --- MindSpore --------------------------------------------------------------------
     def ms_network(self, piece: Piece, tensors: dict[str, Any]) -> Any:
@@ -176,4 +195,4 @@ class LlamaBlocks:
         return model.layers[0](state, freqs, model.casual_mask(tokens))
 
 
-__all__ = ["LOCAL", "LlamaBlocks", "Piece"]
+__all__ = ["LOCAL", "HuggingFaceSide", "LlamaBlocks", "Piece"]

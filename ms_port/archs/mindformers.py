@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import io
 import logging
 import os
 import shutil
@@ -184,13 +185,16 @@ def llama_target(config: dict[str, Any], *, qkv_concat: bool = False) -> Target:
 
 @contextlib.contextmanager
 def contained() -> Any:
-    """Import MindFormers without it writing ``./output/log`` or logging to stdout: its log
-    folder is a temporary one, removed at exit, unless ``LOCAL_DEFAULT_PATH`` is set."""
+    """Import and run MindFormers without it writing ``./output/log`` or to the terminal:
+    its log folder is a temporary one, removed at exit, unless ``LOCAL_DEFAULT_PATH`` is
+    set; what it prints (its 40-line config conversion table for every parallel_core
+    network built) is dropped, since ms-port's output, ``--json`` included, is its own.
+    Its warnings still reach stderr through its logger."""
     if "LOCAL_DEFAULT_PATH" not in os.environ:  # read once, when MindFormers is imported
         logs = tempfile.mkdtemp(prefix="ms-port-mindformers-")
         atexit.register(shutil.rmtree, logs, ignore_errors=True)
         os.environ["LOCAL_DEFAULT_PATH"] = logs
-    with contextlib.redirect_stdout(sys.stderr):
+    with contextlib.redirect_stdout(io.StringIO()):
         yield
         # its INFO lines (pipeline stages, recompute settings) tell a converter's user nothing
         get_logger = getattr(sys.modules.get("mindformers.tools.logger"), "get_logger", None)

@@ -33,7 +33,7 @@ import numpy as np
 from ..errors import ParityError
 from ..read.sources import Source
 from .compare import ms_to_numpy, relative_error
-from .layers import Measure, distance, pair_events, record_ms, record_torch
+from .layers import Event, Measure, Pair, distance, pair_events, record_ms, record_torch
 from .parity import Networks, _compare_outputs, _count_nonfinite, _layer_comparisons, judge
 from .report import LayerComparison, ParityReport
 from .verdict import Drift, bound_for, status_of
@@ -166,6 +166,36 @@ def run_blocks(blocks: Any, source: Source, checkpoint: Source, feed: list[Any],
     compared: list[LayerComparison] = []
     nonfinite: list[str] = []
     streams = _Streams()
+    # a family whose MindSpore side needs a setting held across its blocks (MindFormers'
+    # parallel_core: GRAPH mode and its CPU stand-ins) gives it as ``session()``
+    session = getattr(blocks, "session", None)
+    with session() if session is not None else contextlib.nullcontext():
+        compared += _run_pieces(blocks, pieces, source, checkpoint, streams, ids, ids2,
+                                timer=timer, drift=drift, tol=tol, noise_floor=noise_floor,
+                                correspondence=correspondence, nonfinite=nonfinite, step=step)
+    notes.extend(getattr(blocks, "notes", lambda: [])())
+    for k, c in enumerate(compared):
+        c.index = k
+    outputs = _compare_outputs(
+        [("logits", streams.t.numpy())], [("logits", ms_to_numpy(streams.m))],
+        {} if streams.t64 is None else {"logits": streams.t64.numpy()},
+        {"logits": streams.t2.numpy()}, tol=tol, scaled=True, drift=drift, notes=notes)
+    mine, theirs = _params_under(ms_names), _params_under(list(source.tensors))
+    networks = Networks(params_of=lambda path, torch_side: (theirs if torch_side else mine)(path),
+                        known=lambda c: [])
+    return judge(outputs, compared, drift, networks, correspondence=correspondence,
+                 nonfinite_weights=nonfinite, tensor_diff=tensor_diff, notes=notes, feed=feed,
+                 seed=seed, tol=tol, dtype="float32", scaled=True, torch_device="cpu",
+                 ms_device="cpu", timings=dict(timer.spent), started=started)
+
+
+def _run_pieces(blocks: Any, pieces: list[Any], source: Source, checkpoint: Source,
+                streams: _Streams, ids: np.ndarray, ids2: np.ndarray, *, timer: _Timer,
+                drift: Drift, tol: float, noise_floor: bool,
+                correspondence: list[tuple[str, str]], nonfinite: list[str],
+                step: Callable[[str], None]) -> list[LayerComparison]:
+    """Every block in turn (:func:`_run_piece`), collecting garbage between blocks."""
+    compared: list[LayerComparison] = []
     try:
         for n, piece in enumerate(pieces):
             step(f"block {n + 1}/{len(pieces)}: {piece.name}")
@@ -182,19 +212,7 @@ def run_blocks(blocks: Any, source: Source, checkpoint: Source, feed: list[Any],
                 gc.collect()
     finally:
         gc.unfreeze()
-    for k, c in enumerate(compared):
-        c.index = k
-    outputs = _compare_outputs(
-        [("logits", streams.t.numpy())], [("logits", ms_to_numpy(streams.m))],
-        {} if streams.t64 is None else {"logits": streams.t64.numpy()},
-        {"logits": streams.t2.numpy()}, tol=tol, scaled=True, drift=drift, notes=notes)
-    mine, theirs = _params_under(ms_names), _params_under(list(source.tensors))
-    networks = Networks(params_of=lambda path, torch_side: (theirs if torch_side else mine)(path),
-                        known=lambda c: [])
-    return judge(outputs, compared, drift, networks, correspondence=correspondence,
-                 nonfinite_weights=nonfinite, tensor_diff=tensor_diff, notes=notes, feed=feed,
-                 seed=seed, tol=tol, dtype="float32", scaled=True, torch_device="cpu",
-                 ms_device="cpu", timings=dict(timer.spent), started=started)
+    return compared
 
 
 def _run_piece(blocks: Any, piece: Any, source: Source, checkpoint: Source,
@@ -248,8 +266,11 @@ def _run_piece(blocks: Any, piece: Any, source: Source, checkpoint: Source,
     del m_arrays
     before_m = streams.m
     with timer("mindspore"):
-        streams.m, m_events = record_ms(
-            net, lambda cell=net: blocks.ms_step(cell, piece, before_m, ids))
+        if piece.outputs is None:
+            streams.m, m_events = record_ms(
+                net, lambda cell=net: blocks.ms_step(cell, piece, before_m, ids))
+        else:  # no layer recorded (GRAPH mode): the block's output stands for it
+            streams.m, m_events = blocks.ms_step(net, piece, before_m, ids), []
         fed = (None if given is None else
                ms_to_numpy(blocks.ms_step(net, piece, ms.Tensor(given.numpy()), ids)))
     del net
@@ -257,13 +278,29 @@ def _run_piece(blocks: Any, piece: Any, source: Source, checkpoint: Source,
         e.path = piece.rename(e.path)
     noise = {(piece.rename(p), c): v for (p, c), v in noise.items()}
     sens = {(piece.rename(p), c): v for (p, c), v in sens.items()}
-    found = _layer_comparisons(pair_events(events, m_events, correspondence), noise, sens,
-                               tol=tol, scaled=True, drift=drift)
+    pairs = (pair_events(events, m_events, correspondence) if piece.outputs is None
+             else _block_pair(piece, events, ms_to_numpy(streams.m)))
+    found = _layer_comparisons(pairs, noise, sens, tol=tol, scaled=True, drift=drift)
     if fed is not None:
         out = streams.t.numpy()
         found.append(_fed(piece.name, fed, out, None if fed64 is None else fed64.numpy(),
                           distance(out, streams.t2.numpy(), "recorded"), tol=tol))
     return found
+
+
+def _block_pair(piece: Any, events: list[Event], ms_out: np.ndarray) -> list[Pair]:
+    """The block's output on both sides as one pair, where MindSpore recorded no layer:
+    PyTorch's last call of ``piece.outputs[0]`` against MindSpore's block output, named
+    ``piece.outputs[1]``."""
+    torch_path, ms_path = piece.outputs
+    mine = [e for e in events if e.path == torch_path]
+    if not mine:
+        raise ParityError(f"block {piece.name}: PyTorch recorded no layer {torch_path!r}; "
+                          "the family's blocks do not fit transformers' network")
+    last = mine[-1]
+    ms_event = Event(path=ms_path, call=last.call, seq=0, kind="block (GRAPH mode)",
+                     leaf=last.leaf, arrays=[ms_out])
+    return [Pair(last, ms_event, "name")]
 
 
 def _fed(name: str, ms_out: np.ndarray, torch_out: np.ndarray, torch64: np.ndarray | None,

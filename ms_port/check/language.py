@@ -47,9 +47,10 @@ def torch_from_config(config: dict[str, Any], where: str) -> Any:
                           f"({type(exc).__name__}: {str(exc)[:200]}); fix it or pass "
                           "--torch-model") from None
     cfg.use_cache = False
-    try:
+    try:  # eager attention and experts: the reference loops, which also run in float64
         model = transformers.AutoModelForCausalLM.from_config(
-            cfg, attn_implementation="eager", dtype=torch.float32)
+            cfg, attn_implementation="eager", experts_implementation="eager",
+            dtype=torch.float32)
     except Exception as exc:
         raise TargetError(f"{where}: transformers cannot build {cfg.model_type!r} "
                           f"({type(exc).__name__}: {str(exc)[:200]}); pass --torch-model"

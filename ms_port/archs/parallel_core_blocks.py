@@ -1,0 +1,213 @@
+"""MindFormers' parallel_core Qwen3 / Qwen3-MoE block by block: verify at the size of
+one decoder layer.
+
+The blocks are LLaMA's (:mod:`ms_port.archs.llama_blocks`): the embedding, each decoder
+layer, the head. The PyTorch side is the same (transformers' own network with one decoder
+layer, built on the meta device; a mixture of experts gets its stacked experts from the
+file's per-expert tensors). The MindSpore side is MindFormers' own training network,
+built once with one decoder layer under ``no_init_parameters``, in GRAPH mode with the
+CPU stand-ins of :mod:`ms_port.archs.parallel_core_cpu`; each block runs as one of its
+cells, compiled on its own:
+
+- the embedding: ``embedding`` (its ``[S, B, H]`` output transposed to ``[B, S, H]``);
+- a decoder layer: ``decoder.layers.0`` given the causal mask and the rotary table the
+  whole network computes (``preprocess_labels_and_masks.casual_mask``,
+  ``rotary_pos_emb``), with the layer's tensors set into it;
+- the head: ``decoder.final_layernorm``, then ``output_layer`` (with the embedding's
+  weight where the two are tied).
+
+Each layer's tensors replace the previous layer's in the same parameters: MindSpore holds
+the embedding, the head and one decoder layer, and the layer cell compiles once.
+
+Measured (tiny Qwen3, 2 layers, 16 tokens): the blocks run in turn give the whole
+network's logits to 4e-8 relative L2. GRAPH mode runs no cell hooks, so the comparison
+inside a block is its output (:attr:`Piece.outputs`) and the block fed PyTorch's input;
+a wrong tensor is also named by the tensor check.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any, Callable
+
+import mindspore as ms
+import numpy as np
+from mindspore import nn
+
+from ..errors import ForwardUnavailable, TargetError
+from .llama_blocks import LOCAL, HuggingFaceSide, Piece
+from .parallel_core import qwen3_sizes
+from .parallel_core_cpu import build_network, cpu_standins
+
+#: MindFormers' decoder layer every layer runs as
+MS_LOCAL = "decoder.layers.0"
+#: the errors MindSpore raises when a graph does not compile or run here
+_MINDSPORE_ERRORS = (RuntimeError, ValueError, TypeError)
+
+
+class _Embedding(nn.Cell):
+    """Token ids -> hidden states ``[B, S, H]``."""
+
+    def __init__(self, embedding: nn.Cell) -> None:
+        super().__init__()
+        self.embedding = embedding
+
+    def construct(self, ids: ms.Tensor) -> ms.Tensor:
+        return self.embedding(ids, None).transpose(1, 0, 2)
+
+
+class _Layer(nn.Cell):
+    """One decoder layer on ``[B, S, H]``, with the whole network's mask and rotary table."""
+
+    def __init__(self, layer: nn.Cell, mask: nn.Cell, rotary: nn.Cell) -> None:
+        super().__init__()
+        self.layer, self.mask, self.rotary = layer, mask, rotary
+
+    def construct(self, hidden: ms.Tensor, ids: ms.Tensor) -> ms.Tensor:
+        mask = self.mask(ids)
+        rotary = self.rotary(ids.shape[1])
+        out = self.layer(hidden.transpose(1, 0, 2), mask, rotary_pos_emb=rotary)[0]
+        return out.transpose(1, 0, 2)
+
+
+class _Head(nn.Cell):
+    """Final norm and LM head on ``[B, S, H]``: logits ``[B, S, V]``."""
+
+    def __init__(self, norm: nn.Cell, output: nn.Cell, tied_weight: Any) -> None:
+        super().__init__()
+        self.norm, self.output = norm, output
+        self.tied = tied_weight is not None
+        self.weight = tied_weight
+
+    def construct(self, hidden: ms.Tensor) -> ms.Tensor:
+        h = self.norm(hidden)
+        if self.tied:
+            return self.output(h, self.weight)[0]
+        return self.output(h)[0]
+
+
+class ParallelCoreBlocks(HuggingFaceSide):
+    """The pieces of a Hugging Face Qwen3 / Qwen3-MoE and of MindFormers'
+    ``TrainingQwen3ForCausalLM`` / ``TrainingQwen3MoeForCausalLM`` built from the same
+    config, and one step of each (the five methods :mod:`ms_port.check.blocks` drives,
+    and ``session()``, which holds GRAPH mode and the stand-ins across the blocks)."""
+
+    def __init__(self, config: dict[str, Any], build_torch: Callable[[dict[str, Any]], Any], *,
+                 family: str, seq_length: int = 16) -> None:
+        super().__init__(config, build_torch)
+        self.family = family
+        self.sizes = qwen3_sizes(config, family)
+        self.seq_length = seq_length
+        self.options: dict[str, Any] = {}
+        self._net: Any = None
+        self._cells: dict[str, nn.Cell] = {}
+        self._params: dict[str, Any] = {}
+        self._ran: list[str] = []
+
+    # --- the pieces -------------------------------------------------------------------
+    def pieces(self, source_names: set[str], checkpoint_names: set[str]) -> list[Piece]:
+        """Embedding, every decoder layer, head; each with the names it takes and the
+        layers whose outputs stand for it."""
+        def under(names: set[str], prefix: str, local: str) -> dict[str, str]:
+            return {local + n[len(prefix):]: n for n in sorted(names)
+                    if n.startswith(prefix + ".")}
+
+        embedding = "embedding.word_embeddings.weight"
+        found = [Piece("embedding", "embedding",
+                       {"model.embed_tokens.weight": "model.embed_tokens.weight"},
+                       {embedding: embedding},
+                       outputs=("model.embed_tokens", "embedding.word_embeddings"))]
+        for i in range(self.sizes.layers):
+            prefix = f"model.layers.{i}"
+            found.append(Piece(prefix, "layer", under(source_names, prefix, LOCAL),
+                               under(checkpoint_names, f"decoder.layers.{i}", MS_LOCAL),
+                               prefix, i, outputs=(prefix, f"decoder.layers.{i}")))
+        tied = self.sizes.tied
+        head_src = ("model.embed_tokens.weight" if tied or "lm_head.weight" not in source_names
+                    else "lm_head.weight")
+        head_ms = embedding if tied else "output_layer.weight"
+        found.append(Piece(
+            "head", "head", {"model.norm.weight": "model.norm.weight", "lm_head.weight": head_src},
+            {"decoder.final_layernorm.weight": "decoder.final_layernorm.weight",
+             head_ms: head_ms}, outputs=("lm_head", "output_layer")))
+        return found
+
+    # --- MindSpore --------------------------------------------------------------------
+    @contextlib.contextmanager
+    def session(self) -> Iterator[None]:
+        """GRAPH mode and the CPU stand-ins for the duration, and MindFormers' network
+        with one decoder layer, built without weights.
+
+        Raises:
+            ForwardUnavailable: the network does not build here.
+        """
+        with cpu_standins() as standins:
+            try:
+                net = build_network({**self.config, "num_hidden_layers": 1},
+                                    seq_length=self.seq_length)
+            except _MINDSPORE_ERRORS as exc:
+                raise ForwardUnavailable(_first_line(exc)) from None
+            model = net.model
+            self._net = net
+            self._params = {p.name: p for p in net.get_parameters()}
+            tied = (model.embedding.word_embeddings.weight if self.sizes.tied else None)
+            self._cells = {
+                "embedding": _Embedding(model.embedding),
+                "layer": _Layer(model.decoder.layers[0],
+                                model.preprocess_labels_and_masks.casual_mask,
+                                model.rotary_pos_emb),
+                "head": _Head(model.decoder.final_layernorm, model.output_layer, tied),
+            }
+            try:
+                yield
+            finally:
+                self._ran = standins.lines(net)
+                self._net, self._cells, self._params = None, {}, {}
+
+    def ms_network(self, piece: Piece, tensors: dict[str, Any]) -> Any:
+        """The piece's cell, its tensors set (float32) into the one network; ``tensors``
+        is emptied as they are set."""
+        if self._net is None:
+            raise RuntimeError("ParallelCoreBlocks.ms_network() outside session()")
+        for name in list(tensors):  # one tensor at a time: each array let go once set
+            array = tensors.pop(name)
+            param = self._params.get(name)
+            if param is None or tuple(param.shape) != array.shape:
+                has = tuple(param.shape) if param is not None else "no such parameter"
+                raise TargetError(f"{name} {array.shape} does not fit MindFormers' network "
+                                  f"({has}); convert again")
+            param.set_data(ms.Tensor(array, dtype=param.dtype))
+        return self._cells[piece.kind]
+
+    def ms_step(self, cell: Any, piece: Piece, state: Any, ids: np.ndarray) -> Any:
+        """One piece on MindSpore: token ids -> hidden states -> … -> logits (float32).
+
+        Raises:
+            ForwardUnavailable: the cell does not compile or run here.
+        """
+        tokens = ms.Tensor(np.asarray(ids).astype(np.int32))
+        try:
+            if piece.kind == "embedding":
+                return cell(tokens)
+            if piece.kind == "head":
+                return cell(state)
+            return cell(state, tokens)
+        except _MINDSPORE_ERRORS as exc:
+            raise ForwardUnavailable(_first_line(exc)) from None
+
+    def notes(self) -> list[str]:
+        """What the report says of how the MindSpore side ran."""
+        return [f"MindSpore ran in GRAPH mode with CPU stand-ins for what has no CPU kernel "
+                f"({len(self._ran)}): " + "; ".join(self._ran),
+                "layers inside a block not recorded: GRAPH mode runs no cell hooks; each "
+                "block's output is compared, and the tensors one by one"]
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    line = text.splitlines()[0] if text else type(exc).__name__
+    return f"MindFormers' network did not run here ({line[:300]})"
+
+
+__all__ = ["MS_LOCAL", "ParallelCoreBlocks"]
