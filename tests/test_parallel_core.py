@@ -361,3 +361,37 @@ def test_moe_export_round_trip_writes_the_hubs_per_expert_keys(tmp_path, dtype):
     assert set(again) == set(original)
     for name in original:
         assert again[name].tobytes() == original[name].tobytes(), name
+
+
+def test_moe_state_dict_with_transformers_5_fused_experts_converts_the_same(tmp_path):
+    """A state dict saved from transformers 5's model holds the experts as it does in
+    memory (``experts.gate_up_proj [E, 2F, H]``, ``experts.down_proj [E, H, F]``): it
+    converts to the same bytes as the Hub's per-expert keys, and exports back to those."""
+    import shutil
+
+    from safetensors.torch import save_file
+
+    src = tiny_qwen3_moe(tmp_path / "hub")
+    model = transformers.Qwen3MoeForCausalLM.from_pretrained(src)
+    state = {k: v.contiguous() for k, v in model.state_dict().items()}
+    assert "model.layers.1.mlp.experts.gate_up_proj" in state
+    fused = tmp_path / "fused"
+    fused.mkdir()
+    save_file(state, fused / "model.safetensors", metadata={"format": "pt"})
+    shutil.copy(src / "config.json", fused / "config.json")
+    family = "mindformers:qwen3_moe"
+    assert ms_port.convert(src, ms_model=family, output=tmp_path / "hub.ckpt").ok
+    report = ms_port.convert(fused, ms_model=family, output=tmp_path / "fused.ckpt")
+    assert report.ok, report.plan.problems()
+    hub = {i.name: np.asarray(i.load()) for i in read_source(tmp_path / "hub.ckpt")}
+    ours = {i.name: np.asarray(i.load()) for i in read_source(tmp_path / "fused.ckpt")}
+    assert set(ours) == set(hub)
+    for name in hub:
+        assert ours[name].tobytes() == hub[name].tobytes(), name
+    back = ms_port.export(tmp_path / "fused.ckpt", ms_model=family,
+                          config=fused / "config.json", output=tmp_path / "back")
+    assert back.ok
+    again = {i.name: np.asarray(i.load()) for i in read_source(tmp_path / "back")}
+    original = {i.name: np.asarray(i.load()) for i in read_source(src)}
+    assert set(again) == set(original)
+    assert all(again[n].tobytes() == original[n].tobytes() for n in original)

@@ -18,10 +18,10 @@ pytest.importorskip("torch")
 if importlib.util.find_spec("mindformers") is None:
     pytest.skip("mindformers not installed (test extra)", allow_module_level=True)
 
+from test_parallel_core import QWEN3, tiny_qwen3, tiny_qwen3_moe  # noqa: E402
+
 import ms_port  # noqa: E402
 from ms_port.testing import rewrite_checkpoint  # noqa: E402
-
-from test_parallel_core import QWEN3, tiny_qwen3, tiny_qwen3_moe  # noqa: E402
 
 H, HEADS, KV, D, E, F = QWEN3["hidden_size"], 8, 2, 16, 4, 32
 
