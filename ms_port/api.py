@@ -476,7 +476,7 @@ def verify(
         token_defaults,
         torch_from_config,
     )
-    from .read.targets import FAMILIES, family_module, family_options
+    from .read.targets import FAMILIES, family_blocks, family_module, family_options
 
     torch_device, ms_device = torch_device or device, ms_device or device
     if report is not None:
@@ -561,7 +561,7 @@ def verify(
         where = src.config_path or str(source)
         check_size(src.config, where, sum(i.numel for i in src))
         torch_model = lambda: torch_from_config(src.config, where)  # noqa: E731
-    blocks = getattr(family_module(family), "blocks", None) if family else None
+    blocks = family_blocks(family) if family else None
     why_not = next((why for bad, why in (
         (blocks is None, "only a family target computed from config.json knows its blocks "
                          "(--ms-model mindformers:llama)"),
@@ -606,9 +606,9 @@ def _verify_graph(src: Source, ckpt: Source, family: str, feed: list[Any], *, mo
     from .check.blocks import choose_mode
     from .check.language import torch_from_config
     from .errors import ForwardUnavailable
-    from .read.targets import family_module, family_options
+    from .read.targets import family_blocks, family_options
 
-    blocks = getattr(family_module(family), "blocks", None)
+    blocks = family_blocks(family)
     mode, why = choose_mode(mode, sum(i.numel for i in src),
                             None if blocks is not None else
                             f"{family} has no blocks to run one at a time")

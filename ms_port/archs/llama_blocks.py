@@ -195,4 +195,11 @@ class LlamaBlocks(HuggingFaceSide):
         return model.layers[0](state, freqs, model.casual_mask(tokens))
 
 
-__all__ = ["LOCAL", "HuggingFaceSide", "LlamaBlocks", "Piece"]
+def llama_blocks(config: dict[str, Any], build_torch: Any, *, qkv_concat: bool = False,
+                 seq_length: int = 128) -> Any:
+    """The network's blocks, for verify one block at a time
+    (:class:`~ms_port.archs.llama_blocks.LlamaBlocks`)."""
+    return LlamaBlocks(config, build_torch, qkv_concat=qkv_concat, seq_length=seq_length)
+
+
+__all__ = ["LOCAL", "HuggingFaceSide", "LlamaBlocks", "Piece", "llama_blocks"]

@@ -276,19 +276,11 @@ def build_llama(config: dict[str, Any], *, qkv_concat: bool = False,
     return net
 
 
-def llama_blocks(config: dict[str, Any], build_torch: Any, *, qkv_concat: bool = False,
-                 seq_length: int = 128) -> Any:
-    """The network's blocks, for verify one block at a time
-    (:class:`~ms_port.archs.llama_blocks.LlamaBlocks`)."""
-    from .llama_blocks import LlamaBlocks
-
-    return LlamaBlocks(config, build_torch, qkv_concat=qkv_concat, seq_length=seq_length)
-
-
 target = llama_target
 build = build_llama
-blocks = llama_blocks
+#: the blocks, for verify one block at a time (imported only then)
+BLOCKS = "ms_port.archs.llama_blocks:llama_blocks"
 
 __all__ = ["CPU_SETTINGS", "FAMILY", "NO_PAD", "OPTIONS", "LlamaSizes", "build_llama",
-           "contained", "llama_blocks", "llama_config", "llama_sizes", "llama_target",
+           "contained", "llama_config", "llama_sizes", "llama_target",
            "llama_tensors", "model_settings", "positions"]

@@ -167,23 +167,10 @@ def qwen3_moe_target(config: dict[str, Any]) -> Target:
     return qwen3_target(config, QWEN3_MOE)
 
 
-def qwen3_blocks(config: dict[str, Any], build_torch: Any, *, seq_length: int = 16,
-                 family: str = QWEN3) -> Any:
-    """The network's blocks, for verify one block at a time
-    (:class:`~ms_port.archs.parallel_core_blocks.ParallelCoreBlocks`)."""
-    from .parallel_core_blocks import ParallelCoreBlocks
-
-    return ParallelCoreBlocks(config, build_torch, family=family, seq_length=seq_length)
-
-
-def qwen3_moe_blocks(config: dict[str, Any], build_torch: Any, *, seq_length: int = 16) -> Any:
-    """:func:`qwen3_blocks` for ``mindformers:qwen3_moe``."""
-    return qwen3_blocks(config, build_torch, seq_length=seq_length, family=QWEN3_MOE)
-
-
 target = qwen3_target
 build = None
-blocks = qwen3_blocks
+#: the blocks, for verify one block at a time (imported only then: they import MindSpore)
+BLOCKS = "ms_port.archs.parallel_core_blocks:qwen3_blocks"
 #: where the CPU forward lives: MindFormers' network in GRAPH mode with stand-ins for the
 #: kernels it lacks on a CPU (verify runs it; NO_FORWARD says why where it cannot run)
 FORWARD = "ms_port.archs.parallel_core_cpu"
@@ -197,8 +184,6 @@ __all__ = [
     "QWEN3",
     "VARIANTS",
     "Qwen3Sizes",
-    "qwen3_blocks",
-    "qwen3_moe_blocks",
     "qwen3_sizes",
     "qwen3_target",
     "qwen3_tensors",

@@ -37,7 +37,7 @@ from mindspore import nn
 
 from ..errors import ForwardUnavailable, TargetError
 from .llama_blocks import LOCAL, HuggingFaceSide, Piece
-from .parallel_core import qwen3_sizes
+from .parallel_core import QWEN3, QWEN3_MOE, qwen3_sizes
 from .parallel_core_cpu import build_network, cpu_standins
 
 #: MindFormers' decoder layer every layer runs as
@@ -204,10 +204,22 @@ class ParallelCoreBlocks(HuggingFaceSide):
                 "block's output is compared, and the tensors one by one"]
 
 
+def qwen3_blocks(config: dict[str, Any], build_torch: Any, *, seq_length: int = 16,
+                 family: str = QWEN3) -> Any:
+    """The network's blocks, for verify one block at a time
+    (:class:`~ms_port.archs.parallel_core_blocks.ParallelCoreBlocks`)."""
+    return ParallelCoreBlocks(config, build_torch, family=family, seq_length=seq_length)
+
+
+def qwen3_moe_blocks(config: dict[str, Any], build_torch: Any, *, seq_length: int = 16) -> Any:
+    """:func:`qwen3_blocks` for ``mindformers:qwen3_moe``."""
+    return qwen3_blocks(config, build_torch, seq_length=seq_length, family=QWEN3_MOE)
+
+
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     line = text.splitlines()[0] if text else type(exc).__name__
     return f"MindFormers' network did not run here ({line[:300]})"
 
 
-__all__ = ["MS_LOCAL", "ParallelCoreBlocks"]
+__all__ = ["MS_LOCAL", "ParallelCoreBlocks", "qwen3_blocks", "qwen3_moe_blocks"]

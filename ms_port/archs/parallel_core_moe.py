@@ -3,14 +3,15 @@
 
 from __future__ import annotations
 
-from .parallel_core import NO_FORWARD, QWEN3_MOE, qwen3_moe_blocks, qwen3_moe_target
+from .parallel_core import NO_FORWARD, QWEN3_MOE, qwen3_moe_target
 
 OPTIONS = {"seq_length": int}
 VARIANTS = ({},)
 FAMILY = QWEN3_MOE
 target = qwen3_moe_target
 build = None
-blocks = qwen3_moe_blocks
+#: the blocks, for verify one block at a time (imported only then: they import MindSpore)
+BLOCKS = "ms_port.archs.parallel_core_blocks:qwen3_moe_blocks"
 #: where the CPU forward lives: MindFormers' network in GRAPH mode with stand-ins for the
 #: kernels it lacks on a CPU (verify runs it; NO_FORWARD says why where it cannot run)
 FORWARD = "ms_port.archs.parallel_core_cpu"

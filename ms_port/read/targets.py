@@ -250,6 +250,19 @@ def family_module(spec: str) -> Any:
     return importlib.import_module(FAMILIES[spec])
 
 
+def family_blocks(spec: str) -> Any:
+    """The family's blocks factory, for verify one block at a time, or None.
+
+    A family module names it as ``BLOCKS = "module:function"``, imported only here: the
+    blocks import MindSpore and the family's own module, which stays light (it is read for
+    every plan) and imports neither back."""
+    named = getattr(family_module(spec), "BLOCKS", None)
+    if named is None:
+        return None
+    module, _, function = named.partition(":")
+    return getattr(importlib.import_module(module), function)
+
+
 def family_options(spec: str, options: dict[str, Any] | None) -> dict[str, Any]:
     """Options for a family, checked against what it takes (``qkv_concat=true``)."""
     allowed = family_module(spec).OPTIONS
