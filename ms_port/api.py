@@ -11,8 +11,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .errors import MappingError, MsPortError, TargetError, shown
-from .match.mapping import MappingTable, load_mapping, mapping_from_data, select_table
+from .errors import MsPortError, TargetError
+from .match.mapping import MappingTable, layered
 from .match.patterns import Pattern, PatternError, compile_pattern
 from .match.plan import Plan, make_plan
 from .read.sources import Source, read_source
@@ -136,49 +136,14 @@ def resolve_mapping(mapping: Any, *, arch: str | None = None,
                     config: dict[str, Any] | None = None,
                     target: Target | None = None) -> MappingTable:
     """The architecture's table (if any), or the shipped table whose ``select:`` fits the
-    source's config and the target, with the user's tables layered on top."""
-    table = MappingTable.empty()
+    source's config and the target, with the user's tables layered on top
+    (:func:`ms_port.match.mapping.layered`)."""
+    base = None
     if arch is not None:
         from .archs import get_arch
 
-        table = get_arch(arch).mapping_table()
-    elif config is not None and target is not None:
-        table = select_table(config, tuple(target.keys)) or table
-    shipped = table
-    items = mapping if isinstance(mapping, (list, tuple)) else [mapping]
-    for item in items:
-        if item is None:
-            continue
-        if isinstance(item, MappingTable):
-            given = item
-        elif isinstance(item, dict):
-            given = mapping_from_data(item, origin="mapping (a dict)")
-        elif isinstance(item, (str, Path)):
-            given = load_mapping(item)
-        else:
-            raise MsPortError(f"mapping= takes a YAML path, a built-in table's name, a dict "
-                              f"shaped like a mapping file or a MappingTable (or a list of "
-                              f"them); got {type(item).__name__}")
-        if target is not None and target.family and config is not None:
-            _implies_agree(given, shipped, config, target.family)
-        table = table.merged(given)
-    return table
-
-
-def _implies_agree(given: MappingTable, shipped: MappingTable, config: dict[str, Any],
-                   family: str) -> None:
-    """Refuse a user's ``implies:`` that differs from what the family's network was
-    computed with: that comes from the tables in mappings/, and would be dropped here."""
-    model_type = config.get("model_type")
-    if not isinstance(model_type, str) or model_type not in given.implies:
-        return
-    wanted, used = given.implies[model_type], shipped.implies.get(model_type, {})
-    if wanted != used:
-        raise MappingError(
-            f"{given.origin}: implies.{shown(model_type)} is {shown(wanted)}, but {family} "
-            f"was computed with {shown(used)} (from {shipped.origin}): what a model type "
-            "implies is read from the tables in mappings/, not from --map; put the table "
-            "there (README: 'Adding a family')", path=given.origin)
+        base = get_arch(arch).mapping_table()
+    return layered(mapping, base=base, config=config, target=target)
 
 
 def _family_fits(src: Source, family: str, ms_options: Any) -> None:

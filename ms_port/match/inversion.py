@@ -24,6 +24,7 @@ from ..read.sources import Source, read_source
 from ..read.targets import Target, TargetTensor, from_arch, from_cell, from_infos, instantiate
 from ..read.tensors import TensorInfo
 from ..reports import ConversionReport
+from .mapping import layered
 from .plan import Conflict, Dropped, Match, Missing, Plan, Unused, make_plan
 from .rules import known_drop
 from .transforms import invert
@@ -216,7 +217,6 @@ def export_plan(checkpoint: str | Path, *, arch: str | None, torch_model: Any,
                 allow_missing: bool, allow_unused: bool,
                 config: dict[str, Any] | None = None, config_path: str | None = None) -> Plan:
     """The inverted plan for :func:`ms_port.export` (see the module docstring)."""
-    from ..api import resolve_mapping
     from ..read.targets import FAMILIES
 
     ckpt = read_source(checkpoint, strip_prefixes=False)
@@ -228,9 +228,13 @@ def export_plan(checkpoint: str | Path, *, arch: str | None, torch_model: Any,
         family = recognise_family(torch_side.config, set(ckpt.tensors))
     ms_side = _ms_side(ckpt, arch, None if family else ms_model)
     ms_side.family = family
+    base = None
+    if arch is not None:
+        from ..archs import get_arch
+
+        base = get_arch(arch).mapping_table()
     forward = make_plan(torch_side, ms_side,
-                        resolve_mapping(mapping, arch=arch, config=torch_side.config,
-                                        target=ms_side),
+                        layered(mapping, base=base, config=torch_side.config, target=ms_side),
                         allow_missing=allow_unused, allow_unused=allow_missing)
     plan = invert_plan(forward, ckpt, torch_side)
     if dtype is not None:

@@ -795,3 +795,56 @@ def _transform_entry(data: Any, origin: str, i: int) -> TransformEntry:
     _expect(isinstance(data, dict) and set(data) == {"match", "ops"}, origin, entry,
             "{match: REGEX, ops: [...]}")
     return TransformEntry(_compile(data["match"], origin, entry), _ops(data["ops"], origin, entry))
+
+
+def layered(mapping: Any, *, base: MappingTable | None = None,
+            config: dict[str, Any] | None = None, target: Any = None) -> MappingTable:
+    """``base`` (an architecture's table), else the shipped table whose ``select:`` fits
+    the source's config and the target (a :class:`~ms_port.read.targets.Target`), with the
+    user's tables layered on top: YAML paths, built-in names, dicts shaped like a mapping
+    file, or MappingTables, one or a list.
+
+    Raises:
+        MappingError: a table that does not load, or a user's ``implies:`` that differs
+            from what the family's network was computed with.
+    """
+    table = base if base is not None else MappingTable.empty()
+    if base is None and config is not None and target is not None:
+        table = select_table(config, tuple(target.keys)) or table
+    shipped = table
+    items = mapping if isinstance(mapping, (list, tuple)) else [mapping]
+    for item in items:
+        if item is None:
+            continue
+        if isinstance(item, MappingTable):
+            given = item
+        elif isinstance(item, dict):
+            given = mapping_from_data(item, origin="mapping (a dict)")
+        elif isinstance(item, (str, Path)):
+            given = load_mapping(item)
+        else:
+            raise MappingError(f"mapping= takes a YAML path, a built-in table's name, a dict "
+                              f"shaped like a mapping file or a MappingTable (or a list of "
+                              f"them); got {type(item).__name__}")
+        if target is not None and target.family and config is not None:
+            _implies_agree(given, shipped, config, target.family)
+        table = table.merged(given)
+    return table
+
+
+def _implies_agree(given: MappingTable, shipped: MappingTable, config: dict[str, Any],
+                   family: str) -> None:
+    """Refuse a user's ``implies:`` that differs from what the family's network was
+    computed with: that comes from the tables in mappings/, and would be dropped here."""
+    model_type = config.get("model_type")
+    if not isinstance(model_type, str) or model_type not in given.implies:
+        return
+    wanted, used = given.implies[model_type], shipped.implies.get(model_type, {})
+    if wanted != used:
+        raise MappingError(
+            f"{given.origin}: implies.{shown(model_type)} is {shown(wanted)}, but {family} "
+            f"was computed with {shown(used)} (from {shipped.origin}): what a model type "
+            "implies is read from the tables in mappings/, not from --map; put the table "
+            "there (README: 'Adding a family')", path=given.origin)
+
+
