@@ -114,8 +114,18 @@ def register_arch(
     return decorator
 
 
+_BUILTINS: list[str] = []  # the built-in names, once registered
+
+
 def _load_builtins() -> None:
-    from . import resnet  # noqa: F401  (registers the ResNet family)
+    """Register the built-in families (ResNet), once."""
+    if _BUILTINS:
+        return
+    from .resnet import builtin_archs
+
+    for fields in builtin_archs():
+        _REGISTRY.setdefault(fields["name"], Arch(**fields))
+        _BUILTINS.append(fields["name"])
 
 
 def _natural(name: str) -> list:

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from .registry import register_arch
-
 # name: (block, blocks per stage, groups, width_per_group) — as in torchvision.
 FAMILY: dict[str, tuple[str, tuple[int, int, int, int], int, int]] = {
     "resnet18": ("basic", (2, 2, 2, 2), 1, 64),
@@ -32,9 +30,9 @@ def _factory(
     name: str, block: str, layers: tuple[int, ...], groups: int, width: int,
 ) -> Callable[..., Any]:
     def factory(*, num_classes: int = 1000, zero_init_residual: bool = False) -> Any:
-        from . import _resnet_ms
+        from ._resnet_ms import build
 
-        return _resnet_ms.build(
+        return build(
             block, layers, groups=groups, width_per_group=width,
             num_classes=num_classes, zero_init_residual=zero_init_residual,
         )
@@ -44,12 +42,11 @@ def _factory(
     return factory
 
 
-for _name, (_block, _layers, _groups, _width) in FAMILY.items():
-    register_arch(
-        _name,
-        torch=f"torchvision.models:{_name}",
-        mapping="resnet",
-        input_shape=(3, 224, 224),
-        reference=f"torchvision.models.{_name}",
-        notes=_NOTES,
-    )(_factory(_name, _block, _layers, _groups, _width))
+def builtin_archs() -> list[dict[str, Any]]:
+    """The family's entries for the registry (:func:`ms_port.archs.registry.get_arch`),
+    as :class:`~ms_port.archs.registry.Arch` fields; this module imports no registry."""
+    return [dict(name=name, ms_factory=_factory(name, block, layers, groups, width),
+                 torch_factory=f"torchvision.models:{name}", mapping="resnet",
+                 input_shape=(3, 224, 224), reference=f"torchvision.models.{name}",
+                 notes=_NOTES)
+            for name, (block, layers, groups, width) in FAMILY.items()]
