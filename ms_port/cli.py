@@ -15,8 +15,8 @@ from typing import Any
 import click
 
 from . import __version__
-from .display import visible
 from .errors import MsPortError
+from .text import visible
 
 ARCH_HELP = "a built-in architecture (see `ms-port archs`)"
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
 from rich.console import Group
@@ -10,9 +11,9 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from .display import visible
 from .read.fp8 import describe
 from .read.tensors import format_shape
+from .text import visible
 
 
 def escape(text: object) -> str:
@@ -265,11 +266,21 @@ def _parity(r: Any, *, limit: int | None, show: str) -> Any:
                  title=f"[bold {style}]{verdict}[/]", title_align="left", border_style=style)
 
 
-def _plan(p: Any, *, limit: int | None, show: str) -> Any:
-    from .reports import ConversionReport
+@dataclass(frozen=True)
+class _PlanOnly:
+    """A plan shown as the dry run of a conversion (what :func:`_conversion` reads)."""
 
+    plan: Any
+    ok: bool
+    written: Any = None
+    dry_run: bool = True
+    saved_map: str | None = None
+    nonfinite: dict[str, int] = field(default_factory=dict)
+
+
+def _plan(p: Any, *, limit: int | None, show: str) -> Any:
     # a plan is its table: every tensor, where it comes from and how
-    return _conversion(ConversionReport(p.ok, p, None, dry_run=True), limit=limit, show="all")
+    return _conversion(_PlanOnly(p, p.ok), limit=limit, show="all")
 
 
 def _diff(r: Any, *, limit: int | None, show: str) -> Any:

@@ -10,7 +10,7 @@ from click.testing import CliRunner
 from safetensors.numpy import save_file
 
 from ms_port.cli import main
-from ms_port.display import visible
+from ms_port.text import visible
 
 CLEAR = "\x1b[2J"
 LINK = "\x1b]8;;https://evil.example/\x1b\\click\x1b]8;;\x1b\\"

@@ -13,23 +13,9 @@ from __future__ import annotations
 
 import json
 import sys
-from importlib import resources
 from typing import Any
 
-from ..read.targets import Target, TargetTensor
-
-_DIR = "manifests"
-
-
-def load_manifest(name: str) -> Target | None:
-    """The recorded Target of a built-in architecture, or ``None`` if none is recorded."""
-    resource = resources.files("ms_port.archs") / _DIR / f"{name}.json"
-    if not resource.is_file():
-        return None
-    data = json.loads(resource.read_text())
-    tensors = {n: TargetTensor(n, tuple(shape), dtype, layer)
-               for n, shape, dtype, layer in data["tensors"]}
-    return Target("arch", name, tensors)
+from ..read.targets import MANIFESTS, Target, load_manifest  # noqa: F401 (load_manifest: where it lived)
 
 
 def manifest_of(target: Target) -> dict[str, Any]:
@@ -45,7 +31,7 @@ def write_manifests(names: list[str] | None = None) -> list[str]:
     from ..read.targets import from_cell
     from .registry import get_arch, list_archs
 
-    out = Path(__file__).with_name(_DIR)
+    out = Path(__file__).with_name(MANIFESTS)
     out.mkdir(exist_ok=True)
     written = []
     for name in names or list_archs():

@@ -12,7 +12,7 @@ import math
 from collections.abc import Iterable
 from typing import Any, Optional
 
-from ..display import visible
+from ..text import visible
 
 __all__ = ["render_html", "terminal_curve"]
 

@@ -117,7 +117,7 @@ def dequantized_view(source: Source) -> Source:
         SourceError: a float8 weight that cannot be dequantized, naming it (see the
             module); a missing or bad block size where float8 weights have scales.
     """
-    from .sources import Skipped
+    from .tensors import Skipped
 
     float8 = [info for info in source if info.dtype in FLOAT8_DTYPES
               and not _scale_of_another(info.name, source)]  # float8 scales: refused below

@@ -249,7 +249,7 @@ def _fetch(repo_id: str, revision: str | None, cache: str, names: list[str]) -> 
 
 def _shards(index: Path) -> set[str]:
     """The shard files an index names; empty for an index the reader will refuse."""
-    from .sources import MAX_INDEX_BYTES
+    from .tensors import MAX_INDEX_BYTES
 
     try:
         if index.stat().st_size > MAX_INDEX_BYTES:

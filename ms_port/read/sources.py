@@ -34,9 +34,17 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..display import visible
 from ..errors import SourceError, UnsafePickleError, shown
-from .tensors import MAX_DIM, MAX_RANK, PACKED_DTYPES, TensorInfo, numpy_dtype
+from ..text import visible
+from .tensors import (
+    MAX_DIM,
+    MAX_INDEX_BYTES,
+    MAX_RANK,
+    PACKED_DTYPES,
+    Skipped,
+    TensorInfo,
+    numpy_dtype,
+)
 
 if TYPE_CHECKING:
     from .hub import HubRef
@@ -63,18 +71,6 @@ SAFETENSORS_STORED_DTYPES = {
     "F8_E5M2FNUZ": "float8_e5m2fnuz", "F8_E8M0": "float8_e8m0fnu",
     "F4": "float4_e2m1fn", "F6_E2M3": "float6_e2m3fn", "F6_E3M2": "float6_e3m2fn",
 }
-
-
-@dataclass(frozen=True)
-class Skipped:
-    """A checkpoint entry that is not a tensor (epoch, optimizer state, args)."""
-
-    name: str
-    kind: str
-    reason: str
-
-    def to_dict(self) -> dict:
-        return {"name": self.name, "kind": self.kind, "reason": self.reason}
 
 
 @dataclass
@@ -648,7 +644,6 @@ def _map_region(path: Path, offset: int, nbytes: int, shape: tuple[int, ...],
 
 
 #: the largest index file read (a 100k-tensor index is ~10 MiB)
-MAX_INDEX_BYTES = 64 << 20
 
 
 def _sharded(index: Path, **read: Any) -> Source:

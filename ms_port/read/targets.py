@@ -9,8 +9,10 @@ names and shapes are read without keeping its data.
 from __future__ import annotations
 
 import importlib
+import json
 import sys
 from dataclasses import dataclass, field
+from importlib import resources
 from pathlib import Path
 from typing import Any, Callable
 
@@ -129,6 +131,22 @@ def _ms_dtype_name(dtype: Any) -> str:
     return name if name in NUMPY_DTYPES else str(dtype)
 
 
+#: the folder of ``ms_port.archs`` holding the recorded targets of the built-in architectures
+MANIFESTS = "manifests"
+
+
+def load_manifest(name: str) -> Target | None:
+    """The recorded Target of a built-in architecture, or ``None`` if none is recorded
+    (``ms_port/archs/manifests/<name>.json``, written by :mod:`ms_port.archs.manifest`)."""
+    resource = resources.files("ms_port.archs") / MANIFESTS / f"{name}.json"
+    if not resource.is_file():
+        return None
+    data = json.loads(resource.read_text())
+    tensors = {n: TargetTensor(n, tuple(shape), dtype, layer)
+               for n, shape, dtype, layer in data["tensors"]}
+    return Target("arch", name, tensors)
+
+
 def from_arch(name: str, **kwargs: Any) -> Target:
     """Describe a registered architecture's MindSpore network.
 
@@ -136,7 +154,6 @@ def from_arch(name: str, **kwargs: Any) -> Target:
     (:mod:`ms_port.archs.manifest`); anything else builds the network.
     """
     from ..archs import get_arch
-    from ..archs.manifest import load_manifest
 
     arch = get_arch(name)
     if not kwargs and (recorded := load_manifest(name)) is not None:

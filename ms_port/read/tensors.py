@@ -160,3 +160,19 @@ class TensorInfo:
 def format_shape(shape: tuple[int, ...]) -> str:
     """``(64, 3, 7, 7)`` as ``64×3×7×7``; a scalar as ``scalar``."""
     return "×".join(str(d) for d in shape) if shape else "scalar"
+
+
+#: the largest shard index (``*.index.json``) read: its weight map names every tensor
+MAX_INDEX_BYTES = 64 << 20
+
+
+@dataclass(frozen=True)
+class Skipped:
+    """A checkpoint entry that is not a tensor (epoch, optimizer state, args)."""
+
+    name: str
+    kind: str
+    reason: str
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "kind": self.kind, "reason": self.reason}

@@ -26,8 +26,8 @@ from typing import Any
 
 import yaml
 
-from ..display import visible
 from ..errors import TargetError, WriteError, shown
+from ..text import visible
 from .writers import check_not_input, check_output, write_text
 
 #: the only target whose configuration ms-port knows
