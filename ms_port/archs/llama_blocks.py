@@ -48,6 +48,9 @@ class Piece:
     #: the layers whose outputs are the block's own, PyTorch's and MindSpore's: compared
     #: where the MindSpore side records no layers (GRAPH mode); None where it does
     outputs: tuple[str, str] | None = None
+    #: the block rounds nothing (an embedding lookup): its float32 output is its float64
+    #: one, so no float64 pass is run for its noise
+    exact: bool = False
 
     def rename(self, path: str) -> str:
         """A recorded layer path under its real name (``model.layers.0.x`` -> ``…17.x``)."""
@@ -137,7 +140,7 @@ class LlamaBlocks(HuggingFaceSide):
         found = [Piece("embedding", "embedding",
                        {"model.embed_tokens.weight": "model.embed_tokens.weight"},
                        {"model.tok_embeddings.embedding_weight":
-                        "model.tok_embeddings.embedding_weight"})]
+                        "model.tok_embeddings.embedding_weight"}, exact=True)]
         for i in range(self.sizes.layers):
             prefix = f"model.layers.{i}"
             found.append(Piece(prefix, "layer", under(source_names, prefix, LOCAL),

@@ -117,7 +117,7 @@ class ParallelCoreBlocks(HuggingFaceSide):
         found = [Piece("embedding", "embedding",
                        {"model.embed_tokens.weight": "model.embed_tokens.weight"},
                        {embedding: embedding},
-                       outputs=("model.embed_tokens", "embedding.word_embeddings"))]
+                       outputs=("model.embed_tokens", "embedding.word_embeddings"), exact=True)]
         for i in range(self.sizes.layers):
             prefix = f"model.layers.{i}"
             found.append(Piece(prefix, "layer", under(source_names, prefix, LOCAL),
