@@ -27,30 +27,44 @@ def attention_construct(self, query, key, value, attention_mask, attn_mask_type=
                         prefix=None, padding_mask=None, actual_seq_qlen=None,
                         actual_seq_kvlen=None):
     """``FlashAttention.construct`` without ``FlashAttentionScore``: softmax attention in
-    float32 over MindFormers' ``[S, B, N, D]`` query and ``[S, B, N_kv, D]`` key/value.
+    float32 over MindFormers' ``[S, B, N, D]`` query and key and ``[S, B, N_kv, D_v]``
+    value (multi-latent attention's value heads are narrower than its query/key heads).
 
     Query heads share their key/value head in consecutive groups (head h reads KV head
-    h // (N / N_kv), as Hugging Face's ``repeat_kv``). The scale is 1/sqrt(head_dim), as
-    ``FlashAttention`` sets it without multi-latent attention. ``attention_mask`` is the
-    kernel's: 1 hides a key from a query (MindFormers' causal mask, which also hides its
-    pad id). Returns ``[S, B, N*D]``, as the kernel's BNSD path does.
+    h // (N / N_kv), as Hugging Face's ``repeat_kv``). The scale is the kernel's own
+    ``scale_value`` (:func:`attention_init` keeps it): 1/sqrt(head_dim), or the
+    ``softmax_scale`` multi-latent attention gives. ``attention_mask`` is the kernel's: 1
+    hides a key from a query (MindFormers' causal mask, which also hides its pad id).
+    Returns ``[S, B, N*D_v]``, as the kernel's BNSD path does.
     """
     seq, batch, heads, dim = query.shape
-    kv_seq, kv_heads = key.shape[0], key.shape[2]
+    kv_seq, kv_heads, v_dim = key.shape[0], key.shape[2], value.shape[3]
     group = heads // kv_heads
     q = ops.transpose(ops.cast(query, mstype.float32), (1, 2, 0, 3))
     q = q.reshape((batch, kv_heads, group, seq, dim))
     k = ops.transpose(ops.cast(key, mstype.float32), (1, 2, 0, 3))
     k = k.reshape((batch, kv_heads, 1, kv_seq, dim))
     v = ops.transpose(ops.cast(value, mstype.float32), (1, 2, 0, 3))
-    v = v.reshape((batch, kv_heads, 1, kv_seq, dim))
-    scores = ops.matmul(q, ops.swapaxes(k, -1, -2)) * (1.0 / dim ** 0.5)  # FlashAttention's
+    v = v.reshape((batch, kv_heads, 1, kv_seq, v_dim))
+    scores = ops.matmul(q, ops.swapaxes(k, -1, -2)) * self.standin_scale
     if attention_mask is not None:
         hidden = ops.cast(attention_mask, mstype.bool_).reshape((-1, 1, 1, seq, kv_seq))
         scores = ops.masked_fill(scores, hidden, -1e30)  # exp underflows to exactly 0
     probs = ops.softmax(scores, -1)
-    out = ops.matmul(probs, v).reshape((batch, heads, seq, dim))
+    out = ops.matmul(probs, v).reshape((batch, heads, seq, v_dim))
     return self._merge_heads(ops.cast(out, query.dtype))
+
+
+def attention_init(original):
+    """``FlashAttention.__init__``, then the scale it gave its kernel kept as a float
+    (``standin_scale``) for :func:`attention_construct`."""
+
+    def __init__(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        self.standin_scale = float(self.flash_attention.scale_value)
+
+    __init__.__wrapped__ = original
+    return __init__
 
 
 #: ``mstype`` as ``attention.py`` reads it, with ``float16`` meaning float32: its ``if
@@ -192,3 +206,21 @@ def token_dispatcher_init(original):
 
     __init__.__wrapped__ = original
     return __init__
+
+
+def mtp_block_construct(self, input_ids, position_ids, hidden_states, attention_mask,
+                        labels=None, rotary_pos_emb=None, extra_block_kwargs=None,
+                        loss_mask=None, word_embeddings_weight=None,
+                        position_embeddings_weight=None, tokentype_embeddings_weight=None,
+                        output_weight=None, extra_loss=None, attention_loss=None):
+    """``MultiTokenPredictionBlock.construct`` not run: it gives only the MTP loss (and the
+    auxiliary losses it adds to), which an eval forward does not return, and raises with
+    no labels. Returns a zero MTP loss and the losses as given; the logits, which it never
+    touches, are the main model's."""
+    if extra_loss is None:
+        extra_loss = self.init_extra_loss
+    if attention_loss is None:
+        attention_loss = self.init_attention_loss
+    if self.calculate_per_token_loss:
+        return 0, 0, extra_loss, attention_loss
+    return 0, extra_loss, attention_loss
