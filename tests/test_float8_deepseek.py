@@ -88,10 +88,8 @@ def test_float8_deepseek_verifies_and_exports(deepseeks, tmp_path):
     assert ms_port.convert(deepseeks / "fp8", ms_model=FAMILY, output=out).ok
     report = ms_port.verify(deepseeks / "fp8", out, ms_model=FAMILY)
     # the PyTorch side reads the float8 source dequantized, as convert did
-    assert report.verdict in ("PASS", "INCONCLUSIVE"), report.reasons
+    assert report.verdict == "PASS", report.reasons
     assert report.tensors.counts["identical"] == len(report.tensors.deltas)
-    if report.verdict == "INCONCLUSIVE":  # no forward for this family here: never PASS
-        assert report.mode == "tensors" and "no forward ran" in report.reasons[0]
     back = ms_port.export(out, ms_model=FAMILY, config=deepseeks / "ref" / "config.json",
                           output=tmp_path / "back")
     assert back.ok

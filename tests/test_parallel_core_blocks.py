@@ -153,3 +153,42 @@ def test_the_cli_says_which_mode_ran(converted):
                                     "mindformers:qwen3", "--mode", "layers", "--json"])
     data = json.loads(run.output)
     assert run.exit_code == 0 and data["verdict"] == "PASS" and data["mode"] == "layers"
+
+
+# --- DeepSeek-V3: dense and mixture-of-experts layers --------------------------------------
+
+@pytest.mark.parametrize("options", [{}, {"mla_qkv_concat": False}])
+def test_deepseek_by_layers_runs_each_layer_as_the_one_of_its_kind(tmp_path, options):
+    """The small networks hold a dense layer and an MoE layer; each layer runs as the one
+    of its kind. The Hub's MTP layer is converted and proven by tensors, not run."""
+    from test_parallel_core_deepseek import FAMILY, tiny_deepseek
+
+    src = tiny_deepseek(tmp_path / "ds", mtp=1, mtp_weights=True)
+    out = tmp_path / "ds.ckpt"
+    assert ms_port.convert(src, ms_model=FAMILY, output=out, ms_options=options or None).ok
+    report = ms_port.verify(src, out, ms_model=FAMILY, mode="layers",
+                            ms_options=options or None)
+    assert report.verdict == "PASS", report.reasons
+    assert [c.ms for c in report.layers if c.paired_by == "name"] == [
+        "embedding.word_embeddings", "decoder.layers.0", "decoder.layers.1", "decoder.layers.2",
+        "output_layer"]
+    assert report.tensors.counts["identical"] == len(report.tensors.deltas)
+    assert any(d.target.startswith("mtp.") for d in report.tensors.deltas)
+    whole = ms_port.verify(src, out, ms_model=FAMILY, mode="whole", ms_options=options or None)
+    assert whole.verdict == "PASS"
+    assert report.outputs[0].error == pytest.approx(whole.outputs[0].error, rel=0.2, abs=2e-7)
+
+
+@pytest.mark.parametrize("layer", [0, 2])  # the dense layer, an MoE layer
+def test_deepseek_wrong_layer_fails_there(tmp_path, layer):
+    from test_parallel_core_deepseek import FAMILY, tiny_deepseek
+
+    src = tiny_deepseek(tmp_path / "ds")
+    out = tmp_path / "ds.ckpt"
+    assert ms_port.convert(src, ms_model=FAMILY, output=out).ok
+    name = f"decoder.layers.{layer}.self_attention.linear_qkv.weight"
+    bad = rewrite_checkpoint(out, tmp_path / "wrong.ckpt",
+                             lambda t: t.update({name: t[name][::-1].copy()}) or t)
+    report = ms_port.verify(src, bad, ms_model=FAMILY, mode="layers")
+    assert report.verdict == "FAIL" and name in " ".join(report.reasons)
+    assert report.first_divergence.ms_name == f"decoder.layers.{layer}"

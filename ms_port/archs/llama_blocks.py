@@ -36,7 +36,11 @@ class Piece:
         kind: ``embedding``, ``layer`` or ``head``.
         torch: the PyTorch network's parameter name -> the source tensor filling it.
         ms: the MindSpore network's parameter name -> the checkpoint tensor filling it.
-        prefix: the layer's own name prefix (``model.layers.17``), recorded as ``LOCAL``.
+        prefix: the layer's own name prefix (``model.layers.17``), recorded as the layer
+            of the small network that runs it (``model.layers.{slot}``).
+        slot: which decoder layer of the small network runs this one (0; a family whose
+            layers are of two kinds, DeepSeek-V3's dense and mixture-of-experts, builds
+            one of each).
     """
 
     name: str
@@ -51,11 +55,13 @@ class Piece:
     #: the block rounds nothing (an embedding lookup): its float32 output is its float64
     #: one, so no float64 pass is run for its noise
     exact: bool = False
+    slot: int = 0
 
     def rename(self, path: str) -> str:
         """A recorded layer path under its real name (``model.layers.0.x`` -> ``…17.x``)."""
-        if self.prefix and (path == LOCAL or path.startswith(LOCAL + ".")):
-            return self.prefix + path[len(LOCAL):]
+        local = f"model.layers.{self.slot}"
+        if self.prefix and (path == local or path.startswith(local + ".")):
+            return self.prefix + path[len(local):]
         return path
 
 
@@ -70,22 +76,27 @@ class HuggingFaceSide:
         attention), called on the meta device."""
         self.config = config
         self.build_torch = build_torch
+        #: config keys of the small network beyond its one decoder layer
+        self.small: dict[str, Any] = {"num_hidden_layers": 1}
         self._rotary: Any = None
 
     # --- PyTorch ----------------------------------------------------------------------
     def torch_network(self, piece: Piece, tensors: dict[str, Any]) -> Any:
-        """transformers' network with one decoder layer, on the meta device but for the
-        piece's tensors (float32)."""
+        """transformers' network with one decoder layer (``small``), on the meta device
+        but for the piece's tensors (float32)."""
         import torch
 
-        one = {**self.config, "num_hidden_layers": 1}
+        one = {**self.config, **self.small}
         kinds = self.config.get("layer_types")
         if isinstance(kinds, list) and len(kinds) > piece.index:  # this layer's own kind
             one["layer_types"] = [kinds[piece.index]]
         with torch.device("meta"):
             model = self.build_torch(one)
-        # every name of a tied parameter (a tied head is the embedding under its own name)
+        # every name of a tied parameter (a tied head is the embedding under its own name),
+        # and the buffers a checkpoint holds (DeepSeek-V3's e_score_correction_bias; not
+        # the rotary inv_freq, which transformers does not save)
         own = dict(model.named_parameters(remove_duplicate=False))
+        own.update((k, v) for k, v in model.state_dict(keep_vars=True).items() if k not in own)
         # a transformers 5 mixture of experts holds its experts stacked: the file's
         # per-expert tensors are stacked into them
         stack_experts(tensors, own)
@@ -110,8 +121,9 @@ class HuggingFaceSide:
             # transformers' eager attention adds the mask; causal, nothing else masked
             mask = torch.full((length, length), torch.finfo(state.dtype).min,
                               dtype=state.dtype).triu(1)[None, None]
-            return model.model.layers[0](state, attention_mask=mask, position_ids=positions,
-                                         position_embeddings=(cos, sin))
+            return model.model.layers[piece.slot](
+                state, attention_mask=mask, position_ids=positions,
+                position_embeddings=(cos, sin))
 
 class LlamaBlocks(HuggingFaceSide):
     """The pieces of a Hugging Face LLaMA / Mistral / Qwen2 and of MindFormers'

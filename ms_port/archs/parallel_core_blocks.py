@@ -36,9 +36,11 @@ import numpy as np
 from mindspore import nn
 
 from ..errors import ForwardUnavailable, TargetError
-from .llama_blocks import LOCAL, HuggingFaceSide, Piece
+from .llama_blocks import HuggingFaceSide, Piece
 from .parallel_core import QWEN3, QWEN3_MOE, qwen3_sizes
 from .parallel_core_cpu import build_network, cpu_standins
+from .parallel_core_deepseek import FAMILY as DEEPSEEK
+from .parallel_core_deepseek import deepseek_sizes
 
 #: MindFormers' decoder layer every layer runs as
 MS_LOCAL = "decoder.layers.0"
@@ -94,12 +96,28 @@ class ParallelCoreBlocks(HuggingFaceSide):
     and ``session()``, which holds GRAPH mode and the stand-ins across the blocks)."""
 
     def __init__(self, config: dict[str, Any], build_torch: Callable[[dict[str, Any]], Any], *,
-                 family: str, seq_length: int = 16) -> None:
+                 family: str, layers: int, tied: bool, seq_length: int = 16,
+                 slots: tuple[int, ...] | None = None, small: dict[str, Any] | None = None,
+                 options: dict[str, Any] | None = None,
+                 build_options: dict[str, Any] | None = None) -> None:
+        """
+        Args:
+            layers: the model's decoder layers.
+            tied: MindFormers' head is the embedding's weight (no ``output_layer``).
+            slots: per layer, which decoder layer of the small networks runs it (default:
+                all the one layer).
+            small: the small networks' config keys (default: one decoder layer).
+            options: the layout the checkpoint was converted with (its target's).
+            build_options: the layout MindFormers' small network is built in.
+        """
         super().__init__(config, build_torch)
         self.family = family
-        self.sizes = qwen3_sizes(config, family)
+        self.layers, self.tied = layers, tied
+        self.slots = slots if slots is not None else (0,) * layers
+        self.small = dict(small or {"num_hidden_layers": 1})
         self.seq_length = seq_length
-        self.options: dict[str, Any] = {}
+        self.options: dict[str, Any] = dict(options or {})
+        self.build_options: dict[str, Any] = dict(build_options or {})
         self._net: Any = None
         self._cells: dict[str, nn.Cell] = {}
         self._params: dict[str, Any] = {}
@@ -118,15 +136,16 @@ class ParallelCoreBlocks(HuggingFaceSide):
                        {"model.embed_tokens.weight": "model.embed_tokens.weight"},
                        {embedding: embedding},
                        outputs=("model.embed_tokens", "embedding.word_embeddings"), exact=True)]
-        for i in range(self.sizes.layers):
-            prefix = f"model.layers.{i}"
-            found.append(Piece(prefix, "layer", under(source_names, prefix, LOCAL),
-                               under(checkpoint_names, f"decoder.layers.{i}", MS_LOCAL),
-                               prefix, i, outputs=(prefix, f"decoder.layers.{i}")))
-        tied = self.sizes.tied
-        head_src = ("model.embed_tokens.weight" if tied or "lm_head.weight" not in source_names
+        for i in range(self.layers):
+            prefix, slot = f"model.layers.{i}", self.slots[i]
+            found.append(Piece(prefix, "layer",
+                               under(source_names, prefix, f"model.layers.{slot}"),
+                               under(checkpoint_names, f"decoder.layers.{i}",
+                                     f"decoder.layers.{slot}"),
+                               prefix, i, outputs=(prefix, f"decoder.layers.{i}"), slot=slot))
+        head_src = ("model.embed_tokens.weight" if "lm_head.weight" not in source_names
                     else "lm_head.weight")
-        head_ms = embedding if tied else "output_layer.weight"
+        head_ms = embedding if self.tied else "output_layer.weight"
         found.append(Piece(
             "head", "head", {"model.norm.weight": "model.norm.weight", "lm_head.weight": head_src},
             {"decoder.final_layernorm.weight": "decoder.final_layernorm.weight",
@@ -144,20 +163,20 @@ class ParallelCoreBlocks(HuggingFaceSide):
         """
         with cpu_standins() as standins:
             try:
-                net = build_network({**self.config, "num_hidden_layers": 1},
-                                    seq_length=self.seq_length)
+                net = build_network({**self.config, **self.small}, seq_length=self.seq_length,
+                                    options=self.build_options)
             except _MINDSPORE_ERRORS as exc:
                 raise ForwardUnavailable(_first_line(exc)) from None
             model = net.model
             self._net = net
             self._params = {p.name: p for p in net.get_parameters()}
-            tied = (model.embedding.word_embeddings.weight if self.sizes.tied else None)
+            tied = model.embedding.word_embeddings.weight if self.tied else None
+            mask = model.preprocess_labels_and_masks.casual_mask
             self._cells = {
                 "embedding": _Embedding(model.embedding),
-                "layer": _Layer(model.decoder.layers[0],
-                                model.preprocess_labels_and_masks.casual_mask,
-                                model.rotary_pos_emb),
                 "head": _Head(model.decoder.final_layernorm, model.output_layer, tied),
+                **{f"layer{slot}": _Layer(model.decoder.layers[slot], mask, model.rotary_pos_emb)
+                   for slot in sorted(set(self.slots))},
             }
             try:
                 yield
@@ -178,7 +197,7 @@ class ParallelCoreBlocks(HuggingFaceSide):
                 raise TargetError(f"{name} {array.shape} does not fit MindFormers' network "
                                   f"({has}); convert again")
             param.set_data(ms.Tensor(array, dtype=param.dtype))
-        return self._cells[piece.kind]
+        return self._cells[f"layer{piece.slot}" if piece.kind == "layer" else piece.kind]
 
     def ms_step(self, cell: Any, piece: Piece, state: Any, ids: np.ndarray) -> Any:
         """One piece on MindSpore: token ids -> hidden states -> … -> logits (float32).
@@ -206,14 +225,35 @@ class ParallelCoreBlocks(HuggingFaceSide):
 
 def qwen3_blocks(config: dict[str, Any], build_torch: Any, *, seq_length: int = 16,
                  family: str = QWEN3) -> Any:
-    """The network's blocks, for verify one block at a time
-    (:class:`~ms_port.archs.parallel_core_blocks.ParallelCoreBlocks`)."""
-    return ParallelCoreBlocks(config, build_torch, family=family, seq_length=seq_length)
+    """The network's blocks, for verify one block at a time (:class:`ParallelCoreBlocks`):
+    every decoder layer of one kind, run as the one layer of the small networks."""
+    sizes = qwen3_sizes(config, family)
+    return ParallelCoreBlocks(config, build_torch, family=family, layers=sizes.layers,
+                              tied=sizes.tied, seq_length=seq_length)
 
 
 def qwen3_moe_blocks(config: dict[str, Any], build_torch: Any, *, seq_length: int = 16) -> Any:
     """:func:`qwen3_blocks` for ``mindformers:qwen3_moe``."""
     return qwen3_blocks(config, build_torch, seq_length=seq_length, family=QWEN3_MOE)
+
+
+def deepseek_blocks(config: dict[str, Any], build_torch: Any, *, seq_length: int = 16,
+                    mla_qkv_concat: bool = True, mtp: bool | None = None) -> Any:
+    """``mindformers:deepseek3``'s blocks: its first ``first_k_dense_replace`` layers are
+    dense, the rest mixtures of experts, so the small networks hold one of each (two
+    layers, the first dense) and each layer runs as the one of its kind. They are built
+    in the checkpoint's ``mla_qkv_concat`` layout and without the MTP layer, which gives
+    no logits (its tensors are proven one by one)."""
+    sizes = deepseek_sizes(config, mtp=mtp)
+    kinds = min(sizes.dense, 1) + (sizes.layers > sizes.dense)
+    slots = tuple(0 if i < sizes.dense else kinds - 1 for i in range(sizes.layers))
+    small = {"num_hidden_layers": kinds, "first_k_dense_replace": min(sizes.dense, 1),
+             "num_nextn_predict_layers": 0}
+    options = {"mla_qkv_concat": mla_qkv_concat, **({} if mtp is None else {"mtp": mtp})}
+    return ParallelCoreBlocks(config, build_torch, family=DEEPSEEK, layers=sizes.layers,
+                              tied=False, seq_length=seq_length, slots=slots, small=small,
+                              options=options,
+                              build_options={"mla_qkv_concat": mla_qkv_concat, "mtp": False})
 
 
 def _first_line(exc: BaseException) -> str:
@@ -222,4 +262,5 @@ def _first_line(exc: BaseException) -> str:
     return f"MindFormers' network did not run here ({line[:300]})"
 
 
-__all__ = ["MS_LOCAL", "ParallelCoreBlocks", "qwen3_blocks", "qwen3_moe_blocks"]
+__all__ = ["MS_LOCAL", "ParallelCoreBlocks", "deepseek_blocks", "qwen3_blocks",
+           "qwen3_moe_blocks"]

@@ -278,6 +278,8 @@ build = None
 #: where the CPU forward lives: MindFormers' network in GRAPH mode with stand-ins for the
 #: kernels it lacks on a CPU (verify runs it, in the layout the options give)
 FORWARD = "ms_port.archs.parallel_core_cpu"
+#: the blocks, for verify one block at a time (imported only then: they import MindSpore)
+BLOCKS = "ms_port.archs.parallel_core_blocks:deepseek_blocks"
 
 __all__ = ["FAMILY", "FORWARD", "NO_FORWARD", "OPTIONS", "VARIANTS", "DeepseekSizes",
            "deepseek_sizes", "deepseek_target", "deepseek_tensors", "mindformers_settings"]

@@ -62,6 +62,14 @@ def load_torch_weights(model: Any, src: Source) -> None:
     # model.layers.61), as its from_pretrained leaves it out
     ignored = [re.compile(p) for p in getattr(model, "_keys_to_ignore_on_load_unexpected",
                                               None) or ()]
+    # the Multi-Token Prediction layers a config counts after the last layer (DeepSeek-V3's
+    # model.layers.{num_hidden_layers}), which transformers' network does not hold
+    config = getattr(model, "config", None)
+    extra, layers = (getattr(config, "num_nextn_predict_layers", 0) or 0,
+                     getattr(config, "num_hidden_layers", None))
+    if isinstance(extra, int) and isinstance(layers, int) and 0 < extra <= 16:
+        numbers = "|".join(str(layers + k) for k in range(extra))
+        ignored.append(re.compile(rf"^model\.layers\.({numbers})\."))
     unexpected = [k for k in result.unexpected_keys if not any(p.search(k) for p in ignored)]
     if missing or unexpected:
         raise ParityError(
