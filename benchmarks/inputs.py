@@ -37,6 +37,25 @@ never imported. The harness runs generation in a child process of its own.
   or 4 decoder layers (3.81e9 / 5.52e9 parameters, 7.1 / 10.3 GiB): one such layer is
   855,654,400 parameters (1.6 GiB in bfloat16), the embedding and the head 1,050,673,152
   each. For ``verify --mode layers``, whose memory should follow one block, not the depth.
+- ``qwen3-moe-2l/``, ``qwen3-moe-4l/``: a Hugging Face Qwen3-MoE directory with
+  Qwen3-30B-A3B's widths (vocab 151936, hidden 2048, 32 heads / 4 KV heads of 128, 128
+  experts of intermediate 768, top-8, untied head) at 2 and 4 of its 48 decoder layers,
+  bfloat16, the Hub's per-expert keys (``model.layers.{i}.mlp.experts.{e}.gate_proj.weight``)
+  and ``model_type`` qwen3_moe; one decoder layer is 623,120,640 parameters (1.16 GiB), the
+  embedding and the head 311,164,928 each. Shards of two decoder layers (the first with the
+  embedding, the last shard the final norm and the head) with an index; the shards both
+  depths share are one file on disk, hard-linked (``qwen3-moe-shards/``), so the two inputs
+  take 5.8 GiB, not 9.3. ``qwen3-moe-tiny/``: the same layout at hidden 64, 4 experts (a 10 s check
+  of ``mindformers_qwen3_moe.py``, which fails on it the same way).
+- ``fp8-dequant/``: DeepSeek-V3's block-scaled float8 as its Hub checkpoint stores it:
+  every Linear weight ``float8_e4m3fn`` with a float32 ``weight_scale_inv`` of one scale per
+  128×128 block (``quantization_config.weight_block_size``), quantized from seeded normal
+  bfloat16 weights the way DeepSeek's ``bf16_cast_fp8`` does (per block amax / 448),
+  norms and the router bfloat16, its ``e_score_correction_bias`` float32. DeepSeek-V3's
+  widths (hidden 7168, MLA attention, dense intermediate 18432, experts of 2048) at three
+  layers: one dense, two of 24 routed experts and the shared one (the Hub model has 61
+  layers of 256); no embedding or head (bfloat16 on the Hub: only copied).
+  3,159,687,168 bytes of float8 (2.94 GiB) in shards of at most 1.1 GB.
 """
 
 from __future__ import annotations
@@ -69,6 +88,30 @@ LLM_CONFIG = {f"70b-{n}l": {"rope_theta": 500000.0, "max_position_embeddings": 8
 #: sizes written as Hugging Face shards of at most this many bytes, with an index
 #: (``save_pretrained``'s layout: ``model-00001-of-0000N.safetensors``)
 LLM_SHARD_BYTES = {"7b": 5 * 10**9, "70b-2l": 5 * 10**9, "70b-4l": 5 * 10**9}
+#: Qwen3-30B-A3B's widths (its config.json on the Hub, which has 48 layers); ``tiny`` is the
+#: same layout, small (module recording)
+QWEN3_MOE_SIZES = {
+    "30b-a3b": {"vocab_size": 151936, "hidden_size": 2048, "intermediate_size": 6144,
+                "moe_intermediate_size": 768, "num_experts": 128, "num_experts_per_tok": 8,
+                "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 128},
+    "tiny": {"vocab_size": 512, "hidden_size": 64, "intermediate_size": 96,
+             "moe_intermediate_size": 32, "num_experts": 4, "num_experts_per_tok": 2,
+             "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 16},
+}
+#: the depths of ``qwen3-moe-layers`` (``qwen3-moe-2l``, ``qwen3-moe-4l``); ``tiny`` has 2
+QWEN3_MOE_DEPTHS = (2, 4)
+#: decoder layers per shard (two of the 30B-A3B's: 2.5 GB)
+QWEN3_MOE_LAYERS_PER_SHARD = 2
+#: DeepSeek-V3's widths (its config.json on the Hub), cut to ``FP8_LAYERS`` with
+#: ``n_routed_experts`` instead of 256
+FP8_CONFIG = {"hidden_size": 7168, "intermediate_size": 18432, "moe_intermediate_size": 2048,
+              "num_attention_heads": 128, "q_lora_rank": 1536, "kv_lora_rank": 512,
+              "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128,
+              "n_routed_experts": 24, "n_shared_experts": 1, "num_experts_per_tok": 8,
+              "first_k_dense_replace": 1, "num_hidden_layers": 3}
+FP8_BLOCK = (128, 128)
+#: shards of at most this many bytes (weights with their scales, in order)
+FP8_SHARD_BYTES = 1_100_000_000
 
 
 def synth_path(size: str) -> Path:
@@ -190,40 +233,13 @@ def make_llm(size: str = "1b") -> Path:
     config = folder / "config.json"
     if config.exists():  # written last
         return folder
-    import ml_dtypes
     import numpy as np
 
     folder.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(1100)
-    chunk = 4 << 20
     files = llm_files(size)
     for file, shapes in files:
-        header: dict = {"__metadata__": {"format": "pt"}}
-        offset = 0
-        for name, shape in shapes:
-            n = 2 * _numel(shape)
-            header[name] = {"dtype": "BF16", "shape": list(shape),
-                            "data_offsets": [offset, offset + n]}
-            offset += n
-        blob = json.dumps(header, separators=(",", ":")).encode()
-        blob += b" " * (-len(blob) % 8)
-
-        def write(tmp: Path, blob: bytes = blob, shapes: list = shapes) -> None:
-            with open(tmp, "wb") as f:
-                f.write(len(blob).to_bytes(8, "little") + blob)
-                for name, shape in shapes:
-                    left = _numel(shape)
-                    norm = name.endswith("norm.weight")
-                    while left:
-                        n = min(left, chunk)
-                        x = rng.standard_normal(n, dtype=np.float32)
-                        x *= 0.02
-                        if norm:
-                            x += 1.0
-                        f.write(x.astype(ml_dtypes.bfloat16).view(np.uint16).data)
-                        left -= n
-
-        _atomic(folder / file, write)
+        _atomic(folder / file, lambda tmp, shapes=shapes: _write_bf16(tmp, shapes, rng))
     if len(files) > 1:
         index = {"metadata": {"total_size": llm_bytes(size)},
                  "weight_map": {name: file for file, shapes in files for name, _ in shapes}}
@@ -243,6 +259,283 @@ def make_llm(size: str = "1b") -> Path:
     _atomic(llm_mf_yaml(size), lambda tmp: tmp.write_text(yaml))
     _atomic(config, lambda tmp: tmp.write_text(json.dumps(llm_config(size), indent=2)))
     return folder
+
+
+def qwen3_moe_dir(name: str) -> Path:
+    """``name`` is ``2l``, ``4l`` (Qwen3-30B-A3B's widths at that depth) or ``tiny``."""
+    return CACHE / f"qwen3-moe-{name}"
+
+
+def _qwen3_moe_sizes(name: str) -> tuple[dict, int]:
+    """(widths, depth) of a Qwen3-MoE input."""
+    if name == "tiny":
+        return QWEN3_MOE_SIZES["tiny"], 2
+    return QWEN3_MOE_SIZES["30b-a3b"], int(name.removesuffix("l"))
+
+
+def qwen3_moe_config(name: str) -> dict:
+    """The Hugging Face ``config.json``: the Hub's Qwen3-30B-A3B, at its depth."""
+    widths, depth = _qwen3_moe_sizes(name)
+    return {"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", **widths,
+            "num_hidden_layers": depth, "max_window_layers": depth, "mlp_only_layers": [],
+            "decoder_sparse_step": 1, "norm_topk_prob": True, "hidden_act": "silu",
+            "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "rope_scaling": None,
+            "max_position_embeddings": 40960, "attention_bias": False,
+            "tie_word_embeddings": False, "torch_dtype": "bfloat16", "bos_token_id": 151643,
+            "eos_token_id": 151645, "router_aux_loss_coef": 0.001, "use_sliding_window": False,
+            "sliding_window": None,
+            **({"bos_token_id": 1, "eos_token_id": 2} if name == "tiny" else {})}
+
+
+def qwen3_moe_layer(widths: dict, i: int) -> list[tuple[str, tuple[int, ...]]]:
+    """(name, shape) of decoder layer ``i``, the Hub's names (experts one by one)."""
+    h, d, e = widths["hidden_size"], widths["head_dim"], widths["num_experts"]
+    q, kv, f = widths["num_attention_heads"] * d, widths["num_key_value_heads"] * d, \
+        widths["moe_intermediate_size"]
+    p = f"model.layers.{i}"
+    out = [(f"{p}.input_layernorm.weight", (h,)), (f"{p}.post_attention_layernorm.weight", (h,)),
+           (f"{p}.self_attn.q_proj.weight", (q, h)), (f"{p}.self_attn.k_proj.weight", (kv, h)),
+           (f"{p}.self_attn.v_proj.weight", (kv, h)), (f"{p}.self_attn.o_proj.weight", (h, q)),
+           (f"{p}.self_attn.q_norm.weight", (d,)), (f"{p}.self_attn.k_norm.weight", (d,)),
+           (f"{p}.mlp.gate.weight", (e, h))]
+    for x in range(e):
+        out += [(f"{p}.mlp.experts.{x}.gate_proj.weight", (f, h)),
+                (f"{p}.mlp.experts.{x}.up_proj.weight", (f, h)),
+                (f"{p}.mlp.experts.{x}.down_proj.weight", (h, f))]
+    return out
+
+
+def qwen3_moe_shards(name: str) -> list[tuple[str, list[tuple[str, tuple[int, ...]]]]]:
+    """(shared shard, its tensors) in file order: the embedding and the first layers, the
+    next layers, then the final norm and the head (the Hub's order). A shared shard's
+    content depends only on its key, never on the depth: both depths link the same file."""
+    widths, depth = _qwen3_moe_sizes(name)
+    h, vocab, n = widths["hidden_size"], widths["vocab_size"], QWEN3_MOE_LAYERS_PER_SHARD
+    width = "tiny" if name == "tiny" else "30b-a3b"
+    out = []
+    for first in range(0, depth, n):
+        shapes = [s for i in range(first, min(first + n, depth))
+                  for s in qwen3_moe_layer(widths, i)]
+        if first == 0:
+            shapes.insert(0, ("model.embed_tokens.weight", (vocab, h)))
+        out.append((f"{width}-layers-{first}-{first + n - 1}", sorted(shapes)))
+    out.append((f"{width}-head", [("lm_head.weight", (vocab, h)), ("model.norm.weight", (h,))]))
+    return out
+
+
+def qwen3_moe_bytes(name: str) -> int:
+    return sum(2 * _numel(shape) for _, shapes in qwen3_moe_shards(name) for _, shape in shapes)
+
+
+def qwen3_moe_layer_params(name: str = "2l") -> int:
+    return sum(_numel(shape) for _, shape in qwen3_moe_layer(_qwen3_moe_sizes(name)[0], 0))
+
+
+def make_qwen3_moe(name: str) -> Path:
+    """Write the shards (once, shared, streaming, numpy + ml_dtypes), hard-link them into
+    the directory under Hugging Face's shard names, and write the index and config.json."""
+    folder = qwen3_moe_dir(name)
+    config = folder / "config.json"
+    if config.exists():  # written last
+        return folder
+    import numpy as np
+
+    folder.mkdir(parents=True, exist_ok=True)
+    store = CACHE / "qwen3-moe-shards"
+    shards = qwen3_moe_shards(name)
+    weight_map = {}
+    for k, (key, shapes) in enumerate(shards):
+        shared = store / f"{key}.safetensors"
+        if not shared.exists():
+            rng = np.random.default_rng([1100, *key.encode()])  # the key's values only
+            _atomic(shared, lambda tmp, shapes=shapes, rng=rng: _write_bf16(tmp, shapes, rng))
+        file = f"model-{k + 1:05d}-of-{len(shards):05d}.safetensors"
+        (folder / file).unlink(missing_ok=True)
+        os.link(shared, folder / file)
+        weight_map.update(dict.fromkeys((n for n, _ in shapes), file))
+    index = {"metadata": {"total_size": qwen3_moe_bytes(name)}, "weight_map": weight_map}
+    _atomic(folder / "model.safetensors.index.json",
+            lambda tmp: tmp.write_text(json.dumps(index, indent=2)))
+    _atomic(config, lambda tmp: tmp.write_text(json.dumps(qwen3_moe_config(name), indent=2)))
+    return folder
+
+
+def _write_bf16(path: Path, shapes: list[tuple[str, tuple[int, ...]]], rng,
+                chunk: int = 4 << 20) -> None:
+    """A bfloat16 safetensors file, header first, then each tensor in chunks of ``chunk``
+    values (normal × 0.02; norms 1 + that): memory bounded by a chunk."""
+    import ml_dtypes
+    import numpy as np
+
+    header: dict = {"__metadata__": {"format": "pt"}}
+    offset = 0
+    for name, shape in shapes:
+        n = 2 * _numel(shape)
+        header[name] = {"dtype": "BF16", "shape": list(shape),
+                        "data_offsets": [offset, offset + n]}
+        offset += n
+    blob = json.dumps(header, separators=(",", ":")).encode()
+    blob += b" " * (-len(blob) % 8)
+    with open(path, "wb") as f:
+        f.write(len(blob).to_bytes(8, "little") + blob)
+        for name, shape in shapes:
+            left = _numel(shape)
+            norm = name.endswith("norm.weight")
+            while left:
+                n = min(left, chunk)
+                x = rng.standard_normal(n, dtype=np.float32)
+                x *= 0.02
+                if norm:
+                    x += 1.0
+                f.write(x.astype(ml_dtypes.bfloat16).view(np.uint16).data)
+                left -= n
+
+
+def fp8_dir() -> Path:
+    return CACHE / "fp8-dequant"
+
+
+def fp8_config() -> dict:
+    """DeepSeek-V3's config.json, cut to :data:`FP8_CONFIG`, with its quantization_config."""
+    return {"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3",
+            **FP8_CONFIG, "vocab_size": 129280, "num_key_value_heads": 128,
+            "hidden_act": "silu", "rms_norm_eps": 1e-6, "topk_method": "noaux_tc",
+            "n_group": 8, "topk_group": 4, "moe_layer_freq": 1, "norm_topk_prob": True,
+            "routed_scaling_factor": 2.5, "scoring_func": "sigmoid",
+            "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+            "quantization_config": {"quant_method": "fp8", "fmt": "e4m3",
+                                    "activation_scheme": "dynamic",
+                                    "weight_block_size": list(FP8_BLOCK)}}
+
+
+def fp8_weights() -> list[tuple[str, tuple[int, int] | tuple[int], str]]:
+    """(name, shape, kind) in the Hub's order; kind is ``float8`` (a Linear weight, stored
+    with its scales), ``norm`` / ``bf16`` (bfloat16) or ``float32``."""
+    c = FP8_CONFIG
+    h, heads = c["hidden_size"], c["num_attention_heads"]
+    qk = c["qk_nope_head_dim"] + c["qk_rope_head_dim"]
+    out: list = []
+    for i in range(c["num_hidden_layers"]):
+        p = f"model.layers.{i}"
+        out += [(f"{p}.input_layernorm.weight", (h,), "norm"),
+                (f"{p}.self_attn.q_a_proj.weight", (c["q_lora_rank"], h), "float8"),
+                (f"{p}.self_attn.q_a_layernorm.weight", (c["q_lora_rank"],), "norm"),
+                (f"{p}.self_attn.q_b_proj.weight", (heads * qk, c["q_lora_rank"]), "float8"),
+                (f"{p}.self_attn.kv_a_proj_with_mqa.weight",
+                 (c["kv_lora_rank"] + c["qk_rope_head_dim"], h), "float8"),
+                (f"{p}.self_attn.kv_a_layernorm.weight", (c["kv_lora_rank"],), "norm"),
+                (f"{p}.self_attn.kv_b_proj.weight",
+                 (heads * (c["qk_nope_head_dim"] + c["v_head_dim"]), c["kv_lora_rank"]),
+                 "float8"),
+                (f"{p}.self_attn.o_proj.weight", (h, heads * c["v_head_dim"]), "float8"),
+                (f"{p}.post_attention_layernorm.weight", (h,), "norm")]
+        if i < c["first_k_dense_replace"]:
+            mlps = [(f"{p}.mlp", c["intermediate_size"])]
+        else:
+            e, f = c["n_routed_experts"], c["moe_intermediate_size"]
+            out += [(f"{p}.mlp.gate.weight", (e, h), "bf16"),
+                    (f"{p}.mlp.gate.e_score_correction_bias", (e,), "float32")]
+            mlps = [(f"{p}.mlp.experts.{x}", f) for x in range(e)]
+            mlps.append((f"{p}.mlp.shared_experts", f * c["n_shared_experts"]))
+        for m, f in mlps:
+            out += [(f"{m}.gate_proj.weight", (f, h), "float8"),
+                    (f"{m}.up_proj.weight", (f, h), "float8"),
+                    (f"{m}.down_proj.weight", (h, f), "float8")]
+    return out
+
+
+def fp8_bytes() -> int:
+    """Bytes of float8 (the weights alone, not their scales)."""
+    return sum(_numel(shape) for _, shape, kind in fp8_weights() if kind == "float8")
+
+
+def _fp8_units() -> list[list[tuple[str, str, tuple[int, ...], str]]]:
+    """(name, safetensors dtype, shape, kind) of every stored tensor, a float8 weight and
+    its scales as one unit (never split between shards)."""
+    out = []
+    for name, shape, kind in fp8_weights():
+        if kind == "float8":
+            grid = tuple(-(-n // b) for n, b in zip(shape, FP8_BLOCK))
+            out.append([(name, "F8_E4M3", shape, kind),
+                        (name + "_scale_inv", "F32", grid, "scale")])
+        else:
+            out.append([(name, "F32" if kind == "float32" else "BF16", shape, kind)])
+    return out
+
+
+def make_fp8() -> Path:
+    """Write config.json, the shards and their index (numpy + ml_dtypes). Each Linear weight
+    is seeded normal × 0.02, quantized a row of blocks at a time: per 128×128 block
+    scale = amax / 448 and weight / scale rounded to float8_e4m3fn (``bf16_cast_fp8``)."""
+    folder = fp8_dir()
+    config = folder / "config.json"
+    if config.exists():  # written last
+        return folder
+    import numpy as np
+
+    folder.mkdir(parents=True, exist_ok=True)
+    size = {"F8_E4M3": 1, "F32": 4, "BF16": 2}
+    groups: list[list[tuple]] = [[]]
+    used = 0
+    for unit in _fp8_units():
+        n = sum(size[t[1]] * _numel(t[2]) for t in unit)
+        if groups[-1] and used + n > FP8_SHARD_BYTES:
+            groups.append([])
+            used = 0
+        groups[-1] += unit
+        used += n
+    rng = np.random.default_rng(3)
+    weight_map = {}
+    for k, tensors in enumerate(groups):
+        file = f"model-{k + 1:05d}-of-{len(groups):05d}.safetensors"
+        _atomic(folder / file, lambda tmp, tensors=tensors: _write_fp8(tmp, tensors, size, rng))
+        weight_map.update(dict.fromkeys((t[0] for t in tensors), file))
+    total = sum(size[t[1]] * _numel(t[2]) for g in groups for t in g)
+    _atomic(folder / "model.safetensors.index.json", lambda tmp: tmp.write_text(json.dumps(
+        {"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2)))
+    _atomic(config, lambda tmp: tmp.write_text(json.dumps(fp8_config(), indent=2)))
+    return folder
+
+
+def _write_fp8(path: Path, tensors: list[tuple], size: dict[str, int], rng) -> None:
+    """One shard: a weight's float8 blocks and their scales are made together, a row of
+    blocks at a time, and the scales written after the weight."""
+    import ml_dtypes
+    import numpy as np
+
+    header: dict = {"__metadata__": {"format": "pt"}}
+    offset = 0
+    for name, dtype, shape, _ in tensors:
+        n = size[dtype] * _numel(shape)
+        header[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [offset, offset + n]}
+        offset += n
+    blob = json.dumps(header, separators=(",", ":")).encode()
+    blob += b" " * (-len(blob) % 8)
+    scales: dict[str, np.ndarray] = {}
+    with open(path, "wb") as f:
+        f.write(len(blob).to_bytes(8, "little") + blob)
+        for name, _, shape, kind in tensors:
+            if kind == "scale":  # made with its weight, which came first in this file
+                f.write(scales.pop(name).data)
+                continue
+            if kind != "float8":
+                x = rng.standard_normal(_numel(shape), dtype=np.float32) * 0.02
+                if kind == "norm":
+                    x += 1.0
+                f.write(x.data if kind == "float32"
+                        else x.astype(ml_dtypes.bfloat16).view(np.uint16).data)
+                continue
+            rows, cols = shape
+            (br, bc), grid_cols = FP8_BLOCK, -(-cols // FP8_BLOCK[1])
+            scale = np.empty((-(-rows // br), grid_cols), np.float32)
+            for i, top in enumerate(range(0, rows, br)):
+                w = rng.standard_normal((min(br, rows - top), cols), dtype=np.float32) * 0.02
+                padded = np.zeros((w.shape[0], grid_cols * bc), np.float32)
+                padded[:, :cols] = np.abs(w)
+                scale[i] = padded.reshape(w.shape[0], grid_cols, bc).max(axis=(0, 2)) / 448
+                w /= np.repeat(scale[i], bc)[:cols]
+                f.write(w.astype(ml_dtypes.float8_e4m3fn).view(np.uint8).data)
+            scales[name + "_scale_inv"] = scale
 
 
 def synth_shapes(size: str) -> list[tuple[str, tuple[int, ...]]]:
@@ -431,6 +724,12 @@ def prepare(cases: list[str]) -> None:
             make_llm("tiny")
             for depth in llm_70b_depths(case):
                 make_llm(f"70b-{depth}l")
+        elif case == "qwen3-moe-layers":
+            make_qwen3_moe("tiny")
+            for depth in QWEN3_MOE_DEPTHS:
+                make_qwen3_moe(f"{depth}l")
+        elif case == "fp8-dequant":
+            make_fp8()
 
 
 if __name__ == "__main__":

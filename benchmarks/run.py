@@ -7,6 +7,8 @@
     python benchmarks/run.py --cases llm-7b [--runs 3] [--write-readme]
     python benchmarks/run.py --cases llm-1b-verify-modes,llm-70b-layers,llm-7b-verify
         [--runs 3] [--heavy-runs 1] [--phases] [--write-readme]
+    python benchmarks/run.py --cases qwen3-moe-layers,fp8-dequant [--runs 3]
+        [--heavy-runs 1] [--write-readme]
 
 Each conversion case runs the recipe (``benchmarks/recipe.py``) and the ``ms-port`` CLI
 on the same input, alternating (recipe first on even rounds, ms-port first on odd ones),
@@ -20,7 +22,9 @@ to MindFormers' fused and separate layouts, and MindFormers' own two-step conver
 (``benchmarks/mindformers_llama.py``); ratios are to ``cp`` and to MindFormers.
 
 The ``verify`` cases at language-model sizes (``llm-1b-verify-modes``, ``llm-70b-layers``,
-``llm-7b-verify``; not default cases) are in ``benchmarks/verify_cases.py``.
+``llm-7b-verify``; not default cases) are in ``benchmarks/verify_cases.py``; a Qwen3-MoE at
+Qwen3-30B-A3B's widths cut in depth (``qwen3-moe-layers``) and DeepSeek-V3's float8
+dequantized (``fp8-dequant``) in ``benchmarks/moe_fp8_cases.py``.
 
 Inputs are generated once into ``benchmarks/.cache`` (``benchmarks/inputs.py``; seeded,
 no downloads). See ``benchmarks/README.md`` for the definitions.
@@ -43,6 +47,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import inputs  # benchmarks/inputs.py: paths only at import time
+import moe_fp8_cases  # qwen3-moe-layers, fp8-dequant (paths only at import)
 import verify_cases  # the verify cases at language-model sizes (paths only at import)
 
 HERE = Path(__file__).resolve().parent
@@ -52,7 +57,7 @@ PY = sys.executable
 GIB = 2**30
 DEFAULT_CASES = "resnet50,synth-1g,synth-3g,help,inspect,verify,verify-vgg16"
 EXTRA_CASES = ("llm-1b,llm-7b,llm-1b-verify-modes,llm-70b-layers,"
-               "llm-7b-verify")  # known, not run by default
+               "llm-7b-verify,qwen3-moe-layers,fp8-dequant")  # known, not run by default
 # MindFormers writes its logs under $LOCAL_DEFAULT_PATH (./output when unset)
 MF_LOG = Path(tempfile.gettempdir()) / "ms-port-bench-mindformers-log"
 HEAVY = ("torch", "mindspore")
@@ -285,6 +290,8 @@ def missing_inputs(name: str) -> int:
     """Bytes of input files a case still has to generate."""
     if verify_cases.is_verify_case(name):
         return verify_cases.missing_inputs(name)
+    if moe_fp8_cases.is_case(name):
+        return moe_fp8_cases.missing_inputs(name)
     if name == "resnet50":
         return 0 if inputs.resnet50_path().exists() else 100 << 20
     if name == "inspect":
@@ -311,6 +318,8 @@ def output_bytes(name: str) -> int:
     """Bytes a case writes while it runs (deleted before the next case), with a margin."""
     if verify_cases.is_verify_case(name):
         return verify_cases.output_bytes(name)
+    if moe_fp8_cases.is_case(name):
+        return moe_fp8_cases.output_bytes(name)
     if name == "resnet50":
         return 300 << 20
     if name.startswith("synth-"):
@@ -609,12 +618,18 @@ def _mib(x: float) -> str:
     return f"{max(x, 0):.0f} MiB"  # a difference of two peaks can dip below 0 by noise
 
 
+#: row kinds with a README block of their own (``<!-- results:CASE -->``)
+OWN_BLOCK = ("tools", "verify", *moe_fp8_cases.KINDS.values())
+
+
 def render(rows: list[dict], baseline: dict[str, float]) -> str:
     """The recipe-vs-ms-port table (if such cases ran), then one table per tools case."""
-    pairs = [row for row in rows if row.get("kind") not in ("tools", "verify")]
+    pairs = [row for row in rows if row.get("kind") not in OWN_BLOCK]
     parts = [render_pairs(pairs, baseline)] if pairs else []
     parts += [render_tools(row) for row in rows if row.get("kind") == "tools"]
     parts += [verify_cases.render(row) for row in rows if row.get("kind") == "verify"]
+    parts += [moe_fp8_cases.render(row) for row in rows
+              if row.get("kind") in moe_fp8_cases.KINDS.values()]
     return "\n\n".join(parts)
 
 
@@ -744,11 +759,11 @@ def write_readme(data: dict) -> None:
     the recipe-vs-ms-port cases, ``<!-- results:CASE -->`` for each tools case."""
     readme = HERE / "README.md"
     body = readme.read_text()
-    pairs = [row for row in data["rows"] if row.get("kind") not in ("tools", "verify")]
+    pairs = [row for row in data["rows"] if row.get("kind") not in OWN_BLOCK]
     blocks = [("results", pairs)] if pairs else []
     # a verify case's block is named without its ``:depths`` (llm-70b-layers:2)
     blocks += [(f"results:{row['case'].partition(':')[0]}", [row]) for row in data["rows"]
-               if row.get("kind") in ("tools", "verify")]
+               if row.get("kind") in OWN_BLOCK]
     for tag, rows in blocks:
         text = header(data, rows) + render(rows, data["baseline"])
         block = f"<!-- {tag} -->\n{text}\n<!-- /{tag} -->"
@@ -770,8 +785,11 @@ def header(data: dict, rows: list[dict] | None = None) -> str:
                                   + (" (median)" if heavy > 1 else ""))
             for row in rows)
         return f"Machine: {data['machine']}. {runs}.\n\n"
-    return (f"Machine: {data['machine']}. Median of {data['runs']} runs per tool and case."
-            "\n\n")
+    heavy = data.get("heavy_runs", 1)
+    mf = (f"; MindFormers: {heavy} run{'s' * (heavy > 1)} per depth"
+          if any(row.get("kind") == "qwen3-moe" for row in rows) else "")
+    return (f"Machine: {data['machine']}. Median of {data['runs']} runs per tool and case"
+            f"{mf}.\n\n")
 
 
 def loadavg() -> str:
@@ -786,10 +804,13 @@ def main() -> None:
                         help=f"comma-separated, from {DEFAULT_CASES},{EXTRA_CASES},big "
                              "(big:N: N shards of 2 GiB instead of 7; llm-1b: a 1.1B bfloat16 "
                              "LLaMA against cp and MindFormers' converter, 3-4 min, ~13 GiB "
-                             "of disk; llm-7b: a 7B-shaped one against cp, ~5 min, ~29 GiB)")
+                             "of disk; llm-7b: a 7B-shaped one against cp, ~5 min, ~29 GiB; "
+                             "qwen3-moe-layers: Qwen3-30B-A3B's widths at 2 and 4 layers, "
+                             "~13 GiB; fp8-dequant: 2.9 GiB of DeepSeek-V3 float8, ~16 GiB)")
     parser.add_argument("--heavy-runs", type=int, default=1,
                         help="runs of each verify of llm-7b-verify and llm-70b-layers (each "
-                             "takes minutes; llm-1b-verify-modes takes --runs)")
+                             "takes minutes; llm-1b-verify-modes takes --runs), and of "
+                             "MindFormers' loader per depth in qwen3-moe-layers")
     parser.add_argument("--phases", action="store_true",
                         help="verify cases: also run each verify command once through "
                              "verify_phases.py (where the time goes; not in the medians)")
@@ -836,12 +857,15 @@ def measure_all(args: argparse.Namespace) -> dict:
     OUT.mkdir(exist_ok=True)
     clean_outputs()
     load_before, commit_before = loadavg(), verify_cases.commit()
-    cases = build_cases([n for n in names if not verify_cases.is_verify_case(n)])
+    cases = build_cases([n for n in names if not verify_cases.is_verify_case(n)
+                         and not moe_fp8_cases.is_case(n)])
     baseline = median_run([measure([PY, "-c", "pass"], "bare python") for _ in range(args.runs)])
     rows = [run_tools_case(case, args.runs) if isinstance(case, ToolsCase)
             else run_case(case, args.runs, baseline) for case in cases]
     rows += [verify_cases.run_case(n, ms_port_script(), args.runs, args.heavy_runs, args.phases)
              for n in names if verify_cases.is_verify_case(n)]
+    rows += [moe_fp8_cases.run_case(n, ms_port_script(), args.runs, args.heavy_runs)
+             for n in names if moe_fp8_cases.is_case(n)]
     return {"machine": machine(load_before, loadavg(), commit_before), "runs": args.runs,
             "heavy_runs": args.heavy_runs, "baseline": baseline, "rows": rows}
 
