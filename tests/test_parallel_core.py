@@ -395,3 +395,38 @@ def test_moe_state_dict_with_transformers_5_fused_experts_converts_the_same(tmp_
     original = {i.name: np.asarray(i.load()) for i in read_source(src)}
     assert set(again) == set(original)
     assert all(again[n].tobytes() == original[n].tobytes() for n in original)
+
+
+def test_stacked_experts_are_written_one_expert_at_a_time_only_where_that_is_exact():
+    """The experts' transforms are computed per expert (the writer and the read-back hold
+    one expert, not the whole stacked tensor) only where numbering every element of two
+    experts shows the per-expert result, expert after expert, is the whole one."""
+    from ms_port.match.plan import _separable
+    from ms_port.match.transforms import Transform
+
+    gate_up = ((6, 4), (6, 4), (6, 4), (6, 4))  # two experts: gate_e, up_e of [F=6, H=4]
+    stacked = (Transform("reshape", [2, 12, 4]), Transform("transpose", [0, 2, 1]),
+               Transform("reshape", [-1, 12]))
+    one = (Transform("reshape", [1, 12, 4]), Transform("transpose", [0, 2, 1]),
+           Transform("reshape", [-1, 12]))
+    assert _separable(0, gate_up, 2, stacked, one)
+    # a transpose of the whole stack puts both experts in every row: not per expert
+    mixed = (Transform("transpose", [1, 0]),)
+    assert not _separable(0, gate_up, 2, mixed, mixed)
+    # per-expert transforms that fit the shapes but put the rows elsewhere
+    assert not _separable(0, gate_up, 2, stacked, (Transform("reshape", [-1, 12]),))
+    down = ((4, 6), (4, 6))  # down_e [H, F], joined on axis 1, transposed: down_eᵀ stacked
+    assert _separable(1, down, 1, (Transform("transpose", [1, 0]),),
+                      (Transform("transpose", [1, 0]),))
+
+
+def test_moe_plan_groups_the_experts_and_their_groups_are_the_whole(tmp_path):
+    src = tiny_qwen3_moe(tmp_path / "moe")
+    plan = ms_port.plan(src, ms_model="mindformers:qwen3_moe")
+    grouped = [m for m in plan.matches if m.groups]
+    assert sorted(m.target for m in grouped) == sorted(
+        f"decoder.layers.{i}.mlp.experts.weight{w}" for i in range(2) for w in (1, 2))
+    for m in grouped:
+        assert m.groups == 4
+        whole = plan.expected(m)
+        assert np.array_equal(np.concatenate(list(plan.grouped(m))), whole), m.target

@@ -20,6 +20,7 @@ import collections
 import contextlib
 import difflib
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -78,6 +79,12 @@ class Match:
     #: for a part: transforms that bring the source back to its layout first (export of a
     #: target fused and then transformed: the experts' transpose and reshapes undone)
     before: tuple[Transform, ...] = ()
+    #: a fused target computed group by group (its ``over:`` groups, an expert each):
+    #: ``parts`` come in ``groups`` equal runs, and the target's rows are, group after
+    #: group, ``group_transforms`` of that group's parts joined. Set only where the plan
+    #: checked this equals the whole computation (:func:`_separable`); 0 otherwise
+    groups: int = 0
+    group_transforms: tuple[Transform, ...] = ()
 
     @property
     def sources(self) -> tuple[str, ...]:
@@ -244,6 +251,16 @@ class Plan(Renderable):
         """Yield ``(match, array)`` in target order: source data, transformed and cast."""
         for m in self.matches:
             yield m, self.expected(m)
+
+    def grouped(self, m: Match) -> Iterator[np.ndarray]:
+        """What ``m``'s target must hold, one group at a time (``m.groups``), in order:
+        the writer and the read-back hold one expert's rows, not the whole tensor."""
+        for names, layout in _groups(m):
+            array = apply_all(m.group_transforms,
+                              layout.join([self.source.tensors[n].load() for n in names]))
+            if m.out_dtype != m.dtype:
+                array = array.astype(numpy_dtype(m.out_dtype))
+            yield array
 
     def expected(self, m: Match) -> np.ndarray:
         """What ``m``'s target must hold: its source's data transformed and cast, or the
@@ -654,6 +671,7 @@ class _Many:
         self.notes: list[str] = []
         self.params: dict[str, tuple[int, str]] = {}
         self._values: dict[str, Any] | None = None
+        self._separable: dict[Any, tuple[Transform, ...] | None] = {}
 
     def values(self) -> dict[str, Any]:
         """Config scalars and the table's params, computed once, on first need."""
@@ -789,10 +807,46 @@ class _Many:
                     f"{t!r} ({format_shape(tt.shape)}) cannot be fused from "
                     f"{', '.join(map(repr, names))} ({entry.where}): {why}"))
                 continue
+            groups, per_group = self._grouping(entry, infos, layout, transforms, len(counted))
             self.matches[t] = Match(
                 t, names[0], "mapping", f"fuse: {layout} of {len(names)} ({entry.where})",
                 joined, tt.shape, infos[0].dtype, _cast(infos[0].dtype, self.dtype),
-                transforms, parts=tuple(names), layout=layout)
+                transforms, parts=tuple(names), layout=layout, groups=groups,
+                group_transforms=per_group)
+
+    def _grouping(self, entry: Any, infos: list[TensorInfo], layout: Layout,
+                  transforms: tuple[Transform, ...], groups: int
+                  ) -> tuple[int, tuple[Transform, ...]]:
+        """``(groups, per-group transforms)`` where a transformed ``over:`` fuse can be
+        computed one group at a time, else ``(0, ())``.
+
+        Each group's transforms are the entry's with its ``over:`` count set to 1 (the
+        experts' ``reshape: [experts, …]`` becomes one expert's). Whether the groups'
+        results, one after the other, are the whole computation is not assumed: it is
+        checked on two groups of the real sizes, each element numbered
+        (:func:`_separable`), once per entry and part shapes.
+        """
+        if (groups < 2 or not transforms or layout.kind != "concat" or layout.groups != 1
+                or len(entry.over) != 1 or len(infos) % groups):
+            return 0, ()
+        (_, count), = entry.over
+        if not isinstance(count, str) or not count.isidentifier():
+            return 0, ()
+        k = len(infos) // groups
+        shapes = tuple(tuple(i.shape) for i in infos[:2 * k])
+        key = (entry.where, shapes, tuple(map(str, transforms)))
+        if key not in self._separable:
+            values = {**self.values(), count: 1}
+            try:
+                one = tuple(t.resolved(lambda x: evaluate(x, values)) for t in entry.transforms)
+                two = tuple(t.resolved(lambda x: evaluate(x, {**values, count: 2}))
+                            for t in entry.transforms)
+            except ParamError:
+                one = two = ()
+            ok = bool(one) and _separable(layout.axis, shapes, k, two, one)
+            self._separable[key] = one if ok else None
+        per_group = self._separable[key]
+        return (groups, per_group) if per_group else (0, ())
 
     def _renamed(self, entry: Any, t: str, tt: TargetTensor, name: str,
                  transforms: tuple[Transform, ...]) -> None:
@@ -972,6 +1026,42 @@ def _declared_fit(shape: tuple[int, ...], tt: TargetTensor,
                   transforms: tuple[Transform, ...]) -> tuple[Transform, ...] | None:
     """Declared transforms, if they turn ``shape`` into the target's; else ``None``."""
     return transforms if _shape_or_none(transforms, shape) == tt.shape else None
+
+
+#: the most elements of one group :func:`_separable` numbers (two groups are numbered):
+#: DeepSeek-V3's experts are 29M each; larger groups are written whole
+MAX_PROBE = 1 << 25
+
+
+def _separable(axis: int, shapes: tuple[tuple[int, ...], ...], k: int,
+               whole: tuple[Transform, ...], each: tuple[Transform, ...]) -> bool:
+    """Whether a concat of two groups of ``k`` parts (``shapes``) along ``axis``,
+    transformed by ``whole``, is the two groups each joined and transformed by ``each``,
+    one after the other: checked on numbered elements (int32), so any element taken from
+    the other group, or put elsewhere, shows."""
+    sizes = [int(np.prod(s, dtype=np.int64)) for s in shapes]
+    if sum(sizes) > 2 * MAX_PROBE:
+        return False
+    starts = np.cumsum([0, *sizes])
+    parts = [np.arange(a, a + n, dtype=np.int32).reshape(s)
+             for a, n, s in zip(starts, sizes, shapes)]
+    try:
+        joined = apply_all(whole, np.concatenate(parts, axis=axis))
+        pieces = [apply_all(each, np.concatenate(parts[g * k:(g + 1) * k], axis=axis))
+                  for g in (0, 1)]
+        return (joined.ndim >= 1 and all(p.shape[1:] == joined.shape[1:] for p in pieces)
+                and np.array_equal(joined, np.concatenate(pieces)))
+    except ValueError:  # a transform that does not fit one group
+        return False
+
+
+def _groups(m: Match) -> Iterator[tuple[tuple[str, ...], Layout]]:
+    """Each group of a grouped fuse: its parts, and the layout joining them."""
+    assert m.layout is not None and m.groups
+    k = len(m.parts) // m.groups
+    for g in range(m.groups):
+        sizes = m.layout.sizes[g * k:(g + 1) * k]
+        yield m.parts[g * k:(g + 1) * k], Layout("concat", m.layout.axis, 1, sizes)
 
 
 def _shape_or_none(transforms: tuple[Transform, ...],

@@ -167,6 +167,10 @@ def _planned_bytes(plan: Plan, m: Match) -> Iterator[np.ndarray]:
     Raises:
         _NotPlanned: when asked for the first chunk, if the data has another shape.
     """
+    if m.groups:  # as the writer made it: one group at a time
+        for group in plan.grouped(m):
+            yield tensor_bytes(group)[2]
+        return
     if m.parts and not m.transforms and m.out_dtype == m.dtype and m.layout is not None:
         parts = [_little_endian(plan.source.tensors[p].load()) for p in m.parts]
         yield from _joined_bytes(m.shape, m.layout, parts)

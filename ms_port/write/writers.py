@@ -403,7 +403,10 @@ def _prepared(plan: Plan, nonfinite: dict[str, int]) -> Iterator[Iterator[tuple[
 def _data(plan: Plan, m: Match, nonfinite: dict[str, int], chunker: ThreadPoolExecutor
           ) -> tuple[Match, _Data]:
     chunks: Iterable[np.ndarray] | None = None
-    if m.parts and m.layout is not None and not m.transforms and m.out_dtype == m.dtype:
+    if m.groups:  # one expert at a time, transformed and cast: never the whole tensor
+        shape, dtype = m.shape, m.out_dtype
+        chunks = (tensor_bytes(group)[2] for group in plan.grouped(m))
+    elif m.parts and m.layout is not None and not m.transforms and m.out_dtype == m.dtype:
         parts = [plan.source.tensors[p].load() for p in m.parts]
         if all(p.dtype == numpy_dtype(m.dtype) for p in parts):  # native byte order
             shape, dtype = m.shape, m.dtype
