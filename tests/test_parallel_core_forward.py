@@ -286,6 +286,20 @@ def test_qwen3_moe_matches_transformers(moe):
     assert moe["spread"] > 0.1
 
 
+def test_qwen3_moe_experts_a_few_at_a_time_compute_the_same(moe, monkeypatch):
+    """The grouped-matmul stand-in bounds its [experts, rows, width] products by computing
+    a few experts at a time (EXPERTS_BYTES): one expert at a time gives the same logits."""
+    from ms_port.archs import _parallel_core_kernels as kernels
+
+    monkeypatch.setattr(kernels, "EXPERTS_BYTES", 1)  # one expert per step
+    one = _run(transformers.Qwen3MoeConfig, transformers.Qwen3MoeForCausalLM, {},
+               num_experts=EXPERTS, num_experts_per_tok=TOP_K,
+               moe_intermediate_size=MOE_INTERMEDIATE, norm_topk_prob=True,
+               tie_word_embeddings=True, batch=2)
+    assert one["errors"]["right"] < RIGHT
+    assert one["errors"]["right"] == pytest.approx(moe["errors"]["right"], rel=0.05, abs=1e-8)
+
+
 @pytest.mark.parametrize("wrong", list(MOE_WRONG))
 def test_qwen3_moe_wrong_layout_is_far_off(moe, wrong):
     assert moe["errors"][wrong] > WRONG, moe["errors"]
