@@ -60,6 +60,18 @@ def test_layers_pass_block_by_block_with_the_whole_networks_verdict(converted, f
     assert layers.outputs[0].error == pytest.approx(whole.outputs[0].error, rel=0.2, abs=2e-7)
 
 
+def test_a_tied_head_runs_by_layers_with_the_embeddings_weight(tmp_path):
+    """Tied: MindFormers' head is ``output_layer`` given the embedding's weight (the
+    checkpoint has no ``output_layer.weight``); the head block reads it from there."""
+    src = tiny_qwen3(tmp_path / "tied", tied=True)
+    out = tmp_path / "tied.ckpt"
+    assert ms_port.convert(src, ms_model="mindformers:qwen3", output=out).ok
+    report = ms_port.verify(src, out, ms_model="mindformers:qwen3", mode="layers")
+    assert report.verdict == "PASS", report.reasons
+    head = next(c for c in report.layers if c.ms == "output_layer")
+    assert head.status == "ok" and head.error < 1e-5
+
+
 def test_auto_goes_by_layers_when_the_whole_networks_do_not_fit(converted, monkeypatch):
     from ms_port.check import blocks
 
