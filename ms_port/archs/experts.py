@@ -22,7 +22,12 @@ STACKED_IN_MEMORY = {
 
 def stack_experts(state: dict[str, Any], wanted: dict[str, Any]) -> None:
     """Fill a network's in-memory stacked expert tensors from per-expert ones, in place
-    (:data:`STACKED_IN_MEMORY`); what does not fit exactly is left for the caller to name."""
+    (:data:`STACKED_IN_MEMORY`); what does not fit exactly is left for the caller to name.
+
+    Each expert is copied into one preallocated stack and its per-expert tensors are taken
+    out of ``state`` as it goes: where ``state`` holds the only references, memory grows by
+    one expert, not by a second and third copy of every expert (at Qwen3-30B-A3B's widths
+    a float64 layer's experts are 4.8 GiB)."""
     import torch
 
     for name, param in wanted.items():
@@ -32,19 +37,24 @@ def stack_experts(state: dict[str, Any], wanted: dict[str, Any]) -> None:
             if not name.endswith("." + suffix):
                 continue
             prefix = name[: -len(suffix)]
-            experts = []
-            for e in range(int(param.shape[0])):
-                keys = [prefix + p.format(e=e) for p in parts]
-                if not all(k in state for k in keys):
-                    break
-                experts.append(torch.cat([state[k] for k in keys]))
-            else:
-                stacked = torch.stack(experts)
-                if tuple(stacked.shape) == tuple(param.shape):
-                    state[name] = stacked
-                    for e in range(len(experts)):
-                        for p in parts:
-                            state.pop(prefix + p.format(e=e))
+            count = int(param.shape[0])
+            keys = [[prefix + p.format(e=e) for p in parts] for e in range(count)]
+            if not all(k in state for ks in keys for k in ks):
+                continue
+            first = [state[k] for k in keys[0]]
+            rows = [t.shape[0] for t in first]
+            shape = (count, sum(rows), *first[0].shape[1:])
+            if (tuple(shape) != tuple(param.shape) or len({t.dtype for t in first}) != 1
+                    or any(state[k].shape != t.shape for ks in keys for k, t in zip(ks, first))):
+                continue
+            stacked = torch.empty(shape, dtype=first[0].dtype)
+            del first
+            for e, ks in enumerate(keys):
+                start = 0
+                for k, n in zip(ks, rows):
+                    stacked[e, start:start + n] = state.pop(k)
+                    start += n
+            state[name] = stacked
 
 
 __all__ = ["STACKED_IN_MEMORY", "stack_experts"]

@@ -222,17 +222,14 @@ def _run_piece(blocks: Any, piece: Any, source: Source, checkpoint: Source,
                ) -> list[LayerComparison]:
     """Build, load, run and compare one block on both sides; move the streams on."""
     import mindspore as ms
-    import torch
 
     # one block of one precision of one side in memory at a time: PyTorch float32 (the
     # main and second-input passes), then float64 (the noise, its tensors read again as
     # float64: no float32 copy beside them), then MindSpore
     with timer("read"):
         t_arrays = _arrays(source, piece.torch, nonfinite, "PyTorch")
-    with timer("build"):
-        model = blocks.torch_network(piece, {k: torch.from_numpy(v)
-                                             for k, v in t_arrays.items()})
-    del t_arrays
+    with timer("build"):  # the arrays handed over: the network's loading may free them
+        model = blocks.torch_network(piece, _handed_over(t_arrays))
     given = streams.t
     with timer("torch"):
         streams.t, events = record_torch(
@@ -253,9 +250,7 @@ def _run_piece(blocks: Any, piece: Any, source: Source, checkpoint: Source,
         with timer("read"):
             w_arrays = _arrays(source, piece.torch, nonfinite, "PyTorch", np.float64)
         with timer("build"):
-            alt = blocks.torch_network(piece, {k: torch.from_numpy(v)
-                                               for k, v in w_arrays.items()})
-        del w_arrays
+            alt = blocks.torch_network(piece, _handed_over(w_arrays))
         with timer("torch"):
             before64 = streams.t64
             streams.t64, noise = Measure(events, "float64").run(
@@ -291,6 +286,15 @@ def _run_piece(blocks: Any, piece: Any, source: Source, checkpoint: Source,
         found.append(_fed(piece.name, fed, out, None if fed64 is None else fed64.numpy(),
                           distance(out, streams.t2.numpy(), "recorded"), tol=tol))
     return found
+
+
+def _handed_over(arrays: dict[str, np.ndarray]) -> dict[str, Any]:
+    """``arrays`` as torch tensors, emptying ``arrays``: the returned dict holds the only
+    references, so a tensor the network's loading takes out (a stacked expert's parts) is
+    freed there."""
+    import torch
+
+    return {k: torch.from_numpy(arrays.pop(k)) for k in list(arrays)}
 
 
 def _block_pair(piece: Any, events: list[Event], ms_out: np.ndarray) -> list[Pair]:
