@@ -11,7 +11,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .errors import MsPortError, TargetError
+from .errors import ForwardUnavailable, MsPortError, TargetError
 from .match.mapping import MappingTable, layered
 from .match.patterns import Pattern, PatternError, compile_pattern
 from .match.plan import Plan, make_plan
@@ -570,7 +570,6 @@ def _verify_graph(src: Source, ckpt: Source, family: str, feed: list[Any], *, mo
     network cannot run here."""
     from .check.blocks import choose_mode
     from .check.language import torch_from_config
-    from .errors import ForwardUnavailable
     from .read.targets import family_blocks, family_options
 
     blocks = family_blocks(family)
@@ -675,10 +674,9 @@ def _verify_graph_forward(src: Source, ckpt: Source, family: str, feed: list[Any
             logits = module.forward(net, ids)
             ran = standins.lines(net)
     except (RuntimeError, ValueError, TypeError) as exc:  # MindSpore's compile/run errors
-        line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         return _verify_tensors_only(src, ckpt, family, feed, mapping=mapping, tol=tol,
                                     seed=seed, names=names, ms_options=ms_options,
-                                    why=f"MindFormers' network did not run here ({line[:300]})")
+                                    why=ForwardUnavailable.of(exc).message)
     timings["mindspore_forward"] = time.perf_counter() - t0
     notes.append("MindSpore ran in GRAPH mode with CPU stand-ins for what has no CPU kernel "
                  f"({len(ran)}): " + "; ".join(ran))

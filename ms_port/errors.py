@@ -86,6 +86,13 @@ class ForwardUnavailable(ParityError):
     """The MindSpore network cannot compile or run here (a kernel this machine lacks):
     verify falls back to the tensors' proof and INCONCLUSIVE for the forward."""
 
+    @classmethod
+    def of(cls, exc: BaseException) -> ForwardUnavailable:
+        """From MindSpore's compile or run error: its first line says what failed."""
+        text = str(exc).strip()
+        line = text.splitlines()[0] if text else type(exc).__name__
+        return cls(f"MindFormers' network did not run here ({line[:300]})")
+
 
 class DeviceError(MsPortError):
     """A requested device is not available on one side; the message says which."""

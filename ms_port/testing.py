@@ -88,6 +88,12 @@ def save_reference_checkpoint(arch: str, path: str | Path, *, seed: int = 0,
     return path
 
 
+def with_reversed(src: str | Path, dst: str | Path, name: str) -> Path:
+    """A copy of the ``.ckpt`` ``src`` at ``dst`` with tensor ``name``'s rows reversed (the
+    same shape and values, in another order): a wrong conversion no shape check sees."""
+    return rewrite_checkpoint(src, dst, lambda t: t.update({name: t[name][::-1].copy()}) or t)
+
+
 def rewrite_checkpoint(src: str | Path, dst: str | Path, edit: Any) -> Path:
     """Copy a MindSpore ``.ckpt`` through ``edit(dict name -> array)``, which may change,
     swap or delete entries: how the tests make a wrong conversion on purpose."""

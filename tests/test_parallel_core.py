@@ -274,7 +274,7 @@ FAMILY_MAKERS = [("mindformers:qwen3", "tiny_qwen3"), ("mindformers:qwen3_moe", 
 def test_verify_runs_mindformers_network_with_cpu_standins(tmp_path, family, make):
     """MindFormers' own parallel_core network computes transformers' logits on this CPU
     (GRAPH mode, stand-ins named in the report); a wrong tensor FAILs, named."""
-    from ms_port.testing import rewrite_checkpoint
+    from ms_port.testing import with_reversed
 
     src = globals()[make](tmp_path / "m")
     out = tmp_path / "m.ckpt"
@@ -286,8 +286,7 @@ def test_verify_runs_mindformers_network_with_cpu_standins(tmp_path, family, mak
     assert "rms-norm" in ran and "attention" in ran
     assert ("experts-grouped-matmul" in ran) == (family.endswith("moe"))
     name = "decoder.layers.1.self_attention.linear_proj.weight"
-    wrong = rewrite_checkpoint(out, tmp_path / "w.ckpt",
-                               lambda t: t.update({name: t[name][::-1].copy()}) or t)
+    wrong = with_reversed(out, tmp_path / "w.ckpt", name)
     failed = ms_port.verify(src, wrong, ms_model=family)
     assert failed.verdict == "FAIL" and name in " ".join(failed.reasons)
     assert not failed.outputs[0].ok  # the forward sees it too
@@ -323,7 +322,7 @@ def test_verify_without_a_forward_is_inconclusive_never_pass(tmp_path, monkeypat
 
     from ms_port.archs import parallel_core_cpu
     from ms_port.cli import main
-    from ms_port.testing import rewrite_checkpoint
+    from ms_port.testing import with_reversed
 
     def no_kernel(*_a, **_k):
         raise RuntimeError("Unsupported op [SomeKernel] on CPU")
@@ -339,8 +338,7 @@ def test_verify_without_a_forward_is_inconclusive_never_pass(tmp_path, monkeypat
     assert "no forward ran" in data["reasons"][0] and "SomeKernel" in data["reasons"][0]
     assert data["mode"] == "tensors"
     name = "decoder.layers.1.self_attention.linear_proj.weight"
-    wrong = rewrite_checkpoint(out, tmp_path / "w.ckpt",
-                               lambda t: t.update({name: t[name][::-1].copy()}) or t)
+    wrong = with_reversed(out, tmp_path / "w.ckpt", name)
     failed = ms_port.verify(src, wrong, ms_model=family)
     assert failed.verdict == "FAIL" and name in failed.reasons[0]
 

@@ -21,7 +21,7 @@ if importlib.util.find_spec("mindformers") is None:
 from test_parallel_core import QWEN3, tiny_qwen3, tiny_qwen3_moe  # noqa: E402
 
 import ms_port  # noqa: E402
-from ms_port.testing import rewrite_checkpoint  # noqa: E402
+from ms_port.testing import rewrite_checkpoint, with_reversed  # noqa: E402
 
 H, HEADS, KV, D, E, F = QWEN3["hidden_size"], 8, 2, 16, 4, 32
 
@@ -199,8 +199,7 @@ def test_deepseek_wrong_layer_fails_there(tmp_path, layer):
     out = tmp_path / "ds.ckpt"
     assert ms_port.convert(src, ms_model=FAMILY, output=out).ok
     name = f"decoder.layers.{layer}.self_attention.linear_qkv.weight"
-    bad = rewrite_checkpoint(out, tmp_path / "wrong.ckpt",
-                             lambda t: t.update({name: t[name][::-1].copy()}) or t)
+    bad = with_reversed(out, tmp_path / "wrong.ckpt", name)
     report = ms_port.verify(src, bad, ms_model=FAMILY, mode="layers")
     assert report.verdict == "FAIL" and name in " ".join(report.reasons)
     assert report.first_divergence.ms_name == f"decoder.layers.{layer}"

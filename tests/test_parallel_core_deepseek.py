@@ -737,7 +737,7 @@ def test_verify_passes_by_mindformers_own_network(tmp_path):
     from click.testing import CliRunner
 
     from ms_port.cli import main
-    from ms_port.testing import rewrite_checkpoint
+    from ms_port.testing import with_reversed
 
     src = tiny_deepseek(tmp_path / "ds", mtp=0)
     out = tmp_path / "ds.ckpt"
@@ -750,8 +750,7 @@ def test_verify_passes_by_mindformers_own_network(tmp_path):
     ran = next(n for n in data["notes"] if "CPU stand-ins" in n)
     assert "attention" in ran and "experts-grouped-matmul" in ran and "mtp-not-run" not in ran
     name = "decoder.layers.2.self_attention.linear_qkv.weight"
-    wrong = rewrite_checkpoint(out, tmp_path / "w.ckpt",
-                               lambda t: t.update({name: t[name][::-1].copy()}) or t)
+    wrong = with_reversed(out, tmp_path / "w.ckpt", name)
     failed = ms_port.verify(src, wrong, ms_model=FAMILY)
     assert failed.verdict == "FAIL" and name in " ".join(failed.reasons)
     assert not failed.outputs[0].ok  # the forward sees it too
@@ -786,7 +785,7 @@ def test_verify_without_a_forward_is_inconclusive_never_pass(tmp_path, monkeypat
 
     from ms_port.archs import parallel_core_cpu
     from ms_port.cli import main
-    from ms_port.testing import rewrite_checkpoint
+    from ms_port.testing import with_reversed
 
     def no_kernel(*_a, **_k):
         raise RuntimeError("Unsupported op [SomeKernel] on CPU")
@@ -803,8 +802,7 @@ def test_verify_without_a_forward_is_inconclusive_never_pass(tmp_path, monkeypat
     assert data["mode"] == "tensors"
     for name in ("decoder.layers.2.self_attention.linear_qkv.weight",
                  "decoder.layers.1.mlp.experts.weight1"):
-        wrong = rewrite_checkpoint(out, tmp_path / "w.ckpt",
-                                   lambda t, n=name: t.update({n: t[n][::-1].copy()}) or t)
+        wrong = with_reversed(out, tmp_path / "w.ckpt", name)
         failed = ms_port.verify(src, wrong, ms_model=FAMILY)
         assert failed.verdict == "FAIL" and name in failed.reasons[0]
 

@@ -166,7 +166,7 @@ class ParallelCoreBlocks(HuggingFaceSide):
                 net = build_network({**self.config, **self.small}, seq_length=self.seq_length,
                                     options=self.build_options)
             except _MINDSPORE_ERRORS as exc:
-                raise ForwardUnavailable(_first_line(exc)) from None
+                raise ForwardUnavailable.of(exc) from None
             model = net.model
             self._net = net
             self._params = {p.name: p for p in net.get_parameters()}
@@ -213,7 +213,7 @@ class ParallelCoreBlocks(HuggingFaceSide):
                 return cell(state)
             return cell(state, tokens)
         except _MINDSPORE_ERRORS as exc:
-            raise ForwardUnavailable(_first_line(exc)) from None
+            raise ForwardUnavailable.of(exc) from None
 
     def notes(self) -> list[str]:
         """What the report says of how the MindSpore side ran."""
@@ -254,12 +254,6 @@ def deepseek_blocks(config: dict[str, Any], build_torch: Any, *, seq_length: int
                               tied=False, seq_length=seq_length, slots=slots, small=small,
                               options=options,
                               build_options={"mla_qkv_concat": mla_qkv_concat, "mtp": False})
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    line = text.splitlines()[0] if text else type(exc).__name__
-    return f"MindFormers' network did not run here ({line[:300]})"
 
 
 __all__ = ["MS_LOCAL", "ParallelCoreBlocks", "deepseek_blocks", "qwen3_blocks",
