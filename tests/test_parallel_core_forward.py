@@ -286,18 +286,34 @@ def test_qwen3_moe_matches_transformers(moe):
     assert moe["spread"] > 0.1
 
 
-def test_qwen3_moe_experts_a_few_at_a_time_compute_the_same(moe, monkeypatch):
-    """The grouped-matmul stand-in bounds its [experts, rows, width] products by computing
-    a few experts at a time (EXPERTS_BYTES): one expert at a time gives the same logits."""
+def test_grouped_matmul_stand_in_multiplies_each_experts_own_rows():
+    """The grouped-matmul stand-in, run as a graph op: each expert's rows times its own
+    weight, empty groups skipped, rows past the last group zero; equal to the product
+    row by row in float64 to float32 rounding."""
+    import mindspore as ms
+    from mindspore import Tensor
+
     from ms_port.archs import _parallel_core_kernels as kernels
 
-    monkeypatch.setattr(kernels, "EXPERTS_BYTES", 1)  # one expert per step
-    one = _run(transformers.Qwen3MoeConfig, transformers.Qwen3MoeForCausalLM, {},
-               num_experts=EXPERTS, num_experts_per_tok=TOP_K,
-               moe_intermediate_size=MOE_INTERMEDIATE, norm_topk_prob=True,
-               tie_word_embeddings=True, batch=2)
-    assert one["errors"]["right"] < RIGHT
-    assert one["errors"]["right"] == pytest.approx(moe["errors"]["right"], rel=0.05, abs=1e-8)
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((11, 6)).astype(np.float32)
+    weight = rng.standard_normal((4, 6, 5)).astype(np.float32)
+    ends = np.array([3, 3, 7, 9], np.int64)  # expert 1 empty; rows 9, 10 in no group
+    owner = [0, 0, 0, 2, 2, 2, 2, 3, 3]
+    expected = np.zeros((11, 5))
+    for row, expert in enumerate(owner):
+        expected[row] = x[row].astype(np.float64) @ weight[expert].astype(np.float64)
+
+    ms.set_context(mode=ms.GRAPH_MODE)
+    call = kernels.GroupedMatmul(split_item=3, group_type=0)
+
+    def grouped(a, b, c):
+        return call([a], [b], None, None, None, None, None, c)[0]
+
+    got = ms.jit(grouped)(Tensor(x), Tensor(weight), Tensor(ends)).asnumpy()
+    assert got.shape == (11, 5) and got.dtype == np.float32
+    assert np.abs(got - expected).max() < 1e-5
+    assert not got[9:].any()
 
 
 @pytest.mark.parametrize("wrong", list(MOE_WRONG))

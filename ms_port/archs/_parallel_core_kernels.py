@@ -10,6 +10,7 @@ the kernel it replaces computes, in float32 where the caller asked for float32.
 from __future__ import annotations
 
 import mindspore.common.dtype as mstype
+import numpy as np
 from mindspore import nn, ops
 
 
@@ -127,32 +128,37 @@ class Swiglu(PrimitiveStandIn):
         return ops.silu(a) * b
 
 
-#: the bytes of expert products :func:`grouped_matmul_rows` computes at once
-EXPERTS_BYTES = 256 << 20
-
-
-def grouped_matmul_rows(x, weight, group_list):
+def grouped_matmul_host(x, weight, group_list):
     """Rows ``group_list[e-1] <= r < group_list[e]`` of ``x [T, K]`` times ``weight[e]``
-    (``weight [E, K, M]``, ``group_list`` the cumulative row counts); rows past the last
-    group give zeros. Every expert's product is computed and the row's own kept: E times
-    the work of the kernel, no data-dependent shapes."""
+    (``weight [E, K, M]``, ``group_list`` the cumulative row counts), on numpy arrays; rows
+    past the last group give zeros. Each expert multiplies its own rows only, as the kernel
+    does: the output is the only array made, ``[T, M]``."""
     rows = x.shape[0]
-    experts, inner, width = weight.shape
-    ends = ops.cast(group_list, mstype.int32).reshape((1, experts))
-    row = ops.arange(0, rows, 1, dtype=mstype.int32).reshape((rows, 1))
-    owner = ops.cast(row >= ends, mstype.int32).sum(axis=1)  # groups ending at or before r
-    pick = ops.transpose(ops.one_hot(owner, experts, ops.ones((), x.dtype),
-                                     ops.zeros((), x.dtype)), (1, 0))  # [E, T]
-    # a few experts at a time, so that the [experts, T, M] products stay near
-    # EXPERTS_BYTES (all 128 of Qwen3-30B-A3B's at once: over 16 GiB for 256 tokens)
-    step = max(1, min(experts, EXPERTS_BYTES // max(1, 4 * rows * max(width, inner))))
-    out = None
-    for start in range(0, experts, step):
-        stop = min(start + step, experts)
-        every = ops.matmul(ops.expand_dims(x, 0), weight[start:stop])  # [k, T, M]
-        part = (every * ops.expand_dims(pick[start:stop], -1)).sum(axis=0)
-        out = part if out is None else out + part
+    out = np.zeros((rows, weight.shape[2]), dtype=x.dtype)
+    start = 0
+    for expert, end in enumerate(np.asarray(group_list).reshape(-1)[:weight.shape[0]]):
+        end = min(max(int(end), start), rows)  # cumulative: never before the last end
+        if end > start:
+            np.matmul(x[start:end], weight[expert], out=out[start:end])
+        start = end
     return out
+
+
+def _grouped_shape(x, weight, group_list):
+    return [x[0], weight[2]]
+
+
+def _grouped_dtype(x, weight, group_list):
+    return x
+
+
+#: :func:`grouped_matmul_host` as a graph op: MindSpore's ``pyfunc`` Custom op runs a
+#: Python function on the host's arrays inside a compiled graph, so the rows of each
+#: expert, a data-dependent shape, are never a shape in the graph. Computing every expert
+#: on every row instead (the graph-only way) took E times the work and, at Qwen3-30B-A3B's
+#: widths, more than 16 GiB for one layer.
+_GROUPED_MATMUL = ops.Custom(grouped_matmul_host, out_shape=_grouped_shape,
+                             out_dtype=_grouped_dtype, func_type="pyfunc")
 
 
 def GroupedMatmul(split_item=3, group_type=0, transpose_a=False, transpose_b=False):
@@ -163,7 +169,7 @@ def GroupedMatmul(split_item=3, group_type=0, transpose_a=False, transpose_b=Fal
 
     def call(x, weight, bias=None, scale=None, offset=None, antiquant_scale=None,
              antiquant_offset=None, group_list=None):
-        return [grouped_matmul_rows(x[0], weight[0], group_list)]
+        return [_GROUPED_MATMUL(x[0], weight[0], group_list)]
 
     return call
 

@@ -180,7 +180,7 @@ STANDINS: tuple[StandIn, ...] = (
     StandIn("experts-grouped-matmul", "GroupedMatmul in FFNGroupedGEMM.experts_forward "
             "(parallel_core/training_graph/transformer/moe/ffn.py)",
             "GroupedMatmul has no CPU kernel",
-            "every expert's matmul on every row, each row keeping its own expert's",
+            "each expert's matmul on its own rows, on the host (a pyfunc Custom op)",
             (_patch("transformer.moe.ffn", "GroupedMatmul", "GroupedMatmul"),),
             ("FFNGroupedGEMM",)),
     StandIn("experts-swiglu", "Swiglu in FFNGroupedGEMM (parallel_core/training_graph/"
