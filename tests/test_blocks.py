@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -40,6 +42,37 @@ def test_auto_goes_by_layers_only_when_the_whole_networks_would_not_fit():
         choose_mode("layers", 10, "no blocks")
     with pytest.raises(ParityError, match="unknown mode"):
         choose_mode("blocks", 10, None)
+
+
+_FREED = """
+import sys
+import numpy as np
+from ms_port.check.blocks import unmap_large_arrays
+def rss():
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) << 10 for line in f if line.startswith("VmRSS:"))
+if sys.argv[1] == "unmap":
+    assert unmap_large_arrays()
+warm = np.ones((8 << 20) // 8)  # one 8 MiB mapped block, freed: glibc's threshold rises
+del warm
+arrays = [np.ones((8 << 20) // 8) for _ in range(64)]
+keep = arrays[-1]  # the heap's top stays in use: nothing below it is trimmed on free
+before = rss()
+del arrays
+print((before - rss()) >> 20)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc and /proc: Linux")
+@pytest.mark.parametrize("how, freed", [("unmap", True), ("as-is", False)])
+def test_a_blocks_freed_arrays_go_back_to_the_system(how, freed):
+    """verify by layers frees each block's arrays before the next: with glibc's moving
+    threshold, 8 MiB arrays (a per-expert tensor's size) come from its heap after one
+    is freed, and 504 MiB of them stay resident once freed; unmapped, they go back."""
+    run = subprocess.run([sys.executable, "-c", _FREED, how], capture_output=True,
+                         text=True, check=True)
+    released = int(run.stdout.split()[-1])
+    assert (released > 400) is freed, released
 
 
 @pytest.fixture(scope="module")

@@ -22,6 +22,7 @@ A family gives its blocks with five methods (``pieces``, ``torch_network``,
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import gc
 import time
 from collections.abc import Iterator
@@ -30,6 +31,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from .._libc import libc_function
 from ..errors import ParityError
 from ..read.sources import Source
 from .compare import ms_to_numpy, relative_error
@@ -56,6 +58,29 @@ def available_memory() -> int | None:
     except (OSError, ValueError, IndexError):
         return None
     return None
+
+
+#: glibc's ``mallopt`` parameter for the size from which an allocation is mapped on its own
+_M_MMAP_THRESHOLD = -3
+#: the size from which a block's arrays are mapped on their own (:func:`unmap_large_arrays`)
+LARGE_ARRAY = 1 << 20
+
+
+def unmap_large_arrays() -> bool:
+    """Have the C library map every allocation of :data:`LARGE_ARRAY` bytes or more on its
+    own, so that freeing it gives it back to the system at once. True where it did.
+
+    glibc otherwise raises that threshold to the size of each mapped block it frees (up
+    to 32 MiB), and later blocks of that size come from its heap, where freed memory
+    stays with the process. A layer's per-expert arrays (12 MiB each in float64 at
+    Qwen3-30B-A3B's widths) then stayed resident after they were stacked into the
+    network's tensor: the PyTorch float64 step of one MoE layer held 9 GiB, not 4.5. The
+    setting lasts for the process (glibc cannot be given back its moving threshold);
+    it costs a mapping per large allocation, which a block's arrays pay anyway. Dask
+    gives its workers the same advice, as ``MALLOC_TRIM_THRESHOLD_``, an environment
+    variable read only when a process starts."""
+    mallopt = libc_function("mallopt", ctypes.c_int, ctypes.c_int, ctypes.c_int)
+    return bool(mallopt is not None and mallopt(_M_MMAP_THRESHOLD, LARGE_ARRAY) == 1)
 
 
 def choose_mode(mode: str, parameters: int, why_not: str | None,
@@ -160,6 +185,7 @@ def run_blocks(blocks: Any, source: Source, checkpoint: Source, feed: list[Any],
     step = progress or (lambda _msg: None)
     timer = _Timer()
     devices.set_ms_device("cpu")
+    unmap_large_arrays()
     ids, ids2 = np.asarray(feed[0].array), np.asarray(second[0].array)
     pieces = blocks.pieces(set(source.tensors), set(checkpoint.tensors))
     drift = Drift()
