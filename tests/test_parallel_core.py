@@ -359,6 +359,13 @@ def test_moe_export_round_trip_writes_the_hubs_per_expert_keys(tmp_path, dtype):
     assert set(again) == set(original)
     for name in original:
         assert again[name].tobytes() == original[name].tobytes(), name
+    # each expert's tensors come from its own rows of the stacked ones, read alone
+    parts = {m.target: m for m in back.plan.matches}
+    hidden, inner = QWEN3_MOE["hidden_size"], QWEN3_MOE["moe_intermediate_size"]
+    assert parts["model.layers.1.mlp.experts.3.up_proj.weight"].rows == (3 * hidden,
+                                                                         4 * hidden)
+    assert parts["model.layers.1.mlp.experts.3.down_proj.weight"].rows == (3 * inner,
+                                                                           4 * inner)
 
 
 def test_moe_state_dict_with_transformers_5_fused_experts_converts_the_same(tmp_path):

@@ -24,6 +24,7 @@ from ..read.sources import Source, read_source
 from ..read.targets import Target, TargetTensor, from_arch, from_cell, from_infos, instantiate
 from ..read.tensors import TensorInfo
 from ..reports import ConversionReport
+from .layouts import Layout
 from .mapping import layered
 from .plan import Conflict, Dropped, Match, Missing, Plan, Unused, make_plan
 from .rules import known_drop
@@ -164,6 +165,9 @@ def invert_plan(forward: Plan, checkpoint: Source, torch_side: Source) -> Plan:
                 f"{', '.join(map(str, m.transforms))}; export cannot join parts that were "
                 "transformed one by one yet — export without that entry")))
             continue
+        if m.parts and m.groups:  # fused group by group: each part from its group's rows
+            matches.update(_group_parts(m, torch_side, dtype))
+            continue
         if m.parts:  # fused on conversion: each PyTorch part is taken back out, after
             # the transforms applied to the joined tensor are undone
             before = invert(m.transforms, m.source_shape)
@@ -210,6 +214,30 @@ def invert_plan(forward: Plan, checkpoint: Source, torch_side: Source) -> Plan:
                 conflicts,
                 allow_missing=forward.allow_unused, allow_unused=forward.allow_missing,
                 notes=list(forward.notes), params=dict(forward.params))
+
+
+def _group_parts(m: Match, torch_side: Source, dtype: str) -> dict[str, Match]:
+    """The PyTorch parts of a target fused group by group (``m.groups``, an expert each):
+    each is read from its group's rows of the target alone, brought back through the
+    group's transforms undone, and taken out of the group's join. Export then reads each
+    expert once per part, not the whole stacked tensor (O(experts) times its size)."""
+    k = len(m.parts) // m.groups
+    rows = m.shape[0] // m.groups
+    found = {}
+    for g in range(m.groups):
+        names = m.parts[g * k:(g + 1) * k]
+        sizes = m.layout.sizes[g * k:(g + 1) * k]
+        layout = Layout("concat", m.layout.axis, 1, sizes)
+        first = torch_side.tensors[names[0]].shape
+        axis = m.layout.axis % len(first)
+        joined = tuple(sum(sizes) if d == axis else n for d, n in enumerate(first))
+        before = invert(m.group_transforms, joined)
+        for i, part in enumerate(names):
+            found[part] = Match(part, m.target, m.how, f"part {g * k + i + 1} of {m.detail}",
+                                m.shape, torch_side.tensors[part].shape, dtype, dtype,
+                                layout=layout, part=i, before=before,
+                                rows=(g * rows, (g + 1) * rows))
+    return found
 
 
 def export_plan(checkpoint: str | Path, *, arch: str | None, torch_model: Any,

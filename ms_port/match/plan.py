@@ -85,6 +85,9 @@ class Match:
     #: checked this equals the whole computation (:func:`_separable`); 0 otherwise
     groups: int = 0
     group_transforms: tuple[Transform, ...] = ()
+    #: for a part of a grouped fuse (export): the rows ``start, stop`` of ``source`` that
+    #: hold its group, which alone are read and brought back (``before``), not the whole
+    rows: tuple[int, int] | None = None
 
     @property
     def sources(self) -> tuple[str, ...]:
@@ -430,7 +433,8 @@ def materialize(match: Match, info: TensorInfo | list[TensorInfo]) -> np.ndarray
         array = match.layout.join([i.load() for i in info])
     elif match.part is not None:
         assert match.layout is not None
-        array = match.layout.part(apply_all(match.before, info.load()), match.part)
+        held = info.load() if match.rows is None else info.load_rows(*match.rows)
+        array = match.layout.part(apply_all(match.before, held), match.part)
     else:
         array = info.load()
     array = apply_all(match.transforms, array)

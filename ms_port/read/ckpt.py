@@ -396,14 +396,29 @@ def _array(buf: Any, entry: CkptEntry, path: str) -> np.ndarray:
     return flat.reshape(entry.shape)
 
 
-def _read(path: str, entry: CkptEntry) -> np.ndarray:
-    """Read ``entry``'s bytes (all its pieces) from ``path`` into a fresh array."""
-    flat = np.empty(entry.numel, numpy_dtype(entry.dtype))
+def _read(path: str, entry: CkptEntry, rows: tuple[int, int] | None = None) -> np.ndarray:
+    """Read ``entry``'s bytes (all its pieces) from ``path`` into a fresh array; with
+    ``rows`` (``start, stop`` along the first axis, within it), only those rows' bytes."""
+    count, shape, lo = entry.numel, entry.shape, 0
+    if rows is not None:
+        start, stop = rows
+        if not entry.shape or not 0 <= start <= stop <= entry.shape[0]:
+            raise ValueError(f"rows {start}:{stop} of tensor {entry.name!r} "
+                             f"{entry.shape}: outside it")
+        per_row = count // entry.shape[0] if entry.shape[0] else 0
+        count, shape = (stop - start) * per_row, (stop - start, *entry.shape[1:])
+        lo = start * per_row * numpy_dtype(entry.dtype).itemsize
+    flat = np.empty(count, numpy_dtype(entry.dtype))
     raw, at = flat.view(np.uint8), 0
     try:
         with open(path, "rb") as f:
             for offset, n in entry.pieces or ((entry.offset, entry.nbytes),):
-                f.seek(offset)
+                skip = min(lo, n)  # the bytes of this piece before the wanted span
+                lo -= skip
+                n = min(n - skip, raw.nbytes - at)
+                if n <= 0:
+                    continue
+                f.seek(offset + skip)
                 if f.readinto(raw[at:at + n]) != n:
                     raise SourceError(f"{path}: tensor {entry.name!r} lies past the end of "
                                       "the file; the file changed since it was listed, list "
@@ -412,7 +427,7 @@ def _read(path: str, entry: CkptEntry) -> np.ndarray:
     except OSError as exc:
         raise SourceError(f"{path}: cannot read tensor {entry.name!r} ({exc})",
                           path=path) from None
-    return flat.reshape(entry.shape)
+    return flat.reshape(shape)
 
 
 def read_ckpt(path: str | os.PathLike, *, verify_crc: bool = True) -> CkptIndex:
@@ -478,9 +493,10 @@ class CkptReader:
     def __contains__(self, name: str) -> bool:
         return name in self._by_name
 
-    def load(self, name: str) -> np.ndarray:
-        """Return tensor ``name``'s data as a fresh array; KeyError if absent."""
-        return _read(self.path, self._by_name[name])
+    def load(self, name: str, rows: tuple[int, int] | None = None) -> np.ndarray:
+        """Return tensor ``name``'s data as a fresh array (with ``rows``, ``start, stop``
+        along its first axis: only those rows read); KeyError if absent."""
+        return _read(self.path, self._by_name[name], rows)
 
     def close(self) -> None:
         """Nothing stays open between loads; kept for ``with`` and symmetry."""

@@ -573,7 +573,7 @@ def _strip(source: Source) -> Source:
 
 
 def _renamed(info: TensorInfo, name: str) -> TensorInfo:
-    return TensorInfo(name, info.shape, info.dtype, info.loader)
+    return TensorInfo(name, info.shape, info.dtype, info.loader, info.rows_loader)
 
 
 # -- safetensors ---------------------------------------------------------------------
@@ -718,7 +718,8 @@ def _ckpt_tensors(path: Path) -> tuple[dict[str, TensorInfo], dict[str, str], li
         raise SourceError(f"{path}: CRC check failed — the file was changed or damaged after "
                           "it was written; re-create or re-download it", path=path)
     tensors = {
-        e.name: TensorInfo(e.name, e.shape, e.dtype, lambda e=e: reader.load(e.name))
+        e.name: TensorInfo(e.name, e.shape, e.dtype, lambda e=e: reader.load(e.name),
+                           lambda a, b, e=e: reader.load(e.name, (a, b)))
         for e in reader.entries
     }
     skipped = [Skipped(name, kind, reason) for name, kind, reason in reader.skipped]

@@ -131,12 +131,16 @@ class TensorInfo:
         dtype: canonical dtype name.
         loader: returns the data as a numpy array; ``None`` for metadata-only entries
             (targets, or a template checkpoint read without its data).
+        rows_loader: where a format can read a span of rows alone, ``(start, stop)`` ->
+            those rows along the first axis (:meth:`load_rows`).
     """
 
     name: str
     shape: tuple[int, ...]
     dtype: str
     loader: Callable[[], np.ndarray] | None = field(default=None, repr=False, compare=False)
+    rows_loader: Callable[[int, int], np.ndarray] | None = field(default=None, repr=False,
+                                                                 compare=False)
 
     @property
     def numel(self) -> int:
@@ -151,6 +155,13 @@ class TensorInfo:
         if self.loader is None:
             raise ValueError(f"tensor {self.name!r} carries no data (metadata only)")
         return self.loader()
+
+    def load_rows(self, start: int, stop: int) -> np.ndarray:
+        """Rows ``start:stop`` along the first axis: only their bytes read where the
+        format allows (:attr:`rows_loader`), else sliced from the whole tensor."""
+        if self.rows_loader is not None:
+            return self.rows_loader(start, stop)
+        return self.load()[start:stop]
 
     def to_dict(self) -> dict:
         return {"name": self.name, "shape": list(self.shape), "dtype": self.dtype,
