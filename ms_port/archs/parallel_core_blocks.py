@@ -99,7 +99,8 @@ class ParallelCoreBlocks(HuggingFaceSide):
                  family: str, layers: int, tied: bool, seq_length: int = 16,
                  slots: tuple[int, ...] | None = None, small: dict[str, Any] | None = None,
                  options: dict[str, Any] | None = None,
-                 build_options: dict[str, Any] | None = None) -> None:
+                 build_options: dict[str, Any] | None = None,
+                 not_run: tuple[str, ...] = ()) -> None:
         """
         Args:
             layers: the model's decoder layers.
@@ -109,6 +110,8 @@ class ParallelCoreBlocks(HuggingFaceSide):
             small: the small networks' config keys (default: one decoder layer).
             options: the layout the checkpoint was converted with (its target's).
             build_options: the layout MindFormers' small network is built in.
+            not_run: what the checkpoint holds that no block runs, each a line for the
+                report.
         """
         super().__init__(config, build_torch)
         self.family = family
@@ -118,6 +121,7 @@ class ParallelCoreBlocks(HuggingFaceSide):
         self.seq_length = seq_length
         self.options: dict[str, Any] = dict(options or {})
         self.build_options: dict[str, Any] = dict(build_options or {})
+        self.not_run = tuple(not_run)
         self._net: Any = None
         self._cells: dict[str, nn.Cell] = {}
         self._params: dict[str, Any] = {}
@@ -220,7 +224,7 @@ class ParallelCoreBlocks(HuggingFaceSide):
         return [f"MindSpore ran in GRAPH mode with CPU stand-ins for what has no CPU kernel "
                 f"({len(self._ran)}): " + "; ".join(self._ran),
                 "layers inside a block not recorded: GRAPH mode runs no cell hooks; each "
-                "block's output is compared, and the tensors one by one"]
+                "block's output is compared, and the tensors one by one", *self.not_run]
 
 
 def qwen3_blocks(config: dict[str, Any], build_torch: Any, *, seq_length: int = 16,
@@ -250,10 +254,17 @@ def deepseek_blocks(config: dict[str, Any], build_torch: Any, *, seq_length: int
     small = {"num_hidden_layers": kinds, "first_k_dense_replace": min(sizes.dense, 1),
              "num_nextn_predict_layers": 0}
     options = {"mla_qkv_concat": mla_qkv_concat, **({} if mtp is None else {"mtp": mtp})}
+    not_run = () if not sizes.mtp else (
+        f"the Multi-Token Prediction layer{'s' if sizes.mtp > 1 else ''} "
+        f"(the Hub's model.layers.{sizes.layers}{'…' if sizes.mtp > 1 else ''}, MindFormers' "
+        "mtp.*) "
+        "not run: it gives only a training loss, never the logits; its tensors are "
+        "compared one by one",)
     return ParallelCoreBlocks(config, build_torch, family=DEEPSEEK, layers=sizes.layers,
                               tied=False, seq_length=seq_length, slots=slots, small=small,
                               options=options,
-                              build_options={"mla_qkv_concat": mla_qkv_concat, "mtp": False})
+                              build_options={"mla_qkv_concat": mla_qkv_concat, "mtp": False},
+                              not_run=not_run)
 
 
 __all__ = ["MS_LOCAL", "ParallelCoreBlocks", "deepseek_blocks", "qwen3_blocks",
