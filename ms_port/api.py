@@ -537,20 +537,27 @@ def verify(
     ) if bad), None)
     mode, why = choose_mode(mode, sum(i.numel for i in src), why_not)
     if mode == "layers":
-        result = _verify_by_layers(
-            src, ckpt, family, blocks(src.config, lambda c: torch_from_config(c, where),
-                                      **family_options(family, ms_options),
-                                      **({} if "seq_length" in (ms_options or {}) else
-                                         {"seq_length": int(np.asarray(feed[0].array).shape[1])})),
-            feed, mapping=mapping, tol=tol, seed=seed, noise_floor=noise_floor,
-            names=(str(source), str(checkpoint)), progress=progress)
+        try:
+            result = _verify_by_layers(
+                src, ckpt, family, blocks(
+                    src.config, lambda c: torch_from_config(c, where),
+                    **family_options(family, ms_options),
+                    **({} if "seq_length" in (ms_options or {}) else
+                       {"seq_length": int(np.asarray(feed[0].array).shape[1])})),
+                feed, mapping=mapping, tol=tol, seed=seed, noise_floor=noise_floor,
+                names=(str(source), str(checkpoint)), progress=progress)
+        except ForwardUnavailable as exc:  # a block that does not fit in memory
+            result = _verify_tensors_only(src, ckpt, family, feed, mapping=mapping, tol=tol,
+                                          seed=seed, names=(str(source), str(checkpoint)),
+                                          why=exc.message, ms_options=ms_options)
     else:
         result = _verify_whole(src, ckpt, feed, arch=arch, entry=entry, family=family,
                                torch_model=torch_model, ms_model=ms_model, mapping=mapping,
                                tol=tol, seed=seed, dtype=dtype, torch_device=torch_device,
                                ms_device=ms_device, noise_floor=noise_floor,
                                names=(str(source), str(checkpoint)), progress=progress)
-    result.mode, result.mode_reason = mode, why
+    if result.mode != "tensors":
+        result.mode, result.mode_reason = mode, why
     if swapped:
         result.notes.append(f"{checkpoint} is the MindSpore side, {source} the PyTorch side")
     if report is not None:

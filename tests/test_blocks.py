@@ -115,6 +115,29 @@ def test_layers_pass_where_the_whole_networks_pass(made, kind, tied, dtype, qkv)
     assert {"read", "build", "torch", "mindspore", "total"} <= set(layers.timings)
 
 
+def test_a_block_that_cannot_fit_is_inconclusive_not_killed(made, monkeypatch):
+    """Before a block is read, its PyTorch step's memory (its tensors in float64, plus a
+    margin) is set against what is available: a block that cannot fit gives the tensors'
+    proof and INCONCLUSIVE, naming the block and the sizes, not an OOM kill."""
+    from ms_port.check import blocks
+
+    src, out = made(*VARIANTS[0])
+    args = dict(ms_model="mindformers:llama", ms_options={"qkv_concat": False}, mode="layers")
+    # enough for the embedding (a lookup: float32 only), short for a decoder layer
+    monkeypatch.setattr(blocks, "available_memory", lambda: blocks.BLOCK_MARGIN + 40_000)
+    short = ms_port.verify(src, out, **args)
+    assert short.verdict == "INCONCLUSIVE" and short.mode == "tensors", short.reasons
+    assert "block model.layers.0 needs ~1.0 GiB" in short.reasons[0]
+    assert "--no-noise-floor" in short.reasons[0]
+    assert short.tensors.counts["identical"] == len(short.tensors.deltas)
+    # a wrong tensor still FAILs where no forward can run
+    bad = rewrite_checkpoint(out, out.with_name("bad-fit.ckpt"),
+                             _swap(1, "attention.wk.weight", "attention.wv.weight"))
+    assert ms_port.verify(src, bad, **args).verdict == "FAIL"
+    monkeypatch.setattr(blocks, "available_memory", lambda: 64 << 30)
+    assert ms_port.verify(src, out, **args).verdict == "PASS"
+
+
 def _swap(layer, a, b):
     def edit(tensors):
         x, y = f"model.layers.{layer}.{a}", f"model.layers.{layer}.{b}"
@@ -218,7 +241,7 @@ def test_cli_says_which_mode_ran_and_why(made, monkeypatch):
     from ms_port.cli import main
 
     src, out = made("llama", False, "float32", False)
-    monkeypatch.setattr(blocks, "available_memory", lambda: 10_000)  # nothing fits
+    monkeypatch.setattr(blocks, "WHOLE_SHARE", 1e-9)  # the whole networks never fit
     run = CliRunner().invoke(main, ["verify", str(src), str(out), "--ms-model",
                                     "mindformers:llama", "--json"])
     data = json.loads(run.output)

@@ -25,6 +25,7 @@ import contextlib
 import ctypes
 import gc
 import time
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -32,7 +33,7 @@ from typing import Any, Callable
 import numpy as np
 
 from .._libc import libc_function
-from ..errors import ParityError
+from ..errors import ForwardUnavailable, ParityError
 from ..read.sources import Source
 from .compare import ms_to_numpy, relative_error
 from .layers import Event, Measure, Pair, distance, pair_events, record_ms, record_torch
@@ -225,6 +226,7 @@ def _run_pieces(blocks: Any, pieces: list[Any], source: Source, checkpoint: Sour
     try:
         for n, piece in enumerate(pieces):
             step(f"block {n + 1}/{len(pieces)}: {piece.name}")
+            _check_fits(piece, source, noise_floor)
             compared += _run_piece(blocks, piece, source, checkpoint, streams, ids, ids2,
                                    timer=timer, drift=drift, tol=tol, noise_floor=noise_floor,
                                    correspondence=correspondence, nonfinite=nonfinite)
@@ -239,6 +241,34 @@ def _run_pieces(blocks: Any, pieces: list[Any], source: Source, checkpoint: Sour
     finally:
         gc.unfreeze()
     return compared
+
+
+#: what a block needs beyond its PyTorch tensors' bytes: activations, the frameworks' work
+BLOCK_MARGIN = 1 << 30
+
+
+def _check_fits(piece: Any, source: Source, noise_floor: bool,
+                available: int | None = None) -> None:
+    """Refuse a block whose PyTorch step cannot fit in the memory left, before reading it:
+    its tensors in float64 (the noise pass; float32 without it), beside all the run holds
+    already, plus :data:`BLOCK_MARGIN`. The OOM killer would end the run with no word.
+
+    Raises:
+        ForwardUnavailable: it does not fit (verify then proves the tensors alone).
+    """
+    available = available_memory() if available is None else available
+    if available is None:
+        return
+    numel = sum(source.tensors[n].numel for n in piece.torch.values() if n in source.tensors)
+    wide = 8 if noise_floor and not piece.exact else 4
+    need = numel * wide + BLOCK_MARGIN
+    if need > available:
+        gib = 2**30
+        raise ForwardUnavailable(
+            f"block {piece.name} needs ~{need / gib:.1f} GiB ({numel:,} parameters in "
+            f"float{wide * 8}, and activations), {available / gib:.1f} GiB are available; "
+            "free memory" + (", or verify with --no-noise-floor (float32 only)"
+                             if wide == 8 else ""))
 
 
 def _run_piece(blocks: Any, piece: Any, source: Source, checkpoint: Source,
@@ -320,7 +350,10 @@ def _handed_over(arrays: dict[str, np.ndarray]) -> dict[str, Any]:
     freed there."""
     import torch
 
-    return {k: torch.from_numpy(arrays.pop(k)) for k in list(arrays)}
+    with warnings.catch_warnings():  # a file's float32 tensor is a read-only map: the
+        # network only reads it (no_grad), and torch's warning would reach the user's stderr
+        warnings.filterwarnings("ignore", "The given NumPy array is not writable")
+        return {k: torch.from_numpy(arrays.pop(k)) for k in list(arrays)}
 
 
 def _block_pair(piece: Any, events: list[Event], ms_out: np.ndarray) -> list[Pair]:
