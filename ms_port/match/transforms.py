@@ -69,12 +69,54 @@ def _is_dims(v: Any) -> bool:
             and sum(x == -1 for x in v) <= 1)
 
 
+#: elements of a row a blocked transpose moves as one (:func:`_transposed`): 128 bytes of
+#: bfloat16, two cache lines
+TRANSPOSE_BLOCK = 64
+
+
+def _transposed(array: np.ndarray, perm: list[int]) -> np.ndarray:
+    """``np.transpose(array, perm)`` as a C-contiguous copy, the same bytes, faster.
+
+    numpy copies a transpose that moves the innermost axis element by element, reading
+    with a stride; elements of ml_dtypes' types (bfloat16, float8) through their generic
+    copy. Here the elements are copied as unsigned integers of their size, axes of one
+    element are left out, and a 2-D swap goes in blocks of :data:`TRANSPOSE_BLOCK`
+    elements: two passes through ``[rows, cols/B, B]`` that each read whole cache lines
+    (rows whose bytes are a multiple of 4 KiB would otherwise fall, column by column, in
+    the same cache sets), or, where the columns do not divide, one pass filling a band of
+    the output at a time. Qwen3-30B-A3B's bfloat16 experts (numpy 1.26, this machine,
+    ms): ``[1536, 2048]`` 4.8–6.3, not 18–19; ``[2048, 768]`` 1.8–1.9, not 3.2–4.6;
+    ``[768, 2048]`` 2.1–3.2, not 6.7–7.1."""
+    view = np.transpose(array, perm)
+    if array.size == 0 or not perm:
+        return np.ascontiguousarray(view)
+    if 1 in array.shape:  # axes of one element move nothing
+        kept = [axis for axis in perm if array.shape[axis] != 1]
+        order = sorted(kept)
+        inner = array.reshape([n for n in array.shape if n != 1])
+        return _transposed(inner, [order.index(axis) for axis in kept]).reshape(view.shape)
+    if view.dtype.kind == "V" and view.dtype.itemsize in (1, 2, 4, 8):
+        bits = np.dtype(f"u{view.dtype.itemsize}")
+        return _transposed(array.view(bits), perm).view(array.dtype)
+    if list(perm) != [1, 0]:
+        return np.ascontiguousarray(view)
+    rows, cols = array.shape
+    block = TRANSPOSE_BLOCK
+    if cols % block == 0:
+        bands = np.ascontiguousarray(array.reshape(rows, cols // block, block).transpose(1, 0, 2))
+        return np.ascontiguousarray(bands.transpose(0, 2, 1)).reshape(cols, rows)
+    out = np.empty(view.shape, view.dtype)
+    for i in range(0, rows, block):
+        out[:, i:i + block] = array[i:i + block].T
+    return out
+
+
 OPS: dict[str, _Op] = {
     "unsqueeze": _Op(_insert, lambda a, ax: np.expand_dims(a, ax),
                      lambda ax, _shape: ("squeeze", ax), _is_int),
     "squeeze": _Op(_remove, lambda a, ax: np.squeeze(a, ax),
                    lambda ax, _shape: ("unsqueeze", ax), _is_int),
-    "transpose": _Op(_permute, lambda a, p: np.ascontiguousarray(np.transpose(a, p)),
+    "transpose": _Op(_permute, _transposed,
                      lambda p, _shape: ("transpose", [int(i) for i in np.argsort(p)]),
                      _is_int_list),
     "reshape": _Op(_reshape, lambda a, dims: a.reshape(dims),

@@ -1,0 +1,36 @@
+"""The declared per-tensor transforms: each gives exactly numpy's result, byte for byte."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from ms_port.match.transforms import TRANSPOSE_BLOCK, Transform
+
+DTYPES = [ml_dtypes.bfloat16, ml_dtypes.float8_e4m3fn, np.float16, np.float32, np.int64,
+          np.bool_]
+#: (shape, permutation): the experts' own, blocked and banded 2-D swaps, axes of one
+#: element, empty and scalar arrays, and permutations that keep the innermost axis
+CASES = [((2048, 768), [1, 0]), ((1, 96, 128), [0, 2, 1]), ((128, 2 * TRANSPOSE_BLOCK), [1, 0]),
+         ((130, 70), [1, 0]), ((3, 5, 7, 2), [2, 0, 3, 1]), ((4, 6, 8), [1, 0, 2]),
+         ((7,), [0]), ((0, 3), [1, 0]), ((), []), ((1, 1), [1, 0]), ((3, 1, 4, 1), [3, 2, 1, 0]),
+         ((1, 5, 1, 3), [2, 3, 0, 1]), ((2, 0, 1), [2, 1, 0])]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("shape, perm", CASES, ids=str)
+def test_transpose_is_numpys_byte_for_byte(dtype, shape, perm):
+    rng = np.random.default_rng(0)
+    array = np.asarray(rng.standard_normal(shape) * 3).astype(dtype)
+    got = Transform("transpose", perm).apply(array)
+    want = np.ascontiguousarray(np.transpose(array, perm))
+    assert got.dtype == want.dtype and got.shape == want.shape
+    assert got.flags.c_contiguous and got.tobytes() == want.tobytes()
+
+
+def test_transpose_of_a_strided_view_reads_its_own_elements():
+    base = np.arange(4 * 256 * 2, dtype=np.uint16).reshape(4, 256, 2)
+    view = base[::2, :, 1]  # neither contiguous nor starting at the base's first element
+    got = Transform("transpose", [1, 0]).apply(view)
+    assert got.tobytes() == np.ascontiguousarray(view.T).tobytes()
