@@ -178,10 +178,38 @@ def _qwen3_moe(ms: str, runs: int, heavy_runs: int) -> dict:
         _warm(shards)
         found["MindFormers"] = [_run(mf, f"run {i + 1} MindFormers ({depth} layers)", mf_out,
                                      may_fail=True) for i in range(heavy_runs)]
+        found.update(_proof_and_back(ms, src, ckpt, depth, heavy_runs))
         out["depths"][str(depth)] = {
             "bytes": inputs.qwen3_moe_bytes(name), "shards": len(shards),
             "params": inputs.qwen3_moe_bytes(name) // 2, "tools": found}
     return out
+
+
+def _proof_and_back(ms: str, src: Path, ckpt: Path, depth: int, runs: int) -> dict:
+    """ms-port's verify by layers of the conversion, and its export back to a Hugging Face
+    directory, ``runs`` times each (the conversion written once more, untimed, for them)."""
+    convert = [ms, "convert", str(src), "--ms-model", "mindformers:qwen3_moe", "-o", str(ckpt),
+               "--force", "-q"]
+    _run(convert, f"ms-port convert for verify and export ({depth} layers)", ckpt, keep=True)
+    env = ["/usr/bin/env", f"LOCAL_DEFAULT_PATH={MF_LOG}"]
+    verify = [*env, ms, "verify", str(src), str(ckpt), "--ms-model", "mindformers:qwen3_moe",
+              "--mode", "layers", "--json"]
+    back = OUT / f"qwen3-moe-{depth}l-back"
+    export = [ms, "export", str(ckpt), "--ms-model", "mindformers:qwen3_moe", "--config",
+              str(src / "config.json"), "-o", str(back), "--force", "-q"]
+    try:
+        found = {
+            "verify by layers": [_run(verify, f"run {i + 1} verify by layers ({depth} layers)",
+                                      OUT / "verify-writes-nothing", may_fail=True)
+                                 for i in range(runs)],
+            "export": [_run(export, f"run {i + 1} export ({depth} layers)", back)
+                       for i in range(runs)]}
+    finally:
+        _remove(ckpt)
+    for run in found["verify by layers"]:  # the verdict, not the whole report
+        report = run.pop("report", None) or {}
+        run["verdict"] = report.get("verdict", "no report")
+    return found
 
 
 def _per_layer(row: dict) -> dict[str, dict[str, float]]:
@@ -210,6 +238,10 @@ def _judge_qwen(row: dict) -> list[tuple[str, bool]]:
         rss = _med(ms, "rss")
         out.append((f"{depth} layers: peak RSS {rss:.0f} MiB ≤ {QWEN_RSS_GOAL_MIB} MiB",
                     rss <= QWEN_RSS_GOAL_MIB))
+        verdicts = [r.get("verdict", "no report") for r in d["tools"].get("verify by layers", [])]
+        if verdicts:
+            out.append((f"{depth} layers: verify by layers {'/'.join(sorted(set(verdicts)))}",
+                        set(verdicts) == {"PASS"}))
     return out
 
 
@@ -373,7 +405,9 @@ def _render_qwen(row: dict) -> str:
             "lowest MemAvailable | exit | runs (wall) |")
     lines = [head, "|" + "---|" * head.count(" | ") + "---|"]
     labels = {"cp": "`cp` of the shards", "ms-port": "ms-port",
-              "MindFormers": "MindFormers `load_hf_checkpoint`"}
+              "MindFormers": "MindFormers `load_hf_checkpoint`",
+              "verify by layers": "ms-port verify --mode layers",
+              "export": "ms-port export (back to the Hub's layout)"}
     errors = []
     for depth, d in row["depths"].items():
         cp = _med(d["tools"]["cp"], "wall")
