@@ -12,10 +12,14 @@ env: $(STAMP)
 
 # mindformers 2.1.0 declares mindspore~=2.11.0 and hyper-parallel (not on PyPI), so it is
 # installed on its own with --no-deps; the `llm` extra brings the modules it imports.
+# setuptools' build of the editable install warns, in 9 lines, of folders named like the
+# package in the working directory (its "Editable installation." notice): silenced by
+# that message only, in pip's build environment.
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade "pip>=23"
-	$(PY) -m pip install --quiet -c constraints.txt -e ".[torchvision,dev,zoo,llm,hub]"
+	PYTHONWARNINGS="ignore:Editable installation" \
+	  $(PY) -m pip install --quiet -c constraints.txt -e ".[torchvision,dev,zoo,llm,hub]"
 	$(PY) -m pip install --quiet --no-deps -c constraints.txt mindformers==2.1.0 mindpet==1.0.4 rouge-chinese==1.0.3
 	touch $(STAMP)
 
