@@ -140,6 +140,20 @@ def test_the_grouped_and_interleaved_layouts_are_not_plain_concatenations(tmp_pa
     assert not np.array_equal(plain_fc1, theirs["decoder.layers.0.mlp.linear_fc1.weight"])
 
 
+def test_the_plan_says_which_mlp_layout_it_writes(tmp_path):
+    """linear_fc1 is written interleaved, MindFormers' default: the plan says so, and that
+    a network built with use_interleaved_weight_layout_mlp false is not served yet. A
+    mixture of experts with no dense MLP has nothing to say."""
+    dense = ms_port.convert(tiny_qwen3(tmp_path / "q3"), ms_model="mindformers:qwen3",
+                            output=tmp_path / "q3.ckpt")
+    assert [n for n in dense.plan.notes
+            if "interleaved" in n and "use_interleaved_weight_layout_mlp: true" in n
+            and "does not write yet" in n]
+    moe = ms_port.convert(tiny_qwen3_moe(tmp_path / "moe"), ms_model="mindformers:qwen3_moe",
+                          output=tmp_path / "moe.ckpt")
+    assert not [n for n in moe.plan.notes if "use_interleaved_weight_layout_mlp" in n]
+
+
 @pytest.mark.parametrize("tied", [False, True])
 def test_export_round_trip_is_bit_identical(tmp_path, tied):
     src = tiny_qwen3(tmp_path / "q3", tied=tied, dtype="bfloat16")

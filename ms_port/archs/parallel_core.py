@@ -144,6 +144,12 @@ def qwen3_tensors(sizes: Qwen3Sizes) -> list[TargetTensor]:
     return out
 
 
+#: the plan's note wherever a target holds a dense ``linear_fc1`` (the layout is the one
+#: MindFormers' default config reads; the other is not written yet)
+INTERLEAVED_MLP = ("linear_fc1 holds gate and up rows interleaved, as MindFormers builds its "
+                   "MLPs by default (use_interleaved_weight_layout_mlp: true); a network "
+                   "built with it false reads two contiguous halves, which ms-port does not "
+                   "write yet")
 #: options ``mindformers:qwen3`` takes (``--ms-option KEY=VALUE``)
 OPTIONS = {"seq_length": int}
 #: the layouts a checkpoint of this family may have, to recognise one by its names
@@ -155,6 +161,8 @@ def qwen3_target(config: dict[str, Any], family: str = QWEN3) -> Target:
     sizes = qwen3_sizes(config, family)
     tensors = qwen3_tensors(sizes)
     notes = []
+    if any(t.name.endswith("linear_fc1.weight") for t in tensors):
+        notes.append(INTERLEAVED_MLP)
     if sizes.rope.kind != "default":
         notes.append(f"{sizes.rope.describe()} (the weights do not depend on it)")
     return Target("family", family, {t.name: t for t in tensors}, family=family, notes=notes)

@@ -55,7 +55,7 @@ from ..match.mapping import select_table, selected_model_types
 from ..match.rope import Rope, read_rope
 from ..read.targets import Target, TargetTensor
 from .config_values import read_layers
-from .parallel_core import NO_FORWARD
+from .parallel_core import INTERLEAVED_MLP, NO_FORWARD
 
 FAMILY = "mindformers:deepseek3"
 #: what transformers' and MindFormers' DeepseekV3Config both assume where config.json is
@@ -260,7 +260,8 @@ def deepseek_target(config: dict[str, Any], *, mla_qkv_concat: bool = True,
     settings = mindformers_settings(config, mla_qkv_concat=mla_qkv_concat, mtp=mtp)
     stated = ", ".join(f"{k}: {v}" for k, v in settings.items())
     notes = [f"MindFormers builds this network with {stated} in its model_config (its config "
-             "converter sets no qk_layernorm: without it the network has no q/kv norms)"]
+             "converter sets no qk_layernorm: without it the network has no q/kv norms)",
+             INTERLEAVED_MLP]
     if sizes.mtp:
         notes.append(f"Multi-Token Prediction (num_nextn_predict_layers {sizes.mtp}): "
                      f"mtp.layers.0 from the checkpoint's model.layers.{sizes.layers}, which "
