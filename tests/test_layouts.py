@@ -410,7 +410,14 @@ BAD = {
     "bad axis": (_fuse(layout={"concat": -1}), "fuse[0].layout axis"),
     "bool axis": (_fuse(layout={"interleave": True}), "fuse[0].layout axis"),
     "fuse missing layout": ({"fuse": [{"target": "a", "sources": ["b", "c"]}]}, "fuse[0]"),
-    "fuse extra key": (_fuse(when="x"), "fuse[0]"),
+    "fuse extra key": (_fuse(unless="x"), "fuse[0]"),
+    "when a name": ({**_fuse(when="x"), "settings": {"x": True}}, "fuse[0].when"),
+    "when undeclared": (_fuse(when={"x": True}), "fuse[0].when"),
+    "when wrong type": ({**_fuse(when={"x": 1}), "settings": {"x": True}}, "fuse[0].when"),
+    "when empty": ({**_fuse(when={}), "settings": {"x": True}}, "fuse[0].when"),
+    "settings a list": ({"settings": ["x"]}, "settings"),
+    "settings nested": ({"settings": {"x": {"y": 1}}}, "settings"),
+    "settings bad key": ({"settings": {"x-y": True}}, "settings"),
     "adjacent placeholders": (_fuse(target="a.{i}{j}"), "fuse[0].target"),
     "repeated placeholder": (_fuse(target="a.{i}.{i}"), "fuse[0].target"),
     "fuse transforms": (_fuse(transforms=[{"explode": 1}]), "fuse[0]"),
@@ -564,6 +571,45 @@ def test_fuse_fills_one_target_from_three_sources(dtype):
         # per KV head g: query heads 2g and 2g+1, then key head g, then value head g
         assert _same_bits(got[6:9], parts[1][:3]) and _same_bits(got[21:24], parts[2][3:])
     assert not plan.unused and not plan.missing and not plan.dropped
+
+
+GATE_UP = """
+settings:
+  interleaved: true
+fuse:
+  - target: 'layers.{i}.fc1.weight'
+    sources: ['layers.{i}.gate.weight', 'layers.{i}.up.weight']
+    layout: interleave
+    when: {interleaved: true}
+  - target: 'layers.{i}.fc1.weight'
+    sources: ['layers.{i}.gate.weight', 'layers.{i}.up.weight']
+    layout: concat
+    when: {interleaved: false}
+"""
+
+
+@pytest.mark.parametrize("settings, kind", [({}, "interleave"), ({"interleaved": True},
+                                            "interleave"), ({"interleaved": False}, "concat"),
+                                            ({"interleaved": 0}, None)])
+def test_a_fuse_entry_applies_where_the_target_networks_setting_holds(settings, kind):
+    """Two layouts of one target, chosen by the network's setting: the table's default
+    where the target says nothing, the target's own where it does; a setting of another
+    type (0 for false) holds for neither, and the target is left missing."""
+    arrays = {"layers.0.gate.weight": _random((3, 5), "float32", 0),
+              "layers.0.up.weight": _random((3, 5), "float32", 1)}
+    target = _target({"layers.0.fc1.weight": (6, 5)})
+    target.settings = settings
+    plan = make_plan(_source(arrays), target, parse_mapping(GATE_UP, origin="t.yaml"),
+                     allow_missing=kind is None, allow_unused=kind is None)
+    if kind is None:
+        assert not plan.matches and [m.name for m in plan.missing] == ["layers.0.fc1.weight"]
+        return
+    (m,) = plan.matches
+    assert m.layout.kind == kind
+    gate, up = arrays["layers.0.gate.weight"], arrays["layers.0.up.weight"]
+    want = (np.stack([gate, up], 1).reshape(6, 5) if kind == "interleave"
+            else np.concatenate([gate, up]))
+    assert _same_bits(plan.expected(m), want)
 
 
 def test_fuse_with_an_mha_config_uses_the_attention_heads():

@@ -41,6 +41,10 @@ split tensors, and tied ones (see :mod:`ms_port.match.layouts`, :mod:`ms_port.ma
         layout: {concat: 1}
         transforms: [{transpose: [1, 0]}]   # a reshape may name config values:
                                             # {reshape: [experts, -1, hidden]}
+      - target: 'decoder.layers.{i}.mlp.linear_fc1.weight'    # one layout of two, by the
+        sources: [...gate_proj..., ...up_proj...]             # target network's setting
+        layout: concat
+        when: {use_interleaved_weight_layout_mlp: false}
       - target: 'mtp.layers.{k}.enorm.weight'                 # one source: a rename that
         sources: ['model.layers.{n}.enorm.weight']            # applies where the target
         at: {n: num_hidden_layers + k}  # has the tensor; at: numbers a source-only
@@ -56,6 +60,9 @@ split tensors, and tied ones (see :mod:`ms_port.match.layouts`, :mod:`ms_port.ma
          at: {n: num_hidden_layers}}   # a numbered copy; absent from a checkpoint: no note
     implies:                    # per selected model type: what its code fixes and its
       qwen2: {qkv_bias: true}   # config.json does not say (config.json cannot change it)
+    settings:                   # the target network's settings when: reads, and their
+      use_interleaved_weight_layout_mlp: true   # defaults (its target, or --ms-option,
+                                                # says otherwise)
     declared:                   # target tensors Hugging Face has no counterpart for
       - {target: 'decoder.layers.{i}.mlp.router.fi_accu', init: zeros}
     derived:                    # buffers computed from config.json (old checkpoints hold
@@ -94,7 +101,7 @@ from .patterns import Pattern, PatternError, compile_pattern
 from .transforms import Transform
 
 _SECTIONS = {"version", "description", "rename", "tensors", "drop", "transforms", "select",
-             "params", "fuse", "split", "tied", "implies", "derived", "declared"}
+             "params", "fuse", "split", "tied", "implies", "derived", "declared", "settings"}
 _SELECT_KEYS = {"model_type", "architectures", "target"}
 _RENAME_KEYS = {"segments", "regex"}
 
@@ -220,6 +227,9 @@ class FuseEntry:
     #: placeholders of the sources alone, each one number computed from the config and the
     #: target's placeholders (``{n: num_hidden_layers + k}``: a block numbered after others)
     at: tuple[tuple[str, Any], ...] = ()
+    #: the target network's settings this entry is for (``{SETTING: VALUE}``, each one the
+    #: table's ``settings:`` declares); the entry applies only where they all hold
+    when: tuple[tuple[str, Any], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -289,6 +299,9 @@ class MappingTable:
     implies: dict[str, dict[str, Any]] = field(default_factory=dict)
     derived: tuple[DerivedEntry, ...] = ()
     declared: tuple[DeclaredEntry, ...] = ()
+    #: the target network's settings the ``when:`` of entries read, with the value the
+    #: network has unless its target says otherwise (``settings:``)
+    settings: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def empty(cls) -> MappingTable:
@@ -347,6 +360,7 @@ class MappingTable:
             implies={**self.implies, **other.implies},
             derived=other.derived + self.derived,
             declared=other.declared + self.declared,
+            settings={**self.settings, **other.settings},
         )
 
     def declared_value(self, target_name: str) -> tuple[str | float, str] | None:
@@ -501,7 +515,9 @@ def mapping_from_data(data: Any, *, origin: str = "mapping=") -> MappingTable:
     transforms = tuple(_transform_entry(e, origin, i) for i, e in enumerate(tf_data))
     select = _select(data.get("select"), origin)
     params = _params(data.get("params"), origin)
-    fuse = tuple(_fuse_entry(e, origin, i) for i, e in enumerate(_list(data, "fuse", origin)))
+    settings = _settings(data.get("settings"), origin)
+    fuse = tuple(_fuse_entry(e, origin, i, settings)
+                 for i, e in enumerate(_list(data, "fuse", origin)))
     split = tuple(_split_entry(e, origin, i)
                   for i, e in enumerate(_list(data, "split", origin)))
     tied = tuple(_tied_entry(e, origin, i) for i, e in enumerate(_list(data, "tied", origin)))
@@ -514,13 +530,38 @@ def mapping_from_data(data: Any, *, origin: str = "mapping=") -> MappingTable:
                         segments=dict(segments), regex=regex, tensors=tensors, drop=drop,
                         transforms=transforms, select=select, params=params, fuse=fuse,
                         split=split, tied=tied, implies=implies, derived=derived,
-                        declared=declared)
+                        declared=declared, settings=settings)
 
 
 def _list(data: dict, key: str, origin: str) -> list:
     value = data.get(key) or []
     _expect(isinstance(value, list), origin, key, "a list of entries")
     return value
+
+
+def _settings(data: Any, origin: str) -> dict[str, Any]:
+    """``settings:``: the target network's settings entries may depend on, each with its
+    default (a boolean, an integer or a name)."""
+    if data is None:
+        return {}
+    _expect(isinstance(data, dict) and all(
+        isinstance(k, str) and k.isidentifier() and isinstance(v, (bool, int, str))
+        for k, v in data.items()), origin, "settings",
+        "a mapping SETTING: DEFAULT (a boolean, an integer or a name)")
+    return dict(data)
+
+
+def _when(data: Any, settings: dict[str, Any], origin: str, entry: str
+          ) -> tuple[tuple[str, Any], ...]:
+    """An entry's ``when: {SETTING: VALUE}``: settings the table declares, with values of
+    their defaults' types."""
+    if data is None:
+        return ()
+    _expect(isinstance(data, dict) and data and all(
+        k in settings and type(v) is type(settings[k]) for k, v in data.items()), origin,
+        f"{entry}.when", "{SETTING: VALUE}, each SETTING one the table's settings: declares "
+        f"({', '.join(sorted(settings)) or 'none'}), with a value of its default's type")
+    return tuple(data.items())
 
 
 def _select(data: Any, origin: str) -> dict[str, tuple[str, ...]]:
@@ -615,12 +656,15 @@ def _layout(data: Any, origin: str, entry: str) -> LayoutSpec:
     return LayoutSpec("grouped", axis, data["grouped"], tuple(sizes) if sizes else None)
 
 
-def _fuse_entry(data: Any, origin: str, i: int) -> FuseEntry:
+def _fuse_entry(data: Any, origin: str, i: int, settings: dict[str, Any]) -> FuseEntry:
     entry = f"fuse[{i}]"
     _expect(isinstance(data, dict) and {"target", "sources"} <= set(data)
-            and not set(data) - {"target", "sources", "layout", "transforms", "over", "at"},
+            and not set(data) - {"target", "sources", "layout", "transforms", "over", "at",
+                                 "when"},
             origin, entry, "{target: NAME, sources: [NAME, ...], layout: ..., "
-            "transforms: [...], over: {PLACEHOLDER: COUNT}, at: {PLACEHOLDER: NUMBER}}")
+            "transforms: [...], over: {PLACEHOLDER: COUNT}, at: {PLACEHOLDER: NUMBER}, "
+            "when: {SETTING: VALUE}}")
+    when = _when(data.get("when"), settings, origin, entry)
     target = _template(data["target"], origin, f"{entry}.target")
     over = _bound(data, "over", target.names, origin, entry)
     at = _bound(data, "at", target.names, origin, entry)
@@ -650,7 +694,7 @@ def _fuse_entry(data: Any, origin: str, i: int) -> FuseEntry:
     for op in ops:
         for name in op.names:
             _expression(name, origin, f"{entry}.transforms")
-    return FuseEntry(target, sources, layout, ops, f"{entry} in {origin}", over, at)
+    return FuseEntry(target, sources, layout, ops, f"{entry} in {origin}", over, at, when)
 
 
 def _bound(data: dict, key: str, target_names: list[str], origin: str,

@@ -699,8 +699,11 @@ class _Many:
             # report the numbers even where no entry fires; raised where one needs them
             with contextlib.suppress(MappingError):
                 self.values()
+        settings = {**self.mapping.settings, **self.target.settings}
         for entry in self.mapping.fuse:
-            self._fuse(entry)
+            if all(key in settings and type(settings[key]) is type(value)
+                   and settings[key] == value for key, value in entry.when):
+                self._fuse(entry)
         for entry in self.mapping.split:
             self._split(entry)
         for entry in self.mapping.tied:

@@ -58,6 +58,9 @@ class Target:
     cls: str | None = None
     #: what the target's maker wants said in the plan (a RoPE scaling, computed or not)
     notes: list[str] = field(default_factory=list)
+    #: the network's settings a mapping table's ``when:`` reads, where they differ from
+    #: or are not left to the table's defaults (``use_interleaved_weight_layout_mlp``)
+    settings: dict[str, Any] = field(default_factory=dict)
 
     @property
     def keys(self) -> tuple[str, ...]:
