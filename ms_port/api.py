@@ -853,6 +853,7 @@ def export(
     progress: Progress | None = None,
     config: str | Path | dict[str, Any] | None = None,
     max_shard_size: str | int | None = None,
+    ms_options: dict[str, Any] | None = None,
 ) -> Any:
     """Convert a MindSpore checkpoint back to PyTorch, through the conversion plan inverted.
 
@@ -874,6 +875,9 @@ def export(
             (``config.json`` carried over) that ``from_pretrained`` loads.
         max_shard_size: write that directory as shards of at most this size with
             ``model.safetensors.index.json``.
+        ms_options: the options of a known ``ms_model`` family the checkpoint was
+            converted with, where its names do not show them
+            (``{"use_interleaved_weight_layout_mlp": False}``).
 
     Returns:
         An :class:`~ms_port.match.inversion.ExportReport` (``ok``, ``plan``, ``written``);
@@ -913,7 +917,7 @@ def export(
     p = export_plan(checkpoint, arch=arch, torch_model=torch_model, target=target,
                     ms_model=ms_model, mapping=mapping, dtype=dtype,
                     allow_missing=allow_missing, allow_unused=allow_unused, config=cfg,
-                    config_path=cfg_path)
+                    config_path=cfg_path, ms_options=ms_options)
     out = None if output is None else str(output)
     if not p.ok or dry_run:
         return ExportReport(p.ok, p, out, dry_run=dry_run)

@@ -391,12 +391,14 @@ def verify(source: str, checkpoint: str, arch: str | None, torch_model: str | No
 @click.option("--max-shard-size", metavar="SIZE",
               help="With --config: write shards of at most SIZE (2GB) plus "
                    "model.safetensors.index.json.")
-
+@click.option("--ms-option", "ms_options", multiple=True, metavar="KEY=VALUE",
+              help="Option of a known --ms-model family the checkpoint was converted with, "
+                   "repeatable (mindformers:qwen3: use_interleaved_weight_layout_mlp=false).")
 def export(checkpoint: str, arch: str | None, torch_model: str | None, template: str | None,
            ms_model: str | None, output: str | None, maps: tuple[str, ...], fmt: str | None,
            dtype: str | None, force: bool, dry_run: bool, allow_missing: bool,
            allow_unused: bool, show: str, as_json: bool, quiet: bool, config: str | None,
-           max_shard_size: str | None) -> None:
+           max_shard_size: str | None, ms_options: tuple[str, ...]) -> None:
     """Convert a MindSpore CHECKPOINT back to PyTorch (.pth or .safetensors), or to a
     Hugging Face model directory (--config; fused tensors split, a tied head kept tied).
 
@@ -419,7 +421,8 @@ def export(checkpoint: str, arch: str | None, torch_model: str | None, template:
                             format=fmt, dtype=dtype,
                             force=force, dry_run=dry_run, allow_missing=allow_missing,
                             allow_unused=allow_unused, progress=progress, config=config,
-                            max_shard_size=max_shard_size)
+                            max_shard_size=max_shard_size,
+                            ms_options=_options(ms_options) or None)
     finally:
         stop()
     _finish(report, as_json=as_json, show=show)

@@ -141,17 +141,50 @@ def test_the_grouped_and_interleaved_layouts_are_not_plain_concatenations(tmp_pa
 
 
 def test_the_plan_says_which_mlp_layout_it_writes(tmp_path):
-    """linear_fc1 is written interleaved, MindFormers' default: the plan says so, and that
-    a network built with use_interleaved_weight_layout_mlp false is not served yet. A
-    mixture of experts with no dense MLP has nothing to say."""
+    """linear_fc1 is written interleaved, MindFormers' default, and the plan says how to
+    write it for a network built with use_interleaved_weight_layout_mlp false. A mixture
+    of experts with no dense MLP has nothing to say."""
     dense = ms_port.convert(tiny_qwen3(tmp_path / "q3"), ms_model="mindformers:qwen3",
                             output=tmp_path / "q3.ckpt")
     assert [n for n in dense.plan.notes
             if "interleaved" in n and "use_interleaved_weight_layout_mlp: true" in n
-            and "does not write yet" in n]
+            and "--ms-option use_interleaved_weight_layout_mlp=false" in n]
     moe = ms_port.convert(tiny_qwen3_moe(tmp_path / "moe"), ms_model="mindformers:qwen3_moe",
                           output=tmp_path / "moe.ckpt")
     assert not [n for n in moe.plan.notes if "use_interleaved_weight_layout_mlp" in n]
+
+
+HALVES = {"use_interleaved_weight_layout_mlp": False}
+
+
+@needs_mindformers
+@pytest.mark.parametrize("mode", ["whole", "layers"])
+def test_contiguous_mlp_halves_for_a_network_built_so(tmp_path, mode):
+    """--ms-option use_interleaved_weight_layout_mlp=false writes linear_fc1 as [gate; up]
+    halves; MindFormers' network built with that setting computes transformers' logits
+    from it, whole and by layers; each layout given to the other network FAILs there,
+    naming linear_fc1; export with the option gives the Hub's tensors back bit-exact."""
+    src = tiny_qwen3(tmp_path / "q3")
+    halves, inter = tmp_path / "halves.ckpt", tmp_path / "inter.ckpt"
+    made = ms_port.convert(src, ms_model="mindformers:qwen3", output=halves, ms_options=HALVES)
+    assert made.ok and [n for n in made.plan.notes if "two contiguous halves" in n]
+    assert ms_port.convert(src, ms_model="mindformers:qwen3", output=inter).ok
+    hub = {i.name: np.asarray(i.load()) for i in read_source(src)}
+    fc1 = {i.name: np.asarray(i.load()) for i in read_source(halves)}[
+        "decoder.layers.1.mlp.linear_fc1.weight"]
+    assert np.array_equal(fc1, np.concatenate([hub["model.layers.1.mlp.gate_proj.weight"],
+                                               hub["model.layers.1.mlp.up_proj.weight"]]))
+    args = dict(ms_model="mindformers:qwen3", mode=mode)
+    assert ms_port.verify(src, halves, ms_options=HALVES, **args).verdict == "PASS"
+    for ckpt, options in [(inter, HALVES), (halves, None)]:
+        wrong = ms_port.verify(src, ckpt, ms_options=options, **args)
+        assert wrong.verdict == "FAIL" and "linear_fc1" in " ".join(wrong.reasons)
+    if mode == "whole":
+        back = ms_port.export(halves, ms_model="mindformers:qwen3", config=src / "config.json",
+                              output=tmp_path / "back", ms_options=HALVES)
+        again = {i.name: np.asarray(i.load()) for i in read_source(tmp_path / "back")}
+        assert back.ok and set(again) == set(hub)
+        assert all(again[k].tobytes() == hub[k].tobytes() for k in hub)
 
 
 @pytest.mark.parametrize("tied", [False, True])

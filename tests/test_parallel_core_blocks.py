@@ -169,7 +169,8 @@ def test_the_cli_says_which_mode_ran(converted):
 
 # --- DeepSeek-V3: dense and mixture-of-experts layers --------------------------------------
 
-@pytest.mark.parametrize("options", [{}, {"mla_qkv_concat": False}])
+@pytest.mark.parametrize("options", [{}, {"mla_qkv_concat": False},
+                                     {"use_interleaved_weight_layout_mlp": False}])
 def test_deepseek_by_layers_runs_each_layer_as_the_one_of_its_kind(tmp_path, options):
     """The small networks hold a dense layer and an MoE layer; each layer runs as the one
     of its kind. The Hub's MTP layer is converted and proven by tensors, not run."""

@@ -435,6 +435,25 @@ def test_dense_mlp_rows_are_interleaved_not_halves(tmp_path):
     assert not np.array_equal(fc1, np.concatenate([gate, up]))
 
 
+def test_mlp_halves_for_a_network_built_without_interleaving(tmp_path):
+    """use_interleaved_weight_layout_mlp=false: the dense, shared-expert and MTP
+    linear_fc1 are [gate; up] halves (MLP, SharedExpertMLP); the experts do not change."""
+    src = tiny_deepseek(tmp_path / "ds", mtp=1, mtp_weights=True)
+    report, ours = converted(src, tmp_path / "ds.ckpt", use_interleaved_weight_layout_mlp=False)
+    _, inter = converted(src, tmp_path / "inter.ckpt")
+    hf = hf_tensors(src)
+    for target, hub in [("decoder.layers.0.mlp.linear_fc1.weight", "model.layers.0.mlp"),
+                        ("decoder.layers.2.mlp.shared_experts.linear_fc1.weight",
+                         "model.layers.2.mlp.shared_experts"),
+                        ("mtp.layers.0.transformer_layer.mlp.shared_experts.linear_fc1.weight",
+                         f"model.layers.{L}.mlp.shared_experts")]:
+        gate, up = hf[f"{hub}.gate_proj.weight"], hf[f"{hub}.up_proj.weight"]
+        assert np.array_equal(ours[target], np.concatenate([gate, up])), target
+        assert np.array_equal(inter[target], interleave(gate, up)), target
+    assert all(np.array_equal(ours[n], inter[n]) for n in ours if "linear_fc1" not in n)
+    assert "use_interleaved_weight_layout_mlp: False" in report.plan.notes[0]
+
+
 # --- Multi-Token Prediction --------------------------------------------------------------
 
 def test_mtp_asked_for_but_absent_is_refused_naming_it(tmp_path):
@@ -759,7 +778,7 @@ def test_verify_passes_by_mindformers_own_network(tmp_path):
 @needs_mindformers
 @pytest.mark.parametrize("options, hubs_mtp", [
     ({"mtp": False}, False), ({"mla_qkv_concat": False, "mtp": False}, False),
-    ({"mla_qkv_concat": False}, True)])
+    ({"mla_qkv_concat": False}, True), ({"use_interleaved_weight_layout_mlp": False}, True)])
 def test_verify_honours_the_options_the_checkpoint_was_converted_with(tmp_path, monkeypatch,
                                                                       options, hubs_mtp):
     """The network is built in the checkpoint's layout. With the Hub's MTP layer it is
@@ -775,6 +794,10 @@ def test_verify_honours_the_options_the_checkpoint_was_converted_with(tmp_path, 
     assert result.verdict == "PASS", result.reasons[0]
     assert result.tensors.counts["identical"] == len(ours)
     assert ("mtp-not-run" in _stand_ins(result)) == hubs_mtp
+    if "use_interleaved_weight_layout_mlp" in options:  # the network built so reads it
+        wrong = ms_port.verify(src, out, ms_model=FAMILY)  # built interleaved
+        assert wrong.verdict == "FAIL" and "linear_fc1" in " ".join(wrong.reasons)
+        assert not wrong.outputs[0].ok
 
 
 @needs_mindformers

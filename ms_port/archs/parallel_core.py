@@ -144,28 +144,41 @@ def qwen3_tensors(sizes: Qwen3Sizes) -> list[TargetTensor]:
     return out
 
 
-#: the plan's note wherever a target holds a dense ``linear_fc1`` (the layout is the one
-#: MindFormers' default config reads; the other is not written yet)
-INTERLEAVED_MLP = ("linear_fc1 holds gate and up rows interleaved, as MindFormers builds its "
-                   "MLPs by default (use_interleaved_weight_layout_mlp: true); a network "
-                   "built with it false reads two contiguous halves, which ms-port does not "
-                   "write yet")
+#: MindFormers' model_config key that lays out a dense ``linear_fc1``: gate and up rows
+#: interleaved (``MLPInterleaved``, its default) or two contiguous halves (``MLP``)
+INTERLEAVED = "use_interleaved_weight_layout_mlp"
+
+
+def mlp_note(interleaved: bool) -> str:
+    """The plan's note wherever a target holds a dense ``linear_fc1``."""
+    if interleaved:
+        return (f"linear_fc1 holds gate and up rows interleaved, as MindFormers builds its MLPs "
+                f"by default ({INTERLEAVED}: true); for a network built with it false, "
+                f"convert with --ms-option {INTERLEAVED}=false")
+    return (f"linear_fc1 holds gate then up, two contiguous halves ({INTERLEAVED}: false): "
+            "build MindFormers' network with that setting, or it reads other rows")
+
+
 #: options ``mindformers:qwen3`` takes (``--ms-option KEY=VALUE``)
-OPTIONS = {"seq_length": int}
+OPTIONS = {"seq_length": int, INTERLEAVED: bool}
 #: the layouts a checkpoint of this family may have, to recognise one by its names
 VARIANTS = ({},)
 
 
-def qwen3_target(config: dict[str, Any], family: str = QWEN3) -> Target:
-    """The target's names and shapes from a Hugging Face config, without MindFormers."""
+def qwen3_target(config: dict[str, Any], family: str = QWEN3, *,
+                 use_interleaved_weight_layout_mlp: bool = True) -> Target:
+    """The target's names and shapes from a Hugging Face config, without MindFormers;
+    its ``linear_fc1`` laid out as ``use_interleaved_weight_layout_mlp`` says (the
+    mapping table reads it from the target's settings)."""
     sizes = qwen3_sizes(config, family)
     tensors = qwen3_tensors(sizes)
     notes = []
     if any(t.name.endswith("linear_fc1.weight") for t in tensors):
-        notes.append(INTERLEAVED_MLP)
+        notes.append(mlp_note(use_interleaved_weight_layout_mlp))
     if sizes.rope.kind != "default":
         notes.append(f"{sizes.rope.describe()} (the weights do not depend on it)")
-    return Target("family", family, {t.name: t for t in tensors}, family=family, notes=notes)
+    return Target("family", family, {t.name: t for t in tensors}, family=family, notes=notes,
+                  settings={INTERLEAVED: use_interleaved_weight_layout_mlp})
 
 
 def qwen3_moe_target(config: dict[str, Any]) -> Target:

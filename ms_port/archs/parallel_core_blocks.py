@@ -228,12 +228,16 @@ class ParallelCoreBlocks(HuggingFaceSide):
 
 
 def qwen3_blocks(config: dict[str, Any], build_torch: Any, *, seq_length: int = 16,
-                 family: str = QWEN3) -> Any:
+                 family: str = QWEN3, use_interleaved_weight_layout_mlp: bool = True) -> Any:
     """The network's blocks, for verify one block at a time (:class:`ParallelCoreBlocks`):
-    every decoder layer of one kind, run as the one layer of the small networks."""
+    every decoder layer of one kind, run as the one layer of the small networks, built
+    in the checkpoint's ``linear_fc1`` layout."""
     sizes = qwen3_sizes(config, family)
+    layout = ({} if use_interleaved_weight_layout_mlp else
+              {"use_interleaved_weight_layout_mlp": False})
     return ParallelCoreBlocks(config, build_torch, family=family, layers=sizes.layers,
-                              tied=sizes.tied, seq_length=seq_length)
+                              tied=sizes.tied, seq_length=seq_length, options=layout,
+                              build_options=layout)
 
 
 def qwen3_moe_blocks(config: dict[str, Any], build_torch: Any, *, seq_length: int = 16) -> Any:
@@ -242,7 +246,8 @@ def qwen3_moe_blocks(config: dict[str, Any], build_torch: Any, *, seq_length: in
 
 
 def deepseek_blocks(config: dict[str, Any], build_torch: Any, *, seq_length: int = 16,
-                    mla_qkv_concat: bool = True, mtp: bool | None = None) -> Any:
+                    mla_qkv_concat: bool = True, mtp: bool | None = None,
+                    use_interleaved_weight_layout_mlp: bool = True) -> Any:
     """``mindformers:deepseek3``'s blocks: its first ``first_k_dense_replace`` layers are
     dense, the rest mixtures of experts, so the small networks hold one of each (two
     layers, the first dense) and each layer runs as the one of its kind. They are built
@@ -253,7 +258,9 @@ def deepseek_blocks(config: dict[str, Any], build_torch: Any, *, seq_length: int
     slots = tuple(0 if i < sizes.dense else kinds - 1 for i in range(sizes.layers))
     small = {"num_hidden_layers": kinds, "first_k_dense_replace": min(sizes.dense, 1),
              "num_nextn_predict_layers": 0}
-    options = {"mla_qkv_concat": mla_qkv_concat, **({} if mtp is None else {"mtp": mtp})}
+    interleaved = {"use_interleaved_weight_layout_mlp": use_interleaved_weight_layout_mlp}
+    options = {"mla_qkv_concat": mla_qkv_concat, **({} if mtp is None else {"mtp": mtp}),
+               **interleaved}
     not_run = () if not sizes.mtp else (
         f"the Multi-Token Prediction layer{'s' if sizes.mtp > 1 else ''} "
         f"(the Hub's model.layers.{sizes.layers}{'…' if sizes.mtp > 1 else ''}, MindFormers' "
@@ -263,7 +270,8 @@ def deepseek_blocks(config: dict[str, Any], build_torch: Any, *, seq_length: int
     return ParallelCoreBlocks(config, build_torch, family=DEEPSEEK, layers=sizes.layers,
                               tied=False, seq_length=seq_length, slots=slots, small=small,
                               options=options,
-                              build_options={"mla_qkv_concat": mla_qkv_concat, "mtp": False},
+                              build_options={"mla_qkv_concat": mla_qkv_concat, "mtp": False,
+                                             **interleaved},
                               not_run=not_run)
 
 

@@ -374,9 +374,11 @@ MAX_EXPERTS = 4096
 _int, _float, _bool = read_int, read_float, read_bool
 
 
-def _dense_settings(config: Mapping[str, Any]) -> dict[str, Any]:
+def _dense_settings(config: Mapping[str, Any], *,
+                    use_interleaved_weight_layout_mlp: bool = True) -> dict[str, Any]:
     """The architecture keys of MindFormers' ``Qwen3Config``, read from a Hugging Face
-    config.json (either transformers' form) and checked."""
+    config.json (either transformers' form) and checked; ``linear_fc1`` in the layout the
+    checkpoint was converted with (``use_interleaved_weight_layout_mlp``)."""
     heads, hidden = _int(config, "num_attention_heads"), _int(config, "hidden_size")
     kv_heads = _int(config, "num_key_value_heads", heads)
     head_dim = _int(config, "head_dim", max(1, hidden // heads))
@@ -405,7 +407,8 @@ def _dense_settings(config: Mapping[str, Any]) -> dict[str, Any]:
         "num_key_value_heads": kv_heads, "head_dim": head_dim,
         "rms_norm_eps": _float(config, "rms_norm_eps", 1e-6), "rope_theta": rope.theta,
         "attention_bias": False,
-        "tie_word_embeddings": _bool(config, "tie_word_embeddings")}
+        "tie_word_embeddings": _bool(config, "tie_word_embeddings"),
+        "use_interleaved_weight_layout_mlp": use_interleaved_weight_layout_mlp}
 
 
 def _moe_settings(config: Mapping[str, Any]) -> dict[str, Any]:
@@ -494,7 +497,8 @@ def _deepseek_routing(config: Mapping[str, Any], experts: int) -> dict[str, Any]
 
 
 def _deepseek_settings(config: Mapping[str, Any], *, mla_qkv_concat: bool = True,
-                       mtp: bool | None = None) -> dict[str, Any]:
+                       mtp: bool | None = None,
+                       use_interleaved_weight_layout_mlp: bool = True) -> dict[str, Any]:
     """The keys of MindFormers' ``DeepseekV3Config``, read from a Hugging Face config.json
     and checked, for the layout the checkpoint was converted with (``mla_qkv_concat``;
     ``mtp``: with the Multi-Token Prediction layer, default the config's)."""
@@ -523,7 +527,9 @@ def _deepseek_settings(config: Mapping[str, Any], *, mla_qkv_concat: bool = True
         "tie_word_embeddings": _bool(config, "tie_word_embeddings"),
         **_deepseek_routing(config, sizes.experts), **rope,
         # qk_layernorm, mla_qkv_concat, num_nextn_predict_layers, moe_grouped_gemm
-        **mindformers_settings(dict(config), mla_qkv_concat=mla_qkv_concat, mtp=mtp)}
+        **mindformers_settings(
+            dict(config), mla_qkv_concat=mla_qkv_concat, mtp=mtp,
+            use_interleaved_weight_layout_mlp=use_interleaved_weight_layout_mlp)}
 
 
 #: run settings: float32 throughout, no dropout, no token masked as padding (MindFormers
@@ -547,7 +553,8 @@ _HELD = {"vocab_size": "vocab_size", "hidden_size": "hidden_size",
          "layernorm_epsilon": "rms_norm_eps", "rotary_base": "rope_theta",
          "add_qkv_bias": "attention_bias", "pad_token_id": "pad_token_id",
          "hidden_dropout": "hidden_dropout", "attention_dropout": "attention_dropout",
-         "seq_length": "seq_length"}
+         "seq_length": "seq_length",
+         "use_interleaved_weight_layout_mlp": "use_interleaved_weight_layout_mlp"}
 _MOE_HELD = {"num_moe_experts": "num_experts", "moe_router_topk": "num_experts_per_tok",
              "moe_ffn_hidden_size": "moe_intermediate_size", "norm_topk_prob": "norm_topk_prob",
              "moe_router_topk_scaling_factor": "moe_router_topk_scaling_factor"}
@@ -563,6 +570,7 @@ _DEEPSEEK_HELD = {
     "v_head_dim": "v_head_dim", "mtp_num_layers": "num_nextn_predict_layers",
     "qk_layernorm": "qk_layernorm", "mla_qkv_concat": "mla_qkv_concat",
     "moe_grouped_gemm": "moe_grouped_gemm", "hidden_act": "hidden_act",
+    "use_interleaved_weight_layout_mlp": "use_interleaved_weight_layout_mlp",
     "rotary_scaling_factor": "rotary_scaling_factor"}
 
 #: TransformerConfig fields the stand-ins and this module assume, and their values
@@ -581,7 +589,7 @@ _DEEPSEEK_ASSUMED = {
     "moe_router_enable_expert_bias": True, "moe_router_score_function": "sigmoid",
     "moe_router_force_expert_balance": False, "use_shared_expert_gating": False,
     "rotary_interleaved": False, "experimental_attention_variant": None,
-    "use_interleaved_weight_layout_mlp": True, "calculate_per_token_loss": False}
+    "calculate_per_token_loss": False}
 
 
 def _qwen3_expected(settings: Mapping[str, Any]) -> dict[str, Any]:
@@ -640,7 +648,8 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
     Family("qwen3", "mindformers.models.qwen3.configuration_qwen3:Qwen3Config",
            "mindformers.models.qwen3.modeling_qwen3_train:TrainingQwen3ForCausalLM",
            _dense_settings, RUN_SETTINGS, _qwen3_expected,
-           ("rope_theta", "tie_word_embeddings")),
+           ("rope_theta", "tie_word_embeddings"),
+           options={"use_interleaved_weight_layout_mlp": bool}),
     Family("qwen3_moe", "mindformers.models.qwen3_moe.configuration_qwen3_moe:Qwen3MoeConfig",
            "mindformers.models.qwen3_moe.modeling_qwen3_moe_train:TrainingQwen3MoeForCausalLM",
            _moe_settings, {**RUN_SETTINGS, **MOE_RUN_SETTINGS}, _qwen3_expected,
@@ -651,7 +660,8 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
            "mindformers.models.deepseek3.modeling_deepseek_v3_train:"
            "TrainingDeepseekV3ForCausalLM",
            _deepseek_settings, {**RUN_SETTINGS, "moe_grouped_gemm": True}, _deepseek_expected,
-           options={"mla_qkv_concat": bool, "mtp": bool}),
+           options={"mla_qkv_concat": bool, "mtp": bool,
+                    "use_interleaved_weight_layout_mlp": bool}),
 )}
 
 

@@ -55,7 +55,7 @@ from ..match.mapping import select_table, selected_model_types
 from ..match.rope import Rope, read_rope
 from ..read.targets import Target, TargetTensor
 from .config_values import read_layers
-from .parallel_core import INTERLEAVED_MLP, NO_FORWARD
+from .parallel_core import INTERLEAVED, NO_FORWARD, mlp_note
 
 FAMILY = "mindformers:deepseek3"
 #: what transformers' and MindFormers' DeepseekV3Config both assume where config.json is
@@ -225,23 +225,26 @@ def deepseek_tensors(sizes: DeepseekSizes, *, mla_qkv_concat: bool = True
 
 
 def mindformers_settings(config: dict[str, Any], *, mla_qkv_concat: bool = True,
-                         mtp: bool | None = None) -> dict[str, Any]:
+                         mtp: bool | None = None,
+                         use_interleaved_weight_layout_mlp: bool = True) -> dict[str, Any]:
     """What MindFormers' ``DeepseekV3Config`` needs beside ``config.json`` to build the
     network this target describes (its config converter leaves ``qk_layernorm`` false)."""
     sizes = deepseek_sizes(config, mtp=mtp)
     return {"qk_layernorm": True, "mla_qkv_concat": mla_qkv_concat,
-            "num_nextn_predict_layers": sizes.mtp, "moe_grouped_gemm": True}
+            "num_nextn_predict_layers": sizes.mtp, "moe_grouped_gemm": True,
+            INTERLEAVED: use_interleaved_weight_layout_mlp}
 
 
 #: options ``mindformers:deepseek3`` takes (``--ms-option KEY=VALUE``)
-OPTIONS = {"mla_qkv_concat": bool, "mtp": bool, "seq_length": int}
+OPTIONS = {"mla_qkv_concat": bool, "mtp": bool, "seq_length": int, INTERLEAVED: bool}
 #: the layouts a checkpoint of this family may have, to recognise one by its names
 VARIANTS = ({}, {"mla_qkv_concat": False}, {"mtp": False},
             {"mla_qkv_concat": False, "mtp": False})
 
 
 def deepseek_target(config: dict[str, Any], *, mla_qkv_concat: bool = True,
-                    mtp: bool | None = None) -> Target:
+                    mtp: bool | None = None,
+                    use_interleaved_weight_layout_mlp: bool = True) -> Target:
     """The target's names and shapes from a Hugging Face config, without MindFormers.
 
     Args:
@@ -249,6 +252,8 @@ def deepseek_target(config: dict[str, Any], *, mla_qkv_concat: bool = True,
         mla_qkv_concat: the fused ``linear_qkv`` layout (MindFormers' default); false for
             one tensor per projection, as MindFormers' DeepSeek-V3 recipes build it.
         mtp: include the Multi-Token Prediction layer (default: ``num_nextn_predict_layers``).
+        use_interleaved_weight_layout_mlp: the dense and shared experts' ``linear_fc1`` with
+            gate and up rows interleaved (MindFormers' default); false for two halves.
 
     Example:
         >>> t = deepseek_target(json.load(open("DeepSeek-V3/config.json")))  # doctest: +SKIP
@@ -257,11 +262,13 @@ def deepseek_target(config: dict[str, Any], *, mla_qkv_concat: bool = True,
     """
     sizes = deepseek_sizes(config, mtp=mtp)
     tensors = deepseek_tensors(sizes, mla_qkv_concat=mla_qkv_concat)
-    settings = mindformers_settings(config, mla_qkv_concat=mla_qkv_concat, mtp=mtp)
+    interleaved = use_interleaved_weight_layout_mlp
+    settings = mindformers_settings(config, mla_qkv_concat=mla_qkv_concat, mtp=mtp,
+                                    use_interleaved_weight_layout_mlp=interleaved)
     stated = ", ".join(f"{k}: {v}" for k, v in settings.items())
     notes = [f"MindFormers builds this network with {stated} in its model_config (its config "
              "converter sets no qk_layernorm: without it the network has no q/kv norms)",
-             INTERLEAVED_MLP]
+             mlp_note(interleaved)]
     if sizes.mtp:
         notes.append(f"Multi-Token Prediction (num_nextn_predict_layers {sizes.mtp}): "
                      f"mtp.layers.0 from the checkpoint's model.layers.{sizes.layers}, which "
@@ -271,7 +278,8 @@ def deepseek_target(config: dict[str, Any], *, mla_qkv_concat: bool = True,
         notes.append(f"{sizes.rope.describe()} (the weights do not depend on it)")
     variant = "fused linear_qkv" if mla_qkv_concat else "separate MLA projections"
     return Target("family", f"{FAMILY} ({variant}{', MTP' if sizes.mtp else ''})",
-                  {t.name: t for t in tensors}, family=FAMILY, notes=notes)
+                  {t.name: t for t in tensors}, family=FAMILY, notes=notes,
+                  settings={INTERLEAVED: interleaved})
 
 
 target = deepseek_target

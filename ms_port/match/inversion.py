@@ -243,9 +243,10 @@ def _group_parts(m: Match, torch_side: Source, dtype: str) -> dict[str, Match]:
 def export_plan(checkpoint: str | Path, *, arch: str | None, torch_model: Any,
                 target: Any, ms_model: Any, mapping: Any, dtype: str | None,
                 allow_missing: bool, allow_unused: bool,
-                config: dict[str, Any] | None = None, config_path: str | None = None) -> Plan:
+                config: dict[str, Any] | None = None, config_path: str | None = None,
+                ms_options: dict[str, Any] | None = None) -> Plan:
     """The inverted plan for :func:`ms_port.export` (see the module docstring)."""
-    from ..read.targets import FAMILIES
+    from ..read.targets import FAMILIES, from_family
 
     ckpt = read_source(checkpoint, strip_prefixes=False)
     torch_side, _ = _torch_side(arch, torch_model, target, config, config_path)
@@ -256,6 +257,13 @@ def export_plan(checkpoint: str | Path, *, arch: str | None, torch_model: Any,
         family = recognise_family(torch_side.config, set(ckpt.tensors))
     ms_side = _ms_side(ckpt, arch, None if family else ms_model)
     ms_side.family = family
+    if family is not None and torch_side.config is not None:
+        # the settings its table reads (a layout its names do not show)
+        ms_side.settings = from_family(family, torch_side.config, ms_options).settings
+    elif ms_options:
+        missing = "no config.json was given" if family else "no family was named or recognised"
+        raise TargetError("--ms-option is for a known --ms-model family "
+                          f"({', '.join(FAMILIES)}) with the model's --config; {missing}")
     base = None
     if arch is not None:
         from ..archs import get_arch
