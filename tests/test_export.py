@@ -131,6 +131,20 @@ def test_every_transform_op_is_undone(tmp_path, dtype):
     TorchSmall().to(DTYPES[dtype]).load_state_dict(after, strict=True)
 
 
+def test_ms_options_need_a_known_family(tmp_path, small):
+    """--ms-option names a layout of a known --ms-model family; with a user's own network
+    there is no family to read it, and export says so rather than ignore it."""
+    from ms_port.errors import TargetError
+
+    _, ckpt, mapping = small
+    with pytest.raises(TargetError, match=r"--ms-option is for a known --ms-model family .* "
+                                          r"no family was named or recognised"):
+        ms_port.export(ckpt, torch_model=TorchSmall, ms_model=build_ms_small, mapping=mapping,
+                       output=tmp_path / "back.pth",
+                       ms_options={"use_interleaved_weight_layout_mlp": False})
+    assert not (tmp_path / "back.pth").exists()
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("arch", [a for a in ms_port.list_archs() if a != "resnet18"])

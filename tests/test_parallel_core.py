@@ -185,6 +185,11 @@ def test_contiguous_mlp_halves_for_a_network_built_so(tmp_path, mode):
         again = {i.name: np.asarray(i.load()) for i in read_source(tmp_path / "back")}
         assert back.ok and set(again) == set(hub)
         assert all(again[k].tobytes() == hub[k].tobytes() for k in hub)
+        # the family recognised by its names (no --ms-model), the option still applied
+        flat = ms_port.export(halves, target=src / "model.safetensors",
+                              output=tmp_path / "t.safetensors", ms_options=HALVES)
+        again = {i.name: np.asarray(i.load()) for i in read_source(tmp_path / "t.safetensors")}
+        assert flat.ok and all(again[k].tobytes() == hub[k].tobytes() for k in hub)
 
 
 @pytest.mark.parametrize("tied", [False, True])

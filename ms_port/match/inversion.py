@@ -257,8 +257,9 @@ def export_plan(checkpoint: str | Path, *, arch: str | None, torch_model: Any,
         family = recognise_family(torch_side.config, set(ckpt.tensors))
     ms_side = _ms_side(ckpt, arch, None if family else ms_model)
     ms_side.family = family
-    if family is not None and torch_side.config is not None:
-        # the settings its table reads (a layout its names do not show)
+    if ms_options and family is not None and torch_side.config is not None:
+        # the settings its table reads (a layout its names do not show); without options
+        # the table's defaults hold, as they did on conversion
         ms_side.settings = from_family(family, torch_side.config, ms_options).settings
     elif ms_options:
         missing = "no config.json was given" if family else "no family was named or recognised"
