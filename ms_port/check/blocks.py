@@ -77,9 +77,9 @@ def unmap_large_arrays() -> bool:
     Qwen3-30B-A3B's widths) then stayed resident after they were stacked into the
     network's tensor: the PyTorch float64 step of one MoE layer held 9 GiB, not 4.5. The
     setting lasts for the process (glibc cannot be given back its moving threshold);
-    it costs a mapping per large allocation, which a block's arrays pay anyway. Dask
-    gives its workers the same advice, as ``MALLOC_TRIM_THRESHOLD_``, an environment
-    variable read only when a process starts."""
+    it costs a mapping per large allocation, which a block's arrays pay anyway. (Dask
+    sets glibc's related ``MALLOC_TRIM_THRESHOLD_`` for its workers: an environment
+    variable, read only when a process starts, so not one a library can set.)"""
     mallopt = libc_function("mallopt", ctypes.c_int, ctypes.c_int, ctypes.c_int)
     return bool(mallopt is not None and mallopt(_M_MMAP_THRESHOLD, LARGE_ARRAY) == 1)
 
