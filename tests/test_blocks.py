@@ -138,6 +138,38 @@ def test_a_block_that_cannot_fit_is_inconclusive_not_killed(made, monkeypatch):
     assert ms_port.verify(src, out, **args).verdict == "PASS"
 
 
+_NETWORKS_FREED = """
+import gc, sys, weakref
+import ms_port
+from ms_port.archs import llama_blocks
+built = []
+original = llama_blocks.LlamaBlocks.ms_network
+def ms_network(self, piece, tensors):
+    net = original(self, piece, tensors)
+    built.append(weakref.ref(net))
+    return net
+llama_blocks.LlamaBlocks.ms_network = ms_network
+report = ms_port.verify(sys.argv[1], sys.argv[2], ms_model="mindformers:llama", mode="layers")
+gc.collect()
+print(report.verdict, len(built), sum(ref() is not None for ref in built))
+"""
+
+
+def test_no_mindspore_network_outlives_its_block(made, tmp_path):
+    """In a fresh process, where verify imports MindFormers first: every block's network
+    is freed. MindFormers' first import kept the frames importing it alive, and with them
+    the first block's network, for the rest of the process."""
+    import os
+
+    src, out = made(*VARIANTS[0])
+    run = subprocess.run([sys.executable, "-c", _NETWORKS_FREED, str(src), str(out)],
+                         capture_output=True, text=True, timeout=600,
+                         env={**os.environ, "LOCAL_DEFAULT_PATH": str(tmp_path)})
+    assert run.returncode == 0, run.stderr[-2000:]
+    verdict, built, alive = run.stdout.split()[-3:]
+    assert (verdict, built, alive) == ("PASS", "5", "0")
+
+
 def _swap(layer, a, b):
     def edit(tensors):
         x, y = f"model.layers.{layer}.{a}", f"model.layers.{layer}.{b}"
