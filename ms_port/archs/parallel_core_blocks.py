@@ -37,7 +37,7 @@ from mindspore import nn
 
 from ..errors import ForwardUnavailable, TargetError
 from .llama_blocks import HuggingFaceSide, Piece
-from .parallel_core import QWEN3, QWEN3_MOE, qwen3_sizes
+from .parallel_core import INTERLEAVED, QWEN3, QWEN3_MOE, qwen3_sizes
 from .parallel_core_cpu import build_network, cpu_standins
 from .parallel_core_deepseek import FAMILY as DEEPSEEK
 from .parallel_core_deepseek import deepseek_sizes
@@ -233,8 +233,8 @@ def qwen3_blocks(config: dict[str, Any], build_torch: Any, *, seq_length: int = 
     every decoder layer of one kind, run as the one layer of the small networks, built
     in the checkpoint's ``linear_fc1`` layout."""
     sizes = qwen3_sizes(config, family)
-    layout = ({} if use_interleaved_weight_layout_mlp else
-              {"use_interleaved_weight_layout_mlp": False})
+    # qwen3_moe takes no such option (no dense MLP): the default is left unsaid
+    layout = {} if use_interleaved_weight_layout_mlp else {INTERLEAVED: False}
     return ParallelCoreBlocks(config, build_torch, family=family, layers=sizes.layers,
                               tied=sizes.tied, seq_length=seq_length, options=layout,
                               build_options=layout)
@@ -258,7 +258,7 @@ def deepseek_blocks(config: dict[str, Any], build_torch: Any, *, seq_length: int
     slots = tuple(0 if i < sizes.dense else kinds - 1 for i in range(sizes.layers))
     small = {"num_hidden_layers": kinds, "first_k_dense_replace": min(sizes.dense, 1),
              "num_nextn_predict_layers": 0}
-    interleaved = {"use_interleaved_weight_layout_mlp": use_interleaved_weight_layout_mlp}
+    interleaved = {INTERLEAVED: use_interleaved_weight_layout_mlp}
     options = {"mla_qkv_concat": mla_qkv_concat, **({} if mtp is None else {"mtp": mtp}),
                **interleaved}
     not_run = () if not sizes.mtp else (

@@ -69,6 +69,7 @@ from ..errors import TargetError, shown
 from ..match.rope import read_rope
 from .config_values import read_bool, read_float, read_int, read_layers
 from .mindformers import contained
+from .parallel_core import INTERLEAVED
 from .parallel_core_deepseek import deepseek_sizes, mindformers_settings
 
 _TRAINING_GRAPH = "mindformers.parallel_core.training_graph"
@@ -408,7 +409,7 @@ def _dense_settings(config: Mapping[str, Any], *,
         "rms_norm_eps": _float(config, "rms_norm_eps", 1e-6), "rope_theta": rope.theta,
         "attention_bias": False,
         "tie_word_embeddings": _bool(config, "tie_word_embeddings"),
-        "use_interleaved_weight_layout_mlp": use_interleaved_weight_layout_mlp}
+        INTERLEAVED: use_interleaved_weight_layout_mlp}
 
 
 def _moe_settings(config: Mapping[str, Any]) -> dict[str, Any]:
@@ -554,7 +555,7 @@ _HELD = {"vocab_size": "vocab_size", "hidden_size": "hidden_size",
          "add_qkv_bias": "attention_bias", "pad_token_id": "pad_token_id",
          "hidden_dropout": "hidden_dropout", "attention_dropout": "attention_dropout",
          "seq_length": "seq_length",
-         "use_interleaved_weight_layout_mlp": "use_interleaved_weight_layout_mlp"}
+         INTERLEAVED: INTERLEAVED}
 _MOE_HELD = {"num_moe_experts": "num_experts", "moe_router_topk": "num_experts_per_tok",
              "moe_ffn_hidden_size": "moe_intermediate_size", "norm_topk_prob": "norm_topk_prob",
              "moe_router_topk_scaling_factor": "moe_router_topk_scaling_factor"}
@@ -570,7 +571,7 @@ _DEEPSEEK_HELD = {
     "v_head_dim": "v_head_dim", "mtp_num_layers": "num_nextn_predict_layers",
     "qk_layernorm": "qk_layernorm", "mla_qkv_concat": "mla_qkv_concat",
     "moe_grouped_gemm": "moe_grouped_gemm", "hidden_act": "hidden_act",
-    "use_interleaved_weight_layout_mlp": "use_interleaved_weight_layout_mlp",
+    INTERLEAVED: INTERLEAVED,
     "rotary_scaling_factor": "rotary_scaling_factor"}
 
 #: TransformerConfig fields the stand-ins and this module assume, and their values
@@ -649,7 +650,7 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
            "mindformers.models.qwen3.modeling_qwen3_train:TrainingQwen3ForCausalLM",
            _dense_settings, RUN_SETTINGS, _qwen3_expected,
            ("rope_theta", "tie_word_embeddings"),
-           options={"use_interleaved_weight_layout_mlp": bool}),
+           options={INTERLEAVED: bool}),
     Family("qwen3_moe", "mindformers.models.qwen3_moe.configuration_qwen3_moe:Qwen3MoeConfig",
            "mindformers.models.qwen3_moe.modeling_qwen3_moe_train:TrainingQwen3MoeForCausalLM",
            _moe_settings, {**RUN_SETTINGS, **MOE_RUN_SETTINGS}, _qwen3_expected,
@@ -661,7 +662,7 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
            "TrainingDeepseekV3ForCausalLM",
            _deepseek_settings, {**RUN_SETTINGS, "moe_grouped_gemm": True}, _deepseek_expected,
            options={"mla_qkv_concat": bool, "mtp": bool,
-                    "use_interleaved_weight_layout_mlp": bool}),
+                    INTERLEAVED: bool}),
 )}
 
 
