@@ -286,12 +286,12 @@ def test_loose_tensors_are_never_guessed_among_equals(tmp_path, extra_source, ex
 def test_a_layers_tensor_is_never_paired_as_a_loose_tensor(tmp_path):
     """Unique leftovers of one shape whose names share a word, but named as a layer names
     its tensors ('weight'): the alignment's to pair, by its layer, never a loose guess."""
-    from ms_port.match.plan import _loose_pairs
+    from ms_port.match.structure import loose_pairs
 
     source = _source(tmp_path, {"adapter.weight": (3, 7), "adapter_token": (1, 2, 7)})
     target = _target({"bridge.weight": (3, 7), "bridge_token": (1, 2, 7)}, {})
     left = [("bridge.weight", (3, 7)), ("bridge_token", (1, 2, 7))]
-    made = _loose_pairs(source, target, {}, set(), left, None)
+    made = loose_pairs(source, target, {}, set(), left, None)
     assert [(m.target, m.source) for m in made] == [("bridge_token", "adapter_token")]
 
 

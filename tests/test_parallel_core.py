@@ -458,7 +458,7 @@ def test_stacked_experts_are_written_one_expert_at_a_time_only_where_that_is_exa
     """The experts' transforms are computed per expert (the writer and the read-back hold
     one expert, not the whole stacked tensor) only where numbering every element of two
     experts shows the per-expert result, expert after expert, is the whole one."""
-    from ms_port.match.plan import _separable
+    from ms_port.match.many import separable
     from ms_port.match.transforms import Transform
 
     gate_up = ((6, 4), (6, 4), (6, 4), (6, 4))  # two experts: gate_e, up_e of [F=6, H=4]
@@ -466,14 +466,14 @@ def test_stacked_experts_are_written_one_expert_at_a_time_only_where_that_is_exa
                Transform("reshape", [-1, 12]))
     one = (Transform("reshape", [1, 12, 4]), Transform("transpose", [0, 2, 1]),
            Transform("reshape", [-1, 12]))
-    assert _separable(0, gate_up, 2, stacked, one)
+    assert separable(0, gate_up, 2, stacked, one)
     # a transpose of the whole stack puts both experts in every row: not per expert
     mixed = (Transform("transpose", [1, 0]),)
-    assert not _separable(0, gate_up, 2, mixed, mixed)
+    assert not separable(0, gate_up, 2, mixed, mixed)
     # per-expert transforms that fit the shapes but put the rows elsewhere
-    assert not _separable(0, gate_up, 2, stacked, (Transform("reshape", [-1, 12]),))
+    assert not separable(0, gate_up, 2, stacked, (Transform("reshape", [-1, 12]),))
     down = ((4, 6), (4, 6))  # down_e [H, F], joined on axis 1, transposed: down_eᵀ stacked
-    assert _separable(1, down, 1, (Transform("transpose", [1, 0]),),
+    assert separable(1, down, 1, (Transform("transpose", [1, 0]),),
                       (Transform("transpose", [1, 0]),))
 
 

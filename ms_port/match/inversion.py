@@ -275,7 +275,7 @@ def export_plan(checkpoint: str | Path, *, arch: str | None, torch_model: Any,
                         allow_missing=allow_unused, allow_unused=allow_missing)
     plan = invert_plan(forward, ckpt, torch_side)
     if dtype is not None:
-        from .plan import _cast
+        from .entries import cast_dtype
 
-        plan.matches = [replace(m, out_dtype=_cast(m.dtype, dtype)) for m in plan.matches]
+        plan.matches = [replace(m, out_dtype=cast_dtype(m.dtype, dtype)) for m in plan.matches]
     return plan

@@ -1,0 +1,294 @@
+"""Matching: rules propose, the target disposes. The result is a :class:`Plan`.
+
+For every source tensor, candidates are proposed in order of trust and the first that
+exists in the target is taken:
+
+1. an explicit ``tensors:`` entry of the mapping table;
+2. the exact name;
+3. the name after the mapping table's segment/regex renames;
+4. the built-in layer rules (:mod:`ms_port.match.rules`) on that name.
+
+A proposal becomes a match only if the shapes agree, directly or after a declared
+transform. Two sources claiming one target, or a proposal whose shape does not fit,
+are conflicts. Shape/order fallback runs only when asked and is flagged. Nothing is
+written here: the Plan says what would be.
+"""
+
+from __future__ import annotations
+
+import collections
+import difflib
+from typing import Any
+
+from ..errors import MappingError
+from ..read.sources import Skipped, Source
+from ..read.targets import Target, TargetTensor
+from ..read.tensors import FLOAT_DTYPES, format_shape
+from .closest import NameIndex
+from .entries import (
+    Candidate,
+    Conflict,
+    Dropped,
+    Match,
+    Missing,
+    Unused,
+    cast_dtype,
+    fit,
+    shape_or_none,
+)
+from .many import Many
+from .mapping import MappingTable
+from .result import Plan
+from .rules import initial_value, known_drop, propose
+from .structure import align_leftovers, aligned_candidates, zero_biases
+from .transforms import Transform
+
+
+def _renaming(mapping: MappingTable, name: str) -> tuple[str | None, str | None]:
+    """(the name the mapping's renames produce, the entry) — or (None, None)."""
+    new, fired = mapping.rename(name)
+    return (new, "; ".join(fired)) if new != name else (None, None)
+
+
+#: leftovers per side that get "did you mean" suggestions: reports show far fewer, and
+#: 100,000 unmatched names must not cost minutes of scoring
+SUGGESTED = 2000
+
+
+def _skipped_by_name(source: Source, mapping: MappingTable) -> dict[str, Skipped]:
+    """The source's skipped entries under the names they would have had as tensors: as
+    read, with the wrapper prefixes the tensors lost, and after the mapping's renames."""
+    prefix = "".join(source.stripped)
+    found: dict[str, Skipped] = {}
+    for s in source.skipped:
+        name = s.name.removeprefix(prefix)
+        for key in (s.name, name, mapping.rename(name)[0]):
+            found.setdefault(key, s)
+    return found
+
+
+def _closest(index: NameIndex, name: str, shape: tuple[int, ...]) -> tuple[Candidate, ...]:
+    return tuple(Candidate(n, s) for n, s in index.closest(name, shape))
+
+
+def make_plan(
+    source: Source,
+    target: Target,
+    mapping: MappingTable | None = None,
+    *,
+    allow_missing: bool = False,
+    allow_unused: bool = False,
+    allow_shape_match: bool = False,
+    dtype: str | None = None,
+    align: bool = True,
+    config: dict[str, Any] | None = None,
+) -> Plan:
+    """Match every target tensor to a source tensor (see the module docstring).
+
+    Args:
+        source: what the PyTorch checkpoint holds.
+        target: what the MindSpore side expects.
+        mapping: the mapping table(s) to apply on top of the built-in rules.
+        allow_missing / allow_unused: accept leftovers (they are still reported).
+        allow_shape_match: fill leftovers by equal shape in order; flagged ``fallback``.
+        align: pair the layers names leave unpaired by structure (order, kinds, shapes;
+            :mod:`ms_port.match.align`); only unambiguous pairs fill, as ``aligned``.
+        dtype: cast floating-point tensors to this dtype (``float16``, ``bfloat16``,
+            ``float32``); integer and bool tensors keep theirs.
+        config: the model's config (``config.json``), for tables that take numbers from
+            it (fused layouts, tied tensors); defaults to the source's own.
+
+    Returns:
+        The :class:`Plan`; check ``plan.ok`` — this function never raises for
+        leftovers, only for a mapping table that names tensors that do not exist.
+    """
+    mapping = mapping or MappingTable.empty()
+    if dtype is not None and dtype not in FLOAT_DTYPES:
+        raise ValueError(f"cannot cast to {dtype!r}; choose one of {sorted(FLOAT_DTYPES)}")
+    _check_explicit(mapping, source, target)
+
+    layer_of, siblings = target.layers(), target.siblings()
+    proposals: dict[str, list[tuple[str, str, str, tuple[Transform, ...]]]] = {}
+    dropped: list[Dropped] = []
+    explicit_sources = {e.source: e for e in mapping.tensors.values() if e.init is None}
+    fan_out: list[Conflict] = []
+    config = config if config is not None else source.config
+    many = Many(source, target, mapping, config, dtype)
+    many.run()
+    dropped += many.dropped
+    fan_out += many.conflicts
+
+    for info in source:
+        s = info.name
+        if s in many.consumed:
+            continue
+        if s in explicit_sources:
+            e = explicit_sources[s]
+            proposals.setdefault(e.target, []).append(
+                (s, "mapping", f"tensors entry in {mapping.origin}", e.transforms))
+            continue
+        pattern = mapping.dropped_by(s)
+        if pattern is not None:
+            dropped.append(Dropped(s, f"drop: {pattern} ({mapping.origin})"))
+            continue
+        found = _propose_one(s, mapping, target, layer_of, siblings)
+        if len({t for t, *_ in found}) > 1:
+            names = tuple(t for t, *_ in found)
+            fan_out.append(Conflict("fan-out", names, (s,),
+                                    f"source {s!r} could fill {', '.join(map(repr, names))}; "
+                                    "add a tensors: entry to say which"))
+            continue
+        for t, how, detail, tfs in found:
+            if t in mapping.tensors or t in many.matches:  # an explicit/fused entry owns it
+                continue
+            proposals.setdefault(t, []).append((s, how, detail, tfs))
+
+    matches: dict[str, Match] = dict(many.matches)
+    conflicts: list[Conflict] = list(fan_out)
+    used: set[str] = set(many.consumed)
+    for t, props in proposals.items():
+        tt = target.tensors[t]
+        if len(props) > 1:
+            srcs = tuple(p[0] for p in props)
+            conflicts.append(Conflict("claim", (t,), srcs,
+                                      f"{len(srcs)} source tensors claim {t!r}: "
+                                      f"{', '.join(map(repr, srcs))}; add a tensors: entry "
+                                      "to pick one and drop: the others"))
+            used.update(srcs)
+            continue
+        (s, how, detail, tfs) = props[0]
+        used.add(s)
+        info = source.tensors[s]
+        # transforms a mapping file declares are applied, or the pair refused: never
+        # skipped because the shapes happen to agree (a square weight to transpose)
+        declared = (tfs if how == "mapping" else ()) or mapping.transforms_for(t)
+        fitted = _declared_fit(info.shape, tt, declared) if declared else \
+            fit(info.shape, tt, tfs)
+        if fitted is None:
+            made = shape_or_none(declared, info.shape) if declared else None
+            why = (f"the declared transforms {', '.join(map(str, declared))} make it "
+                   f"{format_shape(made)}" if made is not None else
+                   f"the declared transforms {', '.join(map(str, declared))} do not apply"
+                   ) if declared else "declare a transform in your mapping file"
+            conflicts.append(Conflict(
+                "shape", (t,), (s,),
+                f"{s!r} ({format_shape(info.shape)}) cannot fill {t!r} "
+                f"({format_shape(tt.shape)}), matched by {how} ({detail}); {why} — fix "
+                "the transforms or map another tensor"))
+            continue
+        matches[t] = Match(t, s, how, detail, info.shape, tt.shape, info.dtype,
+                           cast_dtype(info.dtype, dtype), fitted)
+
+    conflicted_targets = {t for c in conflicts for t in c.targets}
+    ambiguous: dict[str, tuple[str, ...]] = {}
+    notes: list[str] = []
+    if align:
+        ambiguous = align_leftovers(source, target, mapping, matches, used, conflicted_targets,
+                                     proposals, dropped, layer_of, dtype, notes)
+    for name, tt in target.tensors.items():
+        # what PyTorch has no counterpart for: a declared value, never a silent default
+        if name in matches or name in conflicted_targets or name in proposals:
+            continue
+        declared = mapping.declared_value(name)
+        by_rule = initial_value(name, layer_of)
+        chosen = declared or (by_rule and (by_rule[0], f"{by_rule[1]}: {by_rule[0]} (PyTorch "
+                                                       "has no counterpart)"))
+        if chosen:
+            matches[name] = Match(name, "", "initialised", chosen[1], (), tt.shape, tt.dtype,
+                                  cast_dtype(tt.dtype, dtype), init=chosen[0])
+    pending_t = [tt for name, tt in target.tensors.items()
+                 if name not in matches and name not in conflicted_targets]
+    dropped_names = {d.name for d in dropped}
+    pending_s = [i for i in source if i.name not in used and i.name not in dropped_names]
+    if allow_shape_match:  # per-shape queues: linear, not a scan per target
+        by_shape: dict[tuple[int, ...], collections.deque] = collections.defaultdict(
+            collections.deque)
+        for i in pending_s:
+            by_shape[i.shape].append(i)
+        taken: set[str] = set()
+        still: list[TargetTensor] = []
+        for tt in pending_t:
+            queue = by_shape.get(tt.shape)
+            if not queue:
+                still.append(tt)
+                continue
+            info = queue.popleft()
+            taken.add(info.name)
+            matches[tt.name] = Match(tt.name, info.name, "fallback", "same shape, in order",
+                                     info.shape, tt.shape, info.dtype,
+                                     cast_dtype(info.dtype, dtype))
+        pending_t = still
+        pending_s = [i for i in pending_s if i.name not in taken]
+    kept = []
+    for info in pending_s:
+        reason = known_drop(info.name)
+        if reason is None:
+            kept.append(info)
+        else:
+            dropped.append(Dropped(info.name, f"known drop: {reason}"))
+    pending_s = zero_biases(kept, matches, target, dropped, notes)
+
+    s_index = NameIndex((i.name, i.shape) for i in pending_s)
+    t_index = NameIndex((t.name, t.shape) for t in pending_t)
+    unusable = _skipped_by_name(source, mapping)
+    missing = [Missing(t.name, t.shape, t.dtype,
+                       aligned_candidates(source, ambiguous[t.name]) if t.name in ambiguous
+                       else _closest(s_index, t.name, t.shape) if k < SUGGESTED else (),
+                       skipped=unusable.get(t.name))
+               for k, t in enumerate(pending_t)]
+    unused = [Unused(i.name, i.shape, i.dtype,
+                     _closest(t_index, i.name, i.shape) if k < SUGGESTED else (),
+                     *_renaming(mapping, i.name))
+              for k, i in enumerate(pending_s)]
+    ordered = [matches[name] for name in target.tensors if name in matches]
+    return Plan(source, target, mapping, ordered, missing, unused, dropped, conflicts,
+                allow_missing=allow_missing, allow_unused=allow_unused,
+                notes=list(target.notes) + many.notes + notes, params=many.params)
+
+
+def _propose_one(s: str, mapping: MappingTable, target: Target,
+                 layer_of: dict[str, tuple[str, ...] | None],
+                 siblings: dict[str, frozenset[str]]) -> list[tuple[str, str, str, tuple]]:
+    """Proposals for one source name, most trusted first; the first kind that hits wins."""
+    by_rule = {p.target: p for p in propose(s, layer_of, siblings)}
+    if s in target:
+        rule = by_rule.get(s)  # a rule may still declare a layout transform (Conv1d)
+        return [(s, "exact", rule.rule if rule else "same name",
+                 rule.transforms if rule else ())]
+    renamed, fired = mapping.rename(s)
+    entries = ", ".join(fired)
+    if fired and renamed in target:
+        rule = next((p for p in propose(renamed, layer_of, siblings) if p.target == renamed),
+                    None)
+        return [(renamed, "mapping", f"{entries} ({mapping.origin})",
+                 rule.transforms if rule else ())]
+    if fired:  # the mapping's rename made the match possible: counted as the mapping's
+        return [(p.target, "mapping", f"{entries} ({mapping.origin}), then rule {p.rule}",
+                 p.transforms) for p in propose(renamed, layer_of, siblings)]
+    return [(p.target, "rule", p.rule, p.transforms) for p in by_rule.values()]
+
+
+def _declared_fit(shape: tuple[int, ...], tt: TargetTensor,
+                  transforms: tuple[Transform, ...]) -> tuple[Transform, ...] | None:
+    """Declared transforms, if they turn ``shape`` into the target's; else ``None``."""
+    return transforms if shape_or_none(transforms, shape) == tt.shape else None
+
+
+def _check_explicit(mapping: MappingTable, source: Source, target: Target) -> None:
+    for entry in mapping.tensors.values():
+        if entry.target not in target:
+            close = difflib.get_close_matches(entry.target, list(target.tensors), n=2)
+            hint = f"; did you mean {', '.join(map(repr, close))}?" if close else ""
+            raise MappingError(
+                f"{mapping.origin}: tensors entry {entry.target!r}: the target has no such "
+                f"tensor{hint} — fix the name or remove the entry", path=mapping.origin)
+        if entry.init is None and entry.source not in source:
+            close = difflib.get_close_matches(entry.source, list(source.tensors), n=2)
+            hint = f"; did you mean {', '.join(map(repr, close))}?" if close else ""
+            raise MappingError(
+                f"{mapping.origin}: tensors entry {entry.target!r}: source {entry.source!r} "
+                f"is not in {source.path}{hint} — fix the name or remove the entry",
+                path=mapping.origin)
+
+
+__all__ = ["make_plan"]
