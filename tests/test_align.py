@@ -266,8 +266,8 @@ def test_loose_tensors_pair_by_a_unique_shape_and_a_shared_word(tmp_path):
     got = {m.target: (m.source, m.how, m.detail) for m in plan.matches}
     assert got["cls_token"][:2] == ("class_token", "aligned")
     assert got["pos_embed"][:2] == ("encoder.pos_embedding", "aligned")
-    assert ("the only unpaired tensor of its shape on either side (1×5×8, size-1 axes "
-            "aside)") in got["pos_embed"][2]
+    assert ("the only unpaired tensor of its shape on either side (1×5×8), the names sharing "
+            "'embed', 'pos'") in got["pos_embed"][2]
     assert got["pos_embed"][2].count("'pos'") == 1  # each shared word named once
 
 

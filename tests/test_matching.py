@@ -52,6 +52,24 @@ def _load_into(cell, path: Path, fmt: str = "ckpt") -> None:
     assert not_loaded == [] and unused == [], (not_loaded, unused)
 
 
+def _GrnNet():
+    """MindCV's GRN: gamma and beta of 1×1×1×C, a layer of no kind a rule names."""
+    from mindspore import Parameter, Tensor, nn
+
+    class GRN(nn.Cell):
+        def __init__(self):
+            super().__init__()
+            self.gamma = Parameter(Tensor(np.ones((1, 1, 1, 6), np.float32)))
+            self.beta = Parameter(Tensor(np.zeros((1, 1, 1, 6), np.float32)))
+
+    class Net(nn.Cell):
+        def __init__(self):
+            super().__init__()
+            self.grn = GRN()
+
+    return Net()
+
+
 def test_every_rule_fires_on_a_tiny_net(src, tmp_path):
     cell = tiny_nets.build_ms()
     plan = ms_port.plan(src, ms_model=cell)
@@ -61,6 +79,11 @@ def test_every_rule_fires_on_a_tiny_net(src, tmp_path):
     details = " ".join(m.detail for m in plan.matches) + " " + " ".join(
         m.detail for m in ms_port.plan(_save(_inorm_torch().state_dict(prefix="norm."),
                                              tmp_path / "in.pth"), ms_model=_InormNet).matches)
+    grn = ms_port.plan(_save({"grn.weight": torch.rand(6), "grn.bias": torch.rand(6)},
+                             tmp_path / "grn.pth"), ms_model=_GrnNet)
+    details += " " + " ".join(m.detail for m in grn.matches)
+    assert grn.ok and {m.target: [str(t) for t in m.transforms] for m in grn.matches} == {
+        "grn.gamma": ["reshape([1, 1, 1, 6])"], "grn.beta": ["reshape([1, 1, 1, 6])"]}
     for rule in RULES:
         assert rule.name in details, f"rule {rule.name} never fired"
     by_target = {m.target: m for m in plan.matches}
@@ -88,11 +111,17 @@ def test_every_rule_fires_on_a_tiny_net(src, tmp_path):
 
 @pytest.mark.parametrize("rule", RULES, ids=lambda r: r.name)
 def test_rules_need_the_layer_kind(rule):
-    """A rule renames only inside a layer of its kind: a Dense weight never becomes gamma."""
+    """A rule renames only inside a layer of its kind: a Dense weight never becomes gamma.
+    A rule of no kind (``affine``: MindCV's GRN) fires where the layer holds exactly its
+    signature, never in a layer of a kind it excludes or holding more."""
     for ms_suffix, torch_suffix in rule.params.items():
         siblings = {"x": frozenset(rule.params) | {"weight", "bias"}}
         assert propose(f"x.{torch_suffix}", {"x": "Dense"}, siblings) == []
-        kind = sorted(rule.cells)[0]
+        if not rule.cells:
+            assert propose(f"x.{torch_suffix}", {"x": "GRN"}, siblings) == []  # holds more
+            siblings = {"x": rule.signature}
+            assert propose(f"x.{torch_suffix}", {"x": "Dense"}, siblings) == []
+        kind = sorted(rule.cells)[0] if rule.cells else "GRN"
         hits = propose(f"x.{torch_suffix}", {"x": kind}, siblings)
         assert f"x.{ms_suffix}" in [p.target for p in hits]
 

@@ -207,7 +207,10 @@ def test_vgg_zero_conv_biases_are_dropped_as_zero_and_nonzero_ones_refused(tmp_p
     torch.save(trained, tmp_path / "trained.pth")
     plan = ms_port.plan(tmp_path / "trained.pth", ms_model=_mindcv("vgg11"))
     assert not plan.ok and [u.name for u in plan.unused] == ["features.3.bias"]
-    assert any("features.3.bias holds nonzero values" in n for n in plan.notes)
+    assert plan.problems() == [
+        "the networks differ: PyTorch's features.3 has a bias, MindSpore's features.3 has "
+        "none: no conversion computes the same network (the biases hold trained values) — "
+        "the MindSpore layers must have a bias (has_bias=True) to convert"]
 
 
 def test_timm_vit_matches_mindcv_by_names_and_verifies(tmp_path):

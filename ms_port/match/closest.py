@@ -24,6 +24,28 @@ def _tokens(name: str) -> set[str]:
     return set(_TOKENS.findall(name[:1024]))
 
 
+def own_tokens(name: str) -> set[str]:
+    """The name tokens of a tensor's own name, not its path (``blocks``, ``attn``): its
+    last segment, or for an item of a parameter list (``pos_embed.0``) the list's name
+    and the index."""
+    segments = name.lower().split(".")
+    own = segments[-1] if not segments[-1].isdigit() or len(segments) < 2 else \
+        f"{segments[-2]}_{segments[-1]}"
+    return _tokens(own)
+
+
+def shared_words(a: str, b: str) -> list[str]:
+    """The words two tensors' own names share (one a prefix of the other, three letters
+    at least: ``class_token`` / ``cls_token`` share ``token``), or ``[]`` where they
+    share none or their indices differ (``pos_embed.0`` / ``pos_embed_1``)."""
+    mine, theirs = own_tokens(a), own_tokens(b)
+    words = {w for w in mine if not w.isdigit()}
+    shared = sorted({x for x in words for y in theirs
+                     if len(min(x, y, key=len)) >= 3 and (x.startswith(y) or y.startswith(x))})
+    numbers = ({w for w in mine if w.isdigit()}, {w for w in theirs if w.isdigit()})
+    return [] if all(numbers) and numbers[0] != numbers[1] else shared
+
+
 class NameIndex:
     """Names with shapes, indexed by shape and by name token."""
 

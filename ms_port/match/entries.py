@@ -12,6 +12,7 @@ from ..read.sources import Skipped
 from ..read.targets import TargetTensor
 from ..read.tensors import FLOAT_DTYPES, format_shape, itemsize
 from .layouts import Layout
+from .rules import reshape_rule
 from .transforms import Transform, shape_after
 
 #: how a target was filled; "initialised": a declared value where PyTorch has no
@@ -192,8 +193,10 @@ def shape_or_none(transforms: tuple[Transform, ...],
 
 
 def fit(shape: tuple[int, ...], tt: TargetTensor,
-         transforms: tuple[Transform, ...]) -> tuple[Transform, ...] | None:
-    """The transforms that make ``shape`` fit the target, or ``None`` if nothing does."""
+        transforms: tuple[Transform, ...]) -> tuple[Transform, ...] | None:
+    """The transforms that make ``shape`` fit the target, or ``None`` if nothing does: a
+    rule's own, else a reshape the target layer's kind allows
+    (:data:`~ms_port.match.rules.RESHAPES`: a 1×1 convolution's weight as a Dense's)."""
     if shape == tt.shape:
         return ()
     if transforms:
@@ -201,7 +204,10 @@ def fit(shape: tuple[int, ...], tt: TargetTensor,
             if shape_after(transforms, shape) == tt.shape:
                 return transforms
         except ValueError:
-            return None
+            pass
+    if reshape_rule(shape, tt.shape, tt.name, tt.lineage or
+                    ((tt.layer,) if tt.layer else None)) is not None:
+        return (Transform("reshape", list(tt.shape)),)
     return None
 
 

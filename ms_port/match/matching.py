@@ -25,6 +25,7 @@ from ..read.sources import Skipped, Source
 from ..read.targets import Target, TargetTensor
 from ..read.tensors import FLOAT_DTYPES, format_shape
 from .closest import NameIndex
+from .differences import find as differences
 from .entries import (
     Candidate,
     Conflict,
@@ -39,8 +40,8 @@ from .entries import (
 from .many import Many
 from .mapping import MappingTable
 from .result import Plan
-from .rules import initial_value, known_drop, propose
-from .structure import align_leftovers, aligned_candidates, zero_biases
+from .rules import NETWORK, initial_value, is_layer_param, known_drop, propose
+from .structure import align_leftovers, aligned_candidates, leftover_copies, zero_biases
 from .transforms import Transform
 
 
@@ -184,7 +185,7 @@ def make_plan(
     notes: list[str] = []
     if align:
         ambiguous = align_leftovers(source, target, mapping, matches, used, conflicted_targets,
-                                     proposals, dropped, layer_of, dtype, notes)
+                                     proposals, dropped, dtype, notes)
     for name, tt in target.tensors.items():
         # what PyTorch has no counterpart for: a declared value, never a silent default
         if name in matches or name in conflicted_targets or name in proposals:
@@ -193,6 +194,9 @@ def make_plan(
         by_rule = initial_value(name, layer_of)
         chosen = declared or (by_rule and (by_rule[0], f"{by_rule[1]}: {by_rule[0]} (PyTorch "
                                                        "has no counterpart)"))
+        if not chosen and tt.constant is not None and not is_layer_param(name):
+            chosen = (NETWORK, "the network's own value: a constant it computes when it is "
+                               "built, not a weight (PyTorch has no such tensor)")
         if chosen:
             matches[name] = Match(name, "", "initialised", chosen[1], (), tt.shape, tt.dtype,
                                   cast_dtype(tt.dtype, dtype), init=chosen[0])
@@ -226,7 +230,8 @@ def make_plan(
             kept.append(info)
         else:
             dropped.append(Dropped(info.name, f"known drop: {reason}"))
-    pending_s = zero_biases(kept, matches, target, dropped, notes)
+    pending_s = zero_biases(leftover_copies(kept, matches, source, dropped), matches, target,
+                            dropped)
 
     s_index = NameIndex((i.name, i.shape) for i in pending_s)
     t_index = NameIndex((t.name, t.shape) for t in pending_t)
@@ -241,9 +246,11 @@ def make_plan(
                      *_renaming(mapping, i.name))
               for k, i in enumerate(pending_s)]
     ordered = [matches[name] for name in target.tensors if name in matches]
-    return Plan(source, target, mapping, ordered, missing, unused, dropped, conflicts,
+    plan = Plan(source, target, mapping, ordered, missing, unused, dropped, conflicts,
                 allow_missing=allow_missing, allow_unused=allow_unused,
                 notes=list(target.notes) + many.notes + notes, params=many.params)
+    plan.differences = differences(plan)
+    return plan
 
 
 def _propose_one(s: str, mapping: MappingTable, target: Target,

@@ -19,7 +19,7 @@ from ..read.tensors import TensorInfo, format_shape, numpy_dtype
 from .entries import HOW, Conflict, Dropped, Match, Missing, Unused
 from .layouts import Layout
 from .mapping import MappingTable
-from .rules import known_drop
+from .rules import NETWORK, known_drop
 from .transforms import apply_all
 
 
@@ -47,6 +47,9 @@ class Plan(Renderable):
     notes: list[str] = field(default_factory=list)
     #: numbers the mapping table took from the model's config: name -> (value, from what)
     params: dict[str, tuple[int, str]] = field(default_factory=dict)
+    #: how the two networks differ, where the leftovers show it
+    #: (:mod:`ms_port.match.differences`): each a line that replaces its tensors' own
+    differences: list[Any] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -74,12 +77,18 @@ class Plan(Renderable):
         return sum(m.nbytes for m in self.matches)
 
     def problems(self) -> list[str]:
-        """One line per reason the plan is not ok, for messages."""
-        lines = [c.message for c in self.conflicts]
+        """One line per reason the plan is not ok, for messages: how the networks differ
+        first (one line for all the tensors each difference accounts for), then the
+        conflicts, then each other tensor left."""
+        explained = {n for d in self.differences for n in d.tensors}
+        shown = [d for d in self.differences if not (
+            (self.allow_missing or not any(m.name in d.tensors for m in self.missing))
+            and (self.allow_unused or not any(u.name in d.tensors for u in self.unused)))]
+        lines = [d.text for d in shown] + [c.message for c in self.conflicts]
         if not self.allow_missing:
-            lines += [missing_line(m) for m in self.missing]
+            lines += [missing_line(m) for m in self.missing if m.name not in explained]
         if not self.allow_unused:
-            lines += [unused_line(u) for u in self.unused]
+            lines += [unused_line(u) for u in self.unused if u.name not in explained]
         return lines
 
     def arrays(self):
@@ -100,6 +109,9 @@ class Plan(Renderable):
     def expected(self, m: Match) -> np.ndarray:
         """What ``m``'s target must hold: its source's data transformed and cast, or the
         declared value of an ``initialised`` tensor."""
+        if m.init == NETWORK:
+            return np.asarray(self.target.tensors[m.target].constant()).astype(
+                numpy_dtype(m.out_dtype))
         if m.init is not None:
             return initial_array(m.init, m.shape, m.out_dtype)
         if m.parts:
@@ -125,7 +137,7 @@ class Plan(Renderable):
             single, [n for n in self.source.tensors if n not in dropped])
         tensors: dict[str, Any] = {}
         for m in self.matches:
-            if m.init is not None:
+            if m.init is not None and m.init != NETWORK:  # the network's own: found again
                 tensors[m.target] = {"init": m.init}
         for m in lines:
             if m.init is not None:
@@ -176,6 +188,7 @@ class Plan(Renderable):
         head = ["# ms-port plan; edit and pass back with --map",
                 "# how each tensor was matched: " + ", ".join(
                     f"{k} {v}" for k, v in self.counts.items() if v)]
+        head += [f"# DIFFERS  {d.text}" for d in self.differences]
         head += [f"# MISSING  {missing_line(m)}" for m in self.missing]
         head += [f"# UNUSED   {unused_line(u)}" for u in self.unused]
         head += [f"# CONFLICT {c.message}" for c in self.conflicts]
@@ -202,6 +215,7 @@ class Plan(Renderable):
             "unused": [u.to_dict() for u in self.unused],
             "dropped": [d.to_dict() for d in self.dropped],
             "notes": list(self.notes),
+            "differences": [d.to_dict() for d in self.differences],
             "mapping": self.mapping.origin,
             "params": {k: {"value": v, "from": w} for k, (v, w) in self.params.items()},
             "conflicts": [c.to_dict() for c in self.conflicts],

@@ -10,70 +10,123 @@ import numpy as np
 
 from ..read.sources import Source
 from ..read.targets import Target
-from ..read.tensors import TensorInfo, format_shape
+from ..read.tensors import FLOAT_DTYPES, TensorInfo, format_shape
+from .closest import shared_words
 from .entries import Candidate, Dropped, Match, cast_dtype, fit
+from .layouts import Layout, LayoutError
 from .mapping import MappingTable
-from .rules import known_drop
+from .rules import is_layer_param, known_drop
 from .transforms import Transform
 
 
 def align_leftovers(source: Source, target: Target, mapping: MappingTable,
                      matches: dict[str, Match], used: set[str], conflicted: set[str],
-                     proposals: dict[str, Any], dropped: list[Dropped],
-                     layer_of: dict[str, Any], dtype: str | None,
+                     proposals: dict[str, Any], dropped: list[Dropped], dtype: str | None,
                      notes: list[str]) -> dict[str, tuple[str, ...]]:
     """Stage 5: fill unambiguous layer pairs by structure; the ambiguous targets' candidates."""
-    from .align import align
+    from .align import align, unit_of
+    from .reorder import reorder
 
     gone = used | {d.name for d in dropped}
-    pending_s = [(i.name, i.shape) for i in source if i.name not in gone]
-    pending_t = [(t.name, t.shape) for n, t in target.tensors.items()
+    # an integer tensor is a buffer (an index, a counter), never a layer's weight
+    pending_s = [(i.name, i.shape) for i in source if i.name not in gone
+                 and i.dtype in FLOAT_DTYPES]
+    # the target's structure is where the network holds each tensor, not its name
+    where = {n: t.path or n for n, t in target.tensors.items()}
+    name_of = {p: n for n, p in where.items()}
+    pending_t = [(where[n], t.shape) for n, t in target.tensors.items()
                  if n not in matches and n not in conflicted and n not in proposals
-                 and mapping.declared_value(n) is None]  # a declared value is the user's word
+                 and mapping.declared_value(n) is None  # a declared value is the user's word
+                 and (t.constant is None or is_layer_param(n))]  # the network's own
     if not pending_s or not pending_t:
         return {}
-    result = align(pending_s, pending_t, list(source.tensors), list(target.tensors),
-                   [(m.target, m.source) for m in matches.values()], layer_of)
+    kinds = {where[n].rpartition(".")[0]: t.lineage or ((t.layer,) if t.layer else None)
+             for n, t in target.tensors.items()}
+    # a table that declares fused layouts (interleaved, grouped by KV head) owns them
+    splits = not (mapping.fuse or mapping.split)
+    paired = [(where[m.target], m.source) for m in matches.values()]
+    result = align(pending_s, pending_t, ([(i.name, i.shape) for i in source],
+                                          [(where[n], t.shape)
+                                           for n, t in target.tensors.items()]),
+                   paired, kinds, splits=splits)
+    reorder(result, [(unit_of(t), unit_of(s)) for t, s in paired if s], splits=splits)
     notes.extend(result.notes)
     for pair in result.pairs:
-        rule = pair.target.rule
-        made = []
-        lone = len(pair.target.names) == 1 == len(pair.source.names) and not rule
-        for suffix, name in pair.target.names.items():
-            torch_suffix = rule.params.get(suffix, suffix) if rule else suffix
-            info = source.tensors[next(iter(pair.source.names.values())) if lone
-                                  else pair.source.names[torch_suffix]]
-            tt = target.tensors[name]
-            fitted = fit(info.shape, tt, rule.transforms.get(suffix, ()) if rule else ())
-            if fitted is None and lone and _squeezed(info.shape) == _squeezed(tt.shape):
-                fitted = (Transform("reshape", list(tt.shape)),)  # size-1 axes only
-            if fitted is None:
-                notes.append(f"alignment paired {pair.source.path} with {pair.target.path} by "
-                             f"order and sizes, but {info.name} "
-                             f"({format_shape(info.shape)}) does not fit {name} "
-                             f"({format_shape(tt.shape)}): not filled")
-                break
-            made.append(Match(name, info.name, "aligned", pair.evidence, info.shape,
-                              tt.shape, info.dtype, cast_dtype(info.dtype, dtype), fitted))
-        else:
-            for m in made:
-                matches[m.target] = m
-                used.add(m.source)
+        made = _pair_matches(pair, source, target, name_of, dtype, notes)
+        for m in made or ():
+            matches[m.target] = m
+            used.update(m.sources)
     for m in loose_pairs(source, target, matches, used | {d.name for d in dropped},
                           pending_t, dtype):
         matches[m.target] = m
         used.add(m.source)
-    return {t: c for t, c in result.ambiguous.items() if t not in matches}
+    return {name_of[t]: c for t, c in result.ambiguous.items() if name_of[t] not in matches}
 
 
-def _layer_params() -> frozenset[str]:
-    """What layers call their tensors, on either side (a loose tensor is named otherwise):
-    every name the layer rules and the alignment's source aliases know."""
-    from .align import SOURCE_ALIASES
-    from .rules import RULES
+def _pair_matches(pair: Any, source: Source, target: Target, name_of: dict[str, str],
+                  dtype: str | None, notes: list[str]) -> list[Match] | None:
+    """The matches an aligned layer pair makes, every tensor of the target layers filled
+    (else ``None``, with a note): one to one, or through the rows of a layer split into
+    several (or several fused into one)."""
+    targets, sources = pair.targets or (pair.target,), pair.sources or (pair.source,)
+    rule = targets[0].rule
+    lone = all(len(x.names) == 1 for x in (*targets, *sources)) and not rule
+    if (len(targets) == len(sources) == 1 and not rule and len(targets[0].names) == 1
+            and set(sources[0].names) == {"weight", "bias"}):
+        lone, sources = True, (_weight_only(sources[0]),)  # its bias is judged alone
+    made = []
+    for k, layer in enumerate(targets):
+        for suffix, held_at in layer.names.items():
+            name = name_of[held_at]
+            torch_suffix = rule.params.get(suffix, suffix) if rule else suffix
+            infos = [source.tensors[next(iter(s.names.values())) if lone
+                                    else s.names[torch_suffix]] for s in sources]
+            tt = target.tensors[name]
+            declared = rule.transforms.get(suffix, ()) if rule else ()
+            if len(targets) > 1:  # one source's rows, split
+                sizes = tuple(x.params[suffix][0] for x in targets)
+                layout = Layout("concat", 0, 1, sizes)
+                part = layout.part_shape(infos[0].shape, k)
+                fitted = fit(part, tt, declared)
+                m = Match(name, infos[0].name, "aligned", pair.evidence, infos[0].shape,
+                          tt.shape, infos[0].dtype, cast_dtype(infos[0].dtype, dtype),
+                          fitted or (), layout=layout, part=k)
+            elif len(sources) > 1:  # several sources' rows, fused
+                layout = Layout("concat", 0, 1, tuple(i.shape[0] for i in infos))
+                try:
+                    joined = layout.fused_shape([i.shape for i in infos])
+                except LayoutError:
+                    joined, fitted = None, None
+                else:
+                    fitted = fit(joined, tt, declared)
+                if len({i.dtype for i in infos}) > 1:
+                    fitted = None
+                m = Match(name, infos[0].name, "aligned", pair.evidence, joined or (),
+                          tt.shape, infos[0].dtype, cast_dtype(infos[0].dtype, dtype),
+                          fitted or (), parts=tuple(i.name for i in infos), layout=layout)
+            else:
+                info = infos[0]
+                fitted = fit(info.shape, tt, declared)
+                if fitted is None and lone and _squeezed(info.shape) == _squeezed(tt.shape):
+                    fitted = (Transform("reshape", list(tt.shape)),)  # size-1 axes only
+                m = Match(name, info.name, "aligned", pair.evidence, info.shape, tt.shape,
+                          info.dtype, cast_dtype(info.dtype, dtype), fitted or ())
+            if fitted is None:
+                shown = ", ".join(f"{i.name} ({format_shape(i.shape)})" for i in infos)
+                notes.append(f"alignment paired {', '.join(s.path for s in sources)} with "
+                             f"{', '.join(x.path for x in targets)} by order and sizes, but "
+                             f"{shown} does not fit {name} ({format_shape(tt.shape)}): "
+                             "not filled")
+                return None
+            made.append(m)
+    return made
 
-    return frozenset({n for rule in RULES for pair in rule.params.items() for n in pair}
-                     | set(SOURCE_ALIASES) | {"weight", "bias"})
+
+def _weight_only(layer: Any) -> Any:
+    from dataclasses import replace
+
+    return replace(layer, params={"weight": layer.params["weight"]},
+                   names={"weight": layer.names["weight"]})
 
 
 def loose_pairs(source: Source, target: Target, matches: dict[str, Match], gone: set[str],
@@ -85,9 +138,10 @@ def loose_pairs(source: Source, target: Target, matches: dict[str, Match], gone:
     alignment pairs when its shape is unique among the leftovers on *both* sides and the
     two tensors' own names (not their paths) share a word (``class_token`` / ``cls_token``;
     ``encoder.pos_embedding`` / ``pos_embed``): reported as ``aligned`` with that evidence."""
-    from .closest import _tokens
 
-    layer_params = _layer_params()
+    from .align import layer_params
+
+    params = layer_params()
     left_t = [(n, shape) for n, shape in pending_t if n not in matches]
     left_s = [i for i in source if i.name not in gone and not known_drop(i.name)]
     by_shape_s: dict[tuple[int, ...], list[TensorInfo]] = {}
@@ -102,14 +156,9 @@ def loose_pairs(source: Source, target: Target, matches: dict[str, Match], gone:
         if len(names) != 1 or len(sources) != 1:
             continue
         name, info = names[0], sources[0]
-        if {name.rpartition(".")[2], info.name.rpartition(".")[2]} & layer_params:
+        if {name.rpartition(".")[2], info.name.rpartition(".")[2]} & params:
             continue  # a layer's tensor: alignment's, by its layer
-        # a word of the tensors' own names, not of their paths (`blocks`, `attn`)
-        words = {w for w in _tokens(name.rpartition(".")[2].lower()) if not w.isdigit()}
-        theirs = _tokens(info.name.rpartition(".")[2].lower())
-        shared = sorted({a for a in words for b in theirs
-                         if len(min(a, b, key=len)) >= 3 and (a.startswith(b) or
-                                                              b.startswith(a))})
+        shared = shared_words(name, info.name)
         if not shared:
             continue
         tt = target.tensors[name]
@@ -125,11 +174,38 @@ def loose_pairs(source: Source, target: Target, matches: dict[str, Match], gone:
     return made
 
 
+def leftover_copies(pending: list[TensorInfo], matches: dict[str, Match], source: Source,
+                    dropped: list[Dropped]) -> list[TensorInfo]:
+    """Source tensors nothing took that hold exactly what a tensor that was taken holds,
+    under a name that ends the same way (:mod:`ms_port.match.copies`), dropped as what
+    they are; and integer buffers (an index, a counter: what a network computes, never a
+    trained weight) that nothing took. The rest is returned."""
+    from .copies import shared_copies
+
+    used = {s for m in matches.values() for s in m.sources}
+    floats = [i for i in pending if i.dtype in FLOAT_DTYPES]
+    copies = dict(shared_copies(floats, [i for i in source if i.name in used]))
+    kept = []
+    for info in pending:
+        original = copies.get(info)
+        if original is not None:
+            dropped.append(Dropped(info.name, f"tied: holds exactly what {original.name} "
+                                              "holds (one tensor under a second name: a module "
+                                              "reached by two paths); MindSpore holds it once"))
+        elif info.dtype not in FLOAT_DTYPES:
+            dropped.append(Dropped(info.name, "an integer buffer (an index or a counter the "
+                                              "network computes), not a weight: the MindSpore "
+                                              "network computes its own"))
+        else:
+            kept.append(info)
+    return kept
+
+
 def zero_biases(pending: list[TensorInfo], matches: dict[str, Match], target: Target,
-                 dropped: list[Dropped], notes: list[str]) -> list[TensorInfo]:
+                dropped: list[Dropped]) -> list[TensorInfo]:
     """A bias whose layer's weight was matched into a MindSpore layer without a bias (MindCV's
     VGG convs): dropped when every value is zero (the layer computes the same without it),
-    else kept as a leftover with a note that the networks differ."""
+    else kept as a leftover (:mod:`ms_port.match.differences` names the difference)."""
     layer_of = {m.source.rpartition(".")[0]: m.target.rpartition(".")[0]
                 for m in matches.values()
                 if m.source and not m.parts and m.part is None
@@ -146,9 +222,7 @@ def zero_biases(pending: list[TensorInfo], matches: dict[str, Match], target: Ta
             dropped.append(Dropped(info.name, f"zero bias: {layer} has no bias, and this one "
                                               "is all zeros (the layer computes the same)"))
             continue
-        kept.append(info)
-        notes.append(f"{info.name} holds nonzero values, but {layer} has no bias: the "
-                     "networks differ — give the MindSpore layer a bias (has_bias=True)")
+        kept.append(info)  # a difference of the networks (match.differences) says so
     return kept
 
 

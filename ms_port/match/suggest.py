@@ -260,11 +260,17 @@ def leftover_groups(unused: list[Any], *, least: int = 2) -> list[tuple[int, str
 
     Each unused source tensor votes with its closest target candidate when their layer
     paths differ in exactly one segment (``layer1.0.downsample.0`` vs
-    ``layer1.0.down_sample_layer.0``); a rename with at least ``least`` votes is a group.
+    ``layer1.0.down_sample_layer.0``); a rename with at least ``least`` votes is a group,
+    unless another group renames the same segment or into the same name (they collide).
     """
     votes: Counter = Counter(d for u in unused if u.candidates and (
         d := _one_segment_diff(u.name, u.candidates[0].name)) is not None)
-    return [(n, old, new) for (old, new), n in votes.most_common() if n >= least]
+    # a rename maps one segment to one other: several segments onto one name ('q: qkv',
+    # 'k: qkv', 'v: qkv': a fused tensor), or one onto several, would collide
+    olds = Counter(old for old, _ in votes)
+    news = Counter(new for _, new in votes)
+    return [(n, old, new) for (old, new), n in votes.most_common()
+            if n >= least and olds[old] == 1 and news[new] == 1]
 
 
 def group_line(count: int, old: str, new: str) -> str:

@@ -31,6 +31,14 @@ class TargetTensor:
     dtype: str
     layer: str | None = None
     lineage: tuple[str, ...] = ()
+    #: a constant the network computes when it is built (a non-trainable parameter made
+    #: from a concrete array, not drawn from an initialiser: MindCV's Swin attention mask
+    #: and one-hot relative-position index): its value, read on demand
+    constant: Callable[[], Any] | None = field(default=None, compare=False, repr=False)
+    #: where the network holds it (``downsample_layers.1.1.weight``), where that differs
+    #: from its checkpoint name (MindCV's lists name parameters ``0.1.1.weight``, the same
+    #: prefix for two lists): the structure alignment follows
+    path: str | None = None
 
     def to_dict(self) -> dict:
         return {"name": self.name, "shape": list(self.shape), "dtype": self.dtype,
@@ -111,9 +119,21 @@ def from_cell(cell: Any, description: str | None = None) -> Target:
         tensors[param.name] = TargetTensor(param.name, tuple(param.shape),
                                            _ms_dtype_name(param.dtype),
                                            None if owner is None else type(owner).__name__,
-                                           _lineage(owner))
+                                           _lineage(owner), _constant(param),
+                                           path if path != param.name else None)
     return Target("cell", description or type(cell).__name__, tensors, cell=cell,
                   cls=f"{type(cell).__module__}.{type(cell).__qualname__}")
+
+
+def _constant(param: Any) -> Callable[[], Any] | None:
+    """The value of a parameter the network computes itself, or ``None``: not trainable,
+    and holding a concrete array rather than an initialiser's pending draw (which is how
+    ``no_init_parameters`` leaves every weight, BatchNorm statistics included)."""
+    if param.requires_grad or getattr(param, "has_init", True):
+        return None
+    if _ms_dtype_name(param.dtype) not in NUMPY_DTYPES:
+        return None
+    return lambda: param.asnumpy()
 
 
 def _lineage(cell: Any) -> tuple[str, ...]:
@@ -184,16 +204,72 @@ def _mindcv_factory(name: str, option: str) -> Callable[..., Any]:
     return lambda **kw: models.create_model(name, pretrained=False, **kw)
 
 
-#: known zoo families: ``PREFIX:NAME`` builds the network without a user factory
+def _timm_factory(name: str, option: str) -> Callable[..., Any]:
+    """``timm:NAME``: ``timm.create_model(NAME, pretrained=False)`` (no download)."""
+    try:
+        timm = importlib.import_module("timm")
+    except ImportError:
+        raise TargetError(f"{option} 'timm:{name}': timm is not installed; pip install timm"
+                          ) from None
+    return _zoo_model(name, option, "timm", timm.list_models(),
+                      lambda **kw: timm.create_model(name, pretrained=False, **kw))
+
+
+def _torchvision_factory(name: str, option: str) -> Callable[..., Any]:
+    """``torchvision:NAME``: ``torchvision.models.get_model(NAME)`` (no weights)."""
+    try:
+        models = importlib.import_module("torchvision.models")
+    except ImportError:
+        raise TargetError(f"{option} 'torchvision:{name}': torchvision is not installed; "
+                          "pip install torchvision") from None
+    return _zoo_model(name, option, "torchvision", models.list_models(module=models),
+                      lambda **kw: models.get_model(name, **kw))
+
+
+def _zoo_model(name: str, option: str, zoo: str, known: list[str],
+               build: Callable[..., Any]) -> Callable[..., Any]:
+    if name not in known:
+        import difflib
+
+        close = difflib.get_close_matches(name, known, n=3)
+        hint = f"; did you mean {', '.join(close)}?" if close else f" ({len(known)} known)"
+        raise TargetError(f"{option} '{zoo}:{name}': {zoo} has no model {name!r}{hint}")
+    return build
+
+
+#: known zoo families: ``PREFIX:NAME`` builds the network without a user factory; the
+#: MindSpore side's, and the PyTorch side's (``--torch-model timm:NAME``)
 ZOOS: dict[str, Callable[[str, str], Callable[..., Any]]] = {"mindcv": _mindcv_factory}
+TORCH_ZOOS: dict[str, Callable[[str, str], Callable[..., Any]]] = {
+    "timm": _timm_factory, "torchvision": _torchvision_factory}
+
+
+def zoo_input_shape(spec: Any) -> tuple[tuple[int, ...], str] | None:
+    """The input a zoo model is made for, and where that was read, for ``mindcv:NAME``:
+    its default configuration's ``input_size``, else MindCV's 3×224×224."""
+    if not isinstance(spec, str) or not spec.startswith("mindcv:"):
+        return None
+    name = spec.partition(":")[2]
+    try:
+        models = importlib.import_module("mindcv.models")
+        cfg = models.get_pretrained_cfg(name) if models.is_model(name) else {}
+    except Exception:  # MindCV absent or its registry changed: the caller's default holds
+        return None
+    size = cfg.get("input_size") if isinstance(cfg, dict) else None
+    if (isinstance(size, (tuple, list)) and len(size) == 3
+            and all(isinstance(d, int) and 0 < d <= 4096 for d in size)):
+        return tuple(size), f"MindCV's default configuration of {name}"
+    return (3, 224, 224), f"MindCV's input size (its configuration of {name} names none)"
 
 
 def import_callable(spec: str, option: str = "--ms-model") -> Callable[..., Any]:
     """Import ``package.module:callable`` (the current directory is importable), or a
-    known zoo's model: ``mindcv:resnet50``."""
+    known zoo's model: ``mindcv:resnet50`` (``--ms-model``), ``timm:resnet50`` or
+    ``torchvision:resnet50`` (``--torch-model``)."""
     zoo, _, zoo_name = spec.partition(":")
-    if zoo in ZOOS and zoo_name:
-        return ZOOS[zoo](zoo_name, option)
+    zoos = TORCH_ZOOS if option == "--torch-model" else ZOOS
+    if zoo in zoos and zoo_name:
+        return zoos[zoo](zoo_name, option)
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
         raise TargetError(f"{option} {spec!r}: expected 'package.module:callable', "

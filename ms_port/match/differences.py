@@ -1,0 +1,142 @@
+"""When the two networks differ, say so, in one line each, instead of a line per tensor.
+
+A plan's leftovers mean one of two things. Either the engine could not tell which tensor
+goes where (names and structure leave a choice: the refusal names the candidates), or the
+two networks are not the same network, and no mapping can make them one: timm's VGG holds
+a bias in every convolution MindCV's lacks; MindCV's ResNetV2 normalises after its stem
+and in its shortcuts, timm's does not. Suggesting ``drop:`` for the second would invite a
+user to throw away trained weights and get another network.
+
+:func:`find` names the second kind from the leftovers alone:
+
+- **a bias the other side lacks**: a source layer's weight filled a target layer that
+  has no bias, and its bias is left, holding values (a zero one is dropped on the way:
+  the layer computes the same without it);
+- **layers with no counterpart**: leftover tensors of a shape (its rows and their size,
+  :func:`~ms_port.match.align.rows`) that no leftover on the other side has. A tensor
+  with such a counterpart is not a difference: the engine could not place it, and its
+  own line names the candidates.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+from ..read.tensors import format_shape
+from .align import rows, unit_of
+
+
+@dataclass(frozen=True)
+class Difference:
+    """One way the two networks differ.
+
+    Attributes:
+        kind: ``bias`` (layers with a bias on one side only) or ``layers`` (tensors with no
+            counterpart of their shape on the other side).
+        text: the one line a refusal leads with.
+        tensors: the leftover tensors it accounts for (their own lines are not repeated).
+    """
+
+    kind: str
+    text: str
+    tensors: tuple[str, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "text": self.text, "tensors": list(self.tensors)}
+
+
+#: layers named per line, at most
+SHOWN = 3
+
+
+def _sides(plan: Any) -> tuple[str, str]:
+    """What to call the source's and the target's framework."""
+    if plan.source.format == "mindspore-ckpt":  # export: MindSpore to PyTorch
+        return "MindSpore", "PyTorch"
+    return "PyTorch", "MindSpore"
+
+
+def find(plan: Any) -> list[Difference]:
+    """The differences between the two networks the plan's leftovers show (module
+    docstring); empty where every leftover could still have a counterpart."""
+    found = []
+    bias = _biases(plan)
+    if bias is not None:
+        found.append(bias)
+    explained = {n for d in found for n in d.tensors}
+    layers = _layers(plan, explained)
+    if layers is not None:
+        found.append(layers)
+    return found
+
+
+def _biases(plan: Any) -> Difference | None:
+    # a weight filled a layer, alone or as one part of a fused one (Qwen2's q/k/v into a
+    # LLaMA's w_qkv)
+    layer_of = {s.rpartition(".")[0]: m.target.rpartition(".")[0]
+                for m in plan.matches if m.part is None
+                for s in m.sources if s.rpartition(".")[2] == "weight"}
+    found = []
+    for u in plan.unused:
+        path, _, leaf = u.name.rpartition(".")
+        layer = layer_of.get(path)
+        if leaf == "bias" and layer is not None and not any(
+                f"{layer}.{b}" in plan.target for b in ("bias", "beta")):
+            found.append((u.name, path, layer))
+    if not found:
+        return None
+    src, tgt = _sides(plan)
+    (_, path, layer), more = found[0], len(found) - 1
+    others = ", ".join(p for _, p, _ in found[1:1 + SHOWN])
+    text = (f"the networks differ: {src}'s {path} has a bias, {tgt}'s {layer} has none"
+            + (f", and so have {more} more layers ({others}{', …' if more > SHOWN else ''})"
+               if more else "")
+            + ": no conversion computes the same network (the biases hold trained values) "
+            f"— the {tgt} layers must have a bias (has_bias=True) to convert")
+    return Difference("bias", text, tuple(n for n, _, _ in found))
+
+
+def _key(shape: tuple[int, ...]) -> tuple[int, int]:
+    return rows(shape)
+
+
+def _layers(plan: Any, explained: set[str]) -> Difference | None:
+    missing = [m for m in plan.missing if m.name not in explained and m.skipped is None]
+    unused = [u for u in plan.unused if u.name not in explained]
+    if not missing and not unused:
+        return None
+    have_s = Counter(_key(u.shape) for u in unused)
+    have_t = Counter(_key(m.shape) for m in missing)
+    alone_t = [m for m in missing if _key(m.shape) not in have_s]
+    alone_s = [u for u in unused if _key(u.shape) not in have_t]
+    if not alone_t and not alone_s:
+        return None
+    src, tgt = _sides(plan)
+    parts = []
+    if alone_t:
+        parts.append(f"{tgt}'s network holds {_layer_list(alone_t, plan, True)} "
+                     f"{src}'s has no counterpart of")
+    if alone_s:
+        parts.append(f"{src}'s holds {_layer_list(alone_s, plan, False)} "
+                     f"{tgt}'s has no counterpart of")
+    text = ("the networks differ: " + "; ".join(parts) + " (no tensor of their shape is "
+            "left on the other side): no conversion computes the same network")
+    return Difference("layers", text, tuple(x.name for x in (*alone_t, *alone_s)))
+
+
+def _layer_list(tensors: list[Any], plan: Any, target: bool) -> str:
+    """``N layers (a: 64; b: 256×3×3×3; …)``: each tensor's layer, with its first
+    tensor's shape."""
+    layers: dict[str, tuple[int, ...]] = {}
+    for x in tensors:
+        where = (plan.target.tensors[x.name].path or x.name) if target else x.name
+        layers.setdefault(unit_of(where), x.shape)
+    named = "; ".join(f"{path}: {format_shape(shape)}"
+                      for path, shape in list(layers.items())[:SHOWN])
+    more = ", …" if len(layers) > SHOWN else ""
+    return (f"{len(layers)} layer{'s' * (len(layers) != 1)} ({named}{more})")
+
+
+__all__ = ["Difference", "find"]
