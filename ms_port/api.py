@@ -441,7 +441,13 @@ def verify(
         token_defaults,
         torch_from_config,
     )
-    from .read.targets import FAMILIES, family_blocks, family_module, family_options
+    from .read.targets import (
+        FAMILIES,
+        family_blocks,
+        family_module,
+        family_options,
+        zoo_input_shape,
+    )
 
     torch_device, ms_device = torch_device or device, ms_device or device
     if report is not None:
@@ -465,15 +471,23 @@ def verify(
         ckpt = read_source(checkpoint, strip_prefixes=False)
     language = arch is None and is_language_model(src.config)
     if arch is None and (ms_model is None or (torch_model is None and not language)):
-        raise MsPortError("give arch=..., or both torch_model and ms_model (for a Hugging "
-                          "Face model directory, ms_model alone: the PyTorch side is built "
-                          "from its config.json)")
+        zoo = (f" ({ms_model} is MindCV's network: name its PyTorch twin, e.g. "
+               f"--torch-model timm:NAME or torchvision:NAME)"
+               if isinstance(ms_model, str) and ms_model.startswith("mindcv:") else "")
+        raise MsPortError("give --arch NAME (arch=...), or both --torch-model and --ms-model "
+                          f"(torch_model=, ms_model=){zoo}; for a Hugging Face model "
+                          "directory, --ms-model alone: the PyTorch side is built from its "
+                          "config.json")
+    zoo_shape = None
     if isinstance(inputs, (str, Path)):
         feed = load_inputs(inputs)
     elif inputs is not None:
         feed = inputs
     else:
         shapes = input_shape or (entry.input_shape if entry else None)
+        zoo_shape = None if shapes or language else zoo_input_shape(ms_model)
+        if zoo_shape is not None:
+            shapes = zoo_shape[0]
         if language:  # token ids from the vocabulary unless told otherwise
             default_shapes, default_dtypes, default_ranges = token_defaults(
                 src.config, str(src.config_path or "config.json"))
@@ -560,6 +574,9 @@ def verify(
         result.mode, result.mode_reason = mode, why
     if swapped:
         result.notes.append(f"{checkpoint} is the MindSpore side, {source} the PyTorch side")
+    if zoo_shape is not None:
+        result.notes.append(f"inputs of {'×'.join(map(str, zoo_shape[0]))}: {zoo_shape[1]} "
+                            "(--input-shape for another)")
     if report is not None:
         from .check.html import render_html
 

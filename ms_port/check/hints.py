@@ -54,7 +54,25 @@ def _ceil_says(t: Any, m: Any) -> str:
             f"pad_mode='pad' and ceil_mode={torch_up}")
 
 
+#: the same activation under each framework's name
+_SAME_ACTIVATION = {"SiLU": "Swish", "Hardswish": "HSwish", "Hardsigmoid": "HSigmoid",
+                    "HardSwish": "HSwish", "HardSigmoid": "HSigmoid"}
+_ACTIVATIONS = frozenset({"ReLU", "ReLU6", "SiLU", "Swish", "Sigmoid", "HSwish", "HSigmoid",
+                          "Tanh", "GELU", "LeakyReLU", "ELU", "Mish", "Softplus", "PReLU"})
+
+
+def _activations_differ(t: Any, m: Any) -> bool:
+    kinds = [type(x).__name__ for x in (t, m)]
+    same = [_SAME_ACTIVATION.get(k, k) for k in kinds]
+    return same[0] in _ACTIVATIONS and same[0] != same[1]
+
+
 KNOWN: tuple[KnownDifference, ...] = (
+    KnownDifference(
+        _ACTIVATIONS,
+        _activations_differ,
+        lambda t, m: (f"the activation differs: PyTorch {type(t).__name__}, MindSpore "
+                      f"{type(m).__name__}: a network difference, not a conversion error")),
     KnownDifference(
         frozenset({"Conv2d", "MaxPool2d", "AvgPool2d", "Conv1d", "Conv3d"}),
         _pads_same_at_stride,

@@ -53,6 +53,50 @@ class Pair:
     torch: Event
     ms: Event
     how: str  # "name" | "order"
+    #: why the two outputs are not the same quantity, though the layers hold the same
+    #: weights (one runs its activation inside it): then not compared, the reason noted
+    unlike: str | None = None
+
+
+#: layer kinds that compute nothing in eval mode: such a child does not make its parent
+#: compute more than its weights say, and such a layer is no evidence when paired by
+#: order alone (its output is its input)
+PASSIVE = frozenset({"Identity", "Dropout", "Dropout1d", "Dropout2d", "Dropout3d",
+                     "DropPath", "AlphaDropout"})
+
+
+def computing_children(layer: Any, torch_side: bool) -> list[str]:
+    """The children of a layer holding weights that compute something in eval mode: timm's
+    ``BatchNormAct2d`` runs its activation (``act``) inside the BatchNorm."""
+    own = (layer.named_parameters(recurse=False) if torch_side
+           else layer.parameters_and_names(expand=False))
+    if not any(True for _ in own):
+        return []
+    children = layer.named_children() if torch_side else layer.name_cells().items()
+    return [f"{name} ({type(child).__name__})" for name, child in children
+            if type(child).__name__ not in PASSIVE]
+
+
+def unlike_layers(torch_model: Any, ms_model: Any) -> Callable[[Pair], str | None]:
+    """Why a name-paired layer's two outputs are not one quantity, or ``None``: one side
+    runs more inside it than the other (:func:`computing_children`). The activation inside
+    is a layer of its own, compared with the other side's where they pair."""
+    t_layers = dict(torch_model.named_modules())
+    m_layers = dict(ms_model.cells_and_names())
+
+    def why(pair: Pair) -> str | None:
+        t, m = t_layers.get(pair.torch.path), m_layers.get(pair.ms.path)
+        if t is None or m is None:
+            return None
+        t_more, m_more = computing_children(t, True), computing_children(m, False)
+        if bool(t_more) == bool(m_more):
+            return None
+        side, more, other = (("PyTorch's", t_more, "MindSpore's") if t_more
+                             else ("MindSpore's", m_more, "PyTorch's"))
+        return (f"{side} {pair.torch.kind if t_more else pair.ms.kind} runs "
+                f"{', '.join(more)} inside it, {other} layer does not: its output is "
+                "another quantity (compared where the activation is)")
+    return why
 
 
 def _float_arrays(named: list[tuple[str, np.ndarray]]) -> list[np.ndarray]:
@@ -224,12 +268,15 @@ def _same_path_pairs(torch_events: list[Event], ms_events: list[Event],
 
 
 def pair_events(torch_events: list[Event], ms_events: list[Event],
-                layer_pairs: list[tuple[str, str]]) -> list[Pair]:
+                layer_pairs: list[tuple[str, str]],
+                unlike: Callable[[Pair], str | None] | None = None) -> list[Pair]:
     """Pair the two sides' events by name, then leaf layers by order (module docstring).
 
     Args:
         torch_events / ms_events: as recorded, in execution order.
         layer_pairs: ``(mindspore_path, torch_path)`` from the conversion plan.
+        unlike: why a name pair's outputs are not one quantity (:func:`unlike_layers`):
+            such a pair is kept, marked, and is no anchor for pairing by order.
 
     Returns:
         The pairs in PyTorch execution order.
@@ -256,7 +303,10 @@ def pair_events(torch_events: list[Event], ms_events: list[Event],
             if m is not None and m.seq not in used_ms:
                 pairs.append(Pair(t, m, "name"))
                 used_ms.add(m.seq)
-    pairs += _pair_by_order(torch_events, ms_events, pairs, used_ms)
+    for pair in pairs:
+        pair.unlike = unlike(pair) if unlike is not None else None
+    pairs += _pair_by_order(torch_events, ms_events,
+                            [p for p in pairs if p.unlike is None], used_ms)
     pairs.sort(key=lambda p: (p.torch.seq, p.ms.seq))
     return pairs
 
@@ -273,8 +323,11 @@ def _pair_by_order(torch_events: list[Event], ms_events: list[Event], named: lis
               (len(torch_events), len(ms_events))]
     found = []
     for (t0, m0), (t1, m1) in zip(bounds, bounds[1:]):
-        ts = [e for e in torch_events[t0 + 1:t1] if e.unit and e.seq not in used_torch]
-        ms = [e for e in ms_events[m0 + 1:m1] if e.unit and e.seq not in used_ms]
+        # a layer that computes nothing (an Identity) is no evidence paired by order alone
+        ts = [e for e in torch_events[t0 + 1:t1] if e.unit and e.seq not in used_torch
+              and e.kind not in PASSIVE]
+        ms = [e for e in ms_events[m0 + 1:m1] if e.unit and e.seq not in used_ms
+              and e.kind not in PASSIVE]
         if not ts or not ms:
             continue
         matcher = difflib.SequenceMatcher(None, [e.shapes for e in ts],

@@ -6,6 +6,7 @@ the checkpoint lacks is named, and the run fails without computing anything.
 
 from __future__ import annotations
 
+import collections
 import re
 from pathlib import Path
 from typing import Any
@@ -54,6 +55,11 @@ def load_torch_weights(model: Any, src: Source) -> None:
         else:
             state[info.name] = torch.from_numpy(array.copy())
     stack_experts(state, dict(model.named_parameters()))
+    # a module's _load_from_state_dict may read its version from the state dict's
+    # _metadata (torchvision's MNASNet refuses a state without it), which the safe reader
+    # does not keep: the reference network's own, as load_state_dict(state_dict()) has it
+    state = collections.OrderedDict(state)
+    state._metadata = getattr(model.state_dict(), "_metadata", None)  # type: ignore[attr-defined]
     result = model.load_state_dict(state, strict=False)
     tied = tied_names(model)
     # a tied parameter (an LM head that is the embedding) is filled through its twin

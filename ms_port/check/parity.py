@@ -47,6 +47,7 @@ from .layers import (
     pair_events,
     record_ms,
     record_torch,
+    unlike_layers,
 )
 from .pairing import (
     correspondence_from_pairs,
@@ -179,6 +180,8 @@ def _layer_comparisons(pairs: list[Pair], noise: dict[tuple[str, int], float],
     for pair in pairs:
         t, m = pair.torch, pair.ms
         error, max_abs, why = layer_error(pair)
+        if pair.unlike is not None:
+            why = pair.unlike
         n, s = noise.get((t.path, t.call)), sens.get((t.path, t.call))
         # shapes that cannot be compared are named, never a verdict of their own
         bound, status, applied = (
@@ -212,6 +215,32 @@ def _blocks_with_other_bounds(compared: list[LayerComparison],
                          "it and the outputs agree: the two networks draw this block's "
                          "boundary differently (an activation inside on one side, after it "
                          "on the other); not counted")
+
+
+def _blocks_not_carried(compared: list[LayerComparison], notes: list[str]) -> None:
+    """A block that differs while every layer inside it agrees, and so does the next layer
+    after it (fed what the block gave it, on each side): what differs is where each side
+    draws the block's end (timm's MixNet blocks hold their last activation, MindCV's
+    leave it after), not what the network computes — a real difference would reach the
+    next layer. Not a verdict: the first divergence is where a layer itself differs."""
+    leaves = [c for c in compared if c.leaf]
+    drawn = []
+    for k, c in enumerate(compared):
+        if c.leaf or c.status != "fail":
+            continue
+        inside = [x for x in leaves if x.torch.startswith(c.torch + ".")]
+        after = next((x for x in compared[k + 1:] if x.leaf
+                      and not x.torch.startswith(c.torch + ".")), None)
+        if (inside and after is not None and after.status == "ok"
+                and all(x.status not in ("fail", "nonfinite") for x in inside)):
+            c.status = "boundary"
+            c.note = "differs while everything inside it and the next layer after it agree"
+            drawn.append(c)
+    if drawn:
+        more = f" (and {len(drawn) - 1} more like it)" if len(drawn) > 1 else ""
+        notes.append(f"block {drawn[0].name} differs ({fmt(drawn[0].error)}) while every layer "
+                     f"inside it and the next layer after it agree{more}: the two networks "
+                     "end this block at another point; not counted")
 
 
 def _leaves_drawn_differently(compared: list[LayerComparison], notes: list[str]) -> None:
@@ -447,7 +476,8 @@ def run_parity(
     scaled = not wide
     pairs_in = (default_correspondence(torch_main, ms_model) if correspondence is None
                 else list(correspondence))
-    pairs = pair_events(t_events, m_events, pairs_in) if layers else []
+    pairs = (pair_events(t_events, m_events, pairs_in, unlike_layers(torch_main, ms_model))
+             if layers else [])
     drift = Drift()
     compared = _layer_comparisons(pairs, noise, sens, tol=tol, scaled=scaled, drift=drift)
     t_float = [(n, a) for n, a in t_outs if a.dtype.kind == "f"]
@@ -524,6 +554,7 @@ def judge(outputs: list[OutputComparison], compared: list[LayerComparison], drif
                      f"{insensitive[0].name}")
     compared = [c for c in compared if c.status != "skipped"]
     _blocks_with_other_bounds(compared, outputs, notes)
+    _blocks_not_carried(compared, notes)
     _leaves_drawn_differently(compared, notes)
     first_bad = next((c for c in compared if c.status in ("fail", "nonfinite")), None)
     divergence = (None if first_bad is None else
