@@ -8,6 +8,7 @@ exit code 2 (bad input) or 1 (a failed check); ``--debug`` shows the traceback.
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 from typing import Any
@@ -431,11 +432,12 @@ def export(checkpoint: str, arch: str | None, torch_model: str | None, template:
 @main.command()
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def archs(as_json: bool) -> None:
-    """List the built-in architectures."""
-    import math
-
+    """List the targets: built-in architectures (--arch), model families computed from a
+    checkpoint's config.json (--ms-model FAMILY), and model zoos (PREFIX:NAME)."""
     from .archs import get_arch, list_archs
     from .archs.manifest import load_manifest
+    from .match.mapping import selected_model_types
+    from .read.targets import FAMILIES, FAMILY_NETWORKS, ZOO_HELP
 
     entries = [get_arch(n) for n in list_archs()]
     # parameter counts from the recorded manifests; unrecorded (user) archs are not built
@@ -444,22 +446,48 @@ def archs(as_json: bool) -> None:
         recorded = load_manifest(a.name)
         params[a.name] = None if recorded is None else sum(
             math.prod(t.shape) for t in recorded.tensors.values())
+    families = [{"name": f, "network": FAMILY_NETWORKS.get(f, ""),
+                 "model_types": selected_model_types(f)} for f in FAMILIES]
     if as_json:
         _emit_json({"archs": [{"name": a.name, "parameters": params[a.name],
                                "reference": a.reference, "mapping": a.mapping,
                                "input_shape": list(a.input_shape), "notes": a.notes}
-                              for a in entries]})
+                              for a in entries],
+                    "families": families,
+                    "zoos": [{"option": k, "builds": v} for k, v in ZOO_HELP.items()]})
         return
     from rich.table import Table
+    from rich.text import Text
 
-    table = Table(title="built-in architectures", title_justify="left")
-    for col in ("name", "parameters", "PyTorch reference", "input", "notes"):
-        table.add_column(col, justify="right" if col == "parameters" else "left")
+    def table(title: str, *columns: str) -> Table:
+        made = Table(title=title, title_justify="left", box=None, pad_edge=False,
+                     title_style="bold")
+        for col in columns:
+            made.add_column(col, justify="right" if col == "parameters" else "left",
+                            no_wrap=col != columns[-1], overflow="fold")
+        return made
+
+    arch_table = table("built-in architectures (--arch NAME: both networks)",
+                       "name", "parameters", "input", "PyTorch reference")
     for a in entries:
         count = params[a.name]
-        table.add_row(a.name, "-" if count is None else f"{count:,}", a.reference,
-                      "×".join(map(str, a.input_shape)), a.notes)
-    _console().print(table)
+        arch_table.add_row(a.name, "-" if count is None else f"{count:,}",
+                           "×".join(map(str, a.input_shape)), a.reference)
+    notes = {a.notes for a in entries if a.notes}
+    family_table = table("model families (--ms-model FAMILY, computed from config.json)",
+                         "family", "Hugging Face model_type", "MindFormers network")
+    for f in families:
+        family_table.add_row(f["name"], ", ".join(f["model_types"]) or "-", f["network"])
+    zoo_table = table("model zoos (PREFIX:NAME)", "option", "builds")
+    for option, builds in ZOO_HELP.items():
+        zoo_table.add_row(option, builds)
+    console = _console()
+    console.print(arch_table)
+    for note in sorted(notes):  # the same for every architecture: once, not per row
+        console.print(Text(f"  {visible(note)}", style="dim"))
+    for part in (family_table, zoo_table):
+        console.print()
+        console.print(part)
 
 
 @main.command()

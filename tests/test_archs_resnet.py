@@ -284,3 +284,30 @@ def test_resnet50_full_size():
     err, shape = parity("resnet50", input_shape=(2, 3, 224, 224))
     assert shape == (2, 1000)
     assert err < TOL
+
+
+def test_archs_lists_every_target_and_fits_80_columns(monkeypatch):
+    """The architectures, the families with the Hugging Face model types each takes, and
+    the zoos: one row each at 80 columns (each used to wrap into four lines)."""
+    import json
+
+    from click.testing import CliRunner
+
+    from ms_port.cli import main
+    from ms_port.read.targets import FAMILIES
+
+    monkeypatch.setenv("COLUMNS", "80")
+    result = CliRunner().invoke(main, ["archs"])
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert max(len(line) for line in lines) <= 80
+    assert any(line.startswith("resnet50 ") and "torchvision.models.resnet50" in line
+               for line in lines)
+    row = next(line for line in lines if line.startswith("mindformers:llama "))
+    assert "llama, mistral, qwen2" in row and "LlamaForCausalLM" in row
+    assert all(any(line.startswith(f"{f} ") for line in lines) for f in FAMILIES)
+    assert any("--torch-model timm:NAME" in line for line in lines)
+    data = json.loads(CliRunner().invoke(main, ["archs", "--json"]).output)
+    assert {f["name"] for f in data["families"]} == set(FAMILIES)
+    assert "qwen3_moe" in next(f for f in data["families"]
+                               if f["name"] == "mindformers:qwen3_moe")["model_types"]

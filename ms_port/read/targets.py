@@ -342,6 +342,22 @@ FAMILIES = {"mindformers:llama": "ms_port.archs.mindformers",
             "mindformers:deepseek3": "ms_port.archs.parallel_core_deepseek"}
 
 
+#: the MindFormers 2.1 network each family builds, for ``ms-port archs``
+FAMILY_NETWORKS = {
+    "mindformers:llama": "LlamaForCausalLM (legacy)",
+    "mindformers:qwen3": "TrainingQwen3ForCausalLM",
+    "mindformers:qwen3_moe": "TrainingQwen3MoeForCausalLM",
+    "mindformers:deepseek3": "TrainingDeepseekV3ForCausalLM",
+}
+
+#: the model zoos a ``PREFIX:NAME`` names, each side, with what it calls
+ZOO_HELP = {
+    "--ms-model mindcv:NAME": "MindCV 0.3.0's create_model(NAME), no download",
+    "--torch-model timm:NAME": "timm.create_model(NAME, pretrained=False)",
+    "--torch-model torchvision:NAME": "torchvision.models.get_model(NAME), no weights",
+}
+
+
 def family_module(spec: str) -> Any:
     return importlib.import_module(FAMILIES[spec])
 
