@@ -653,6 +653,7 @@ def _verify_graph_forward(src: Source, ckpt: Source, family: str, feed: list[Any
     if first.verdict == "FAIL" and first.tensors is None:  # tensors the network needs, absent
         return first
     tensors = first.tensors
+    notes: list[str] = [n for n in first.notes if "taken as declared" in n]
     ids = np.asarray(feed[0].array)
     other = np.asarray(second_draw(feed, seed=seed)[0].array)
     step("building the PyTorch network")
@@ -669,7 +670,6 @@ def _verify_graph_forward(src: Source, ckpt: Source, family: str, feed: list[Any
 
     import torch
 
-    notes: list[str] = []
     t32 = torch_run(tnet, ids, "torch forward")
     t64: dict[str, np.ndarray] = {}
     if noise_floor:
@@ -720,6 +720,27 @@ def _verify_graph_forward(src: Source, ckpt: Source, family: str, feed: list[Any
     return result
 
 
+def _take_declared(plan: Plan, ckpt: Source) -> list[str]:
+    """A tensor the target declares (a value, no PyTorch counterpart: MindFormers' MoE
+    router's zero accumulator ``fi_accu``) that ``ckpt`` lacks is taken as declared, as
+    the network's own loader initialises it: added to ``ckpt``, and a note says so.
+    Checkpoints made by MindFormers' own converters leave it out."""
+    from .read.tensors import TensorInfo
+
+    taken = []
+    for m in plan.matches:
+        if m.how == "initialised" and m.target not in ckpt.tensors:
+            ckpt.tensors[m.target] = TensorInfo(m.target, m.shape, m.out_dtype,
+                                                loader=lambda m=m: plan.expected(m))
+            taken.append(f"{m.target} ({m.init})")
+    if not taken:
+        return []
+    return [f"{len(taken)} tensor{'s' * (len(taken) != 1)} the target declares "
+            f"{'are' if len(taken) != 1 else 'is'} not in {ckpt.path}: "
+            f"{', '.join(taken[:3])}{' …' if len(taken) > 3 else ''} — taken as declared, "
+            "as the network initialises it where a checkpoint leaves it out"]
+
+
 def _verify_tensors_only(src: Source, ckpt: Source, family: str, feed: list[Any], *,
                          mapping: Any, tol: float, seed: int, names: tuple[str, str],
                          why: str, ms_options: dict[str, Any] | None = None) -> Any:
@@ -734,6 +755,7 @@ def _verify_tensors_only(src: Source, ckpt: Source, family: str, feed: list[Any]
     tgt = from_family(family, src.config, ms_options)
     plan = make_plan(src, tgt, resolve_mapping(mapping, config=src.config, target=tgt),
                      allow_missing=True, allow_unused=True)
+    declared = _take_declared(plan, ckpt)
     not_loaded = [n for n in tgt.tensors if n not in ckpt.tensors]
     if not_loaded:
         return not_loaded_report(names[1], not_loaded,
@@ -757,7 +779,8 @@ def _verify_tensors_only(src: Source, ckpt: Source, family: str, feed: list[Any]
         noise_floor=None, first_divergence=None, input_shape=tuple(first.shape[1:]),
         batch=int(first.shape[0]), seed=seed, dtype="float32", torch_device="cpu",
         ms_device="cpu", verdict=verdict, reasons=reasons, tensors=tensors,
-        inputs=[i.to_dict() for i in feed], mode="tensors", mode_reason=why)
+        inputs=[i.to_dict() for i in feed], mode="tensors", mode_reason=why,
+        notes=declared)
     result.message = f"{verdict}: {reasons[0]}"
     return result
 
@@ -778,6 +801,7 @@ def _verify_by_layers(src: Source, ckpt: Source, family: str, blocks: Any, feed:
     tgt = from_family(family, src.config, blocks.options or None)
     plan = make_plan(src, tgt, resolve_mapping(mapping, config=src.config, target=tgt),
                      allow_missing=True, allow_unused=True)
+    notes: list[str] = _take_declared(plan, ckpt)
     not_loaded = [n for n in tgt.tensors if n not in ckpt.tensors]
     unused = [n for n in ckpt.tensors if n not in tgt.tensors]
     if not_loaded:
@@ -787,7 +811,6 @@ def _verify_by_layers(src: Source, ckpt: Source, family: str, blocks: Any, feed:
     tensors = compare_through_plan(plan, {i.name: i.load for i in ckpt}, a=names[0], b=names[1])
     correspondence = correspondence_from_pairs((m.target, m.source) for m in plan.matches
                                                if not m.parts and m.part is None)
-    notes: list[str] = []
     if unused:
         notes.append(f"{len(unused)} checkpoint entries unused by the network: "
                      f"{', '.join(unused[:3])}")
@@ -819,14 +842,14 @@ def _verify_whole(src: Source, ckpt: Source, feed: list[Any], *, arch: str | Non
     load_torch_weights(tnet, src)  # the Source read above; no second unpickling
     step("building the MindSpore network")
     mnet = build_network(ms_model, "--ms-model", entry, "mindspore")
-    step(f"loading {checkpoint}")
-    not_loaded, unused = load_ms_weights(mnet, ckpt)  # the Source read above
-
     tgt = from_cell(mnet)
     tgt.family = family
     plan = make_plan(src, tgt, resolve_mapping(mapping, arch=arch, config=src.config,
                                                target=tgt),
                      allow_missing=True, allow_unused=True)
+    declared = _take_declared(plan, ckpt)
+    step(f"loading {checkpoint}")
+    not_loaded, unused = load_ms_weights(mnet, ckpt)  # the Source read above
     # the plan names MindSpore's tensors by Parameter.name, which need not be the cell path
     # the hooks see (MindCV's RegNet: '0.blocks.0.proj.weight' at 'stages.0.blocks.0.proj')
     paths = {param.name: path for path, param in mnet.parameters_and_names()}
@@ -846,6 +869,7 @@ def _verify_whole(src: Source, ckpt: Source, feed: list[Any], *, arch: str | Non
                         torch_device=torch_device, ms_device=ms_device,
                         correspondence=correspondence, noise_floor=noise_floor,
                         tensor_diff=tensors, progress=progress)
+    result.notes += declared
     if unused:
         result.notes.append(f"{len(unused)} checkpoint entries unused by the network: "
                             f"{', '.join(unused[:3])}")

@@ -487,3 +487,35 @@ def test_moe_plan_groups_the_experts_and_their_groups_are_the_whole(tmp_path):
         assert m.groups == 4
         whole = plan.expected(m)
         assert np.array_equal(np.concatenate(list(plan.grouped(m))), whole), m.target
+
+
+@needs_mindformers
+@pytest.mark.parametrize("mode", ["whole", "layers"])
+def test_a_declared_accumulator_left_out_is_taken_as_declared(tmp_path, mode):
+    """MindFormers' own converters leave the MoE router's zero accumulator (fi_accu) out;
+    its loader initialises it, and the table declares it as zeros: verify takes it as
+    declared, says so, and runs. A tensor the table does not declare is still refused."""
+    from ms_port.testing import rewrite_checkpoint
+
+    src = tiny_qwen3_moe(tmp_path / "m")
+    out = tmp_path / "m.ckpt"
+    assert ms_port.convert(src, ms_model="mindformers:qwen3_moe", output=out).ok
+
+    def without_accumulators(arrays):
+        for name in [n for n in arrays if n.endswith("router.fi_accu")]:
+            del arrays[name]
+
+    lean = rewrite_checkpoint(out, tmp_path / "lean.ckpt", without_accumulators)
+    report = ms_port.verify(src, lean, ms_model="mindformers:qwen3_moe", mode=mode)
+    assert report.verdict == "PASS", report.message
+    note = next(n for n in report.notes if "taken as declared" in n)
+    assert note.startswith("2 tensors the target declares are not in ")
+    assert "decoder.layers.0.mlp.router.fi_accu (zeros)" in note
+
+    def without_a_weight(arrays):
+        del arrays["decoder.layers.0.input_layernorm.weight"]
+
+    holed = rewrite_checkpoint(out, tmp_path / "holed.ckpt", without_a_weight)
+    failed = ms_port.verify(src, holed, ms_model="mindformers:qwen3_moe", mode=mode)
+    assert failed.verdict == "FAIL" and "decoder.layers.0.input_layernorm.weight" in \
+        failed.message
