@@ -469,6 +469,9 @@ def test_mtp_asked_for_but_absent_is_refused_naming_it(tmp_path):
     assert missing == mtp - {"mtp.layers.0.transformer_layer.mlp.router.expert_load",
                              "mtp.layers.0.transformer_layer.mlp.router.fi_accu"}
     assert any("--ms-option mtp=false" in n for n in report.plan.notes)
+    (line,) = report.plan.problems()  # one line for the absent layer, not one per tensor
+    assert line.startswith("the checkpoint holds no Multi-Token Prediction layer "
+                           "(model.layers.3)") and "--ms-option mtp=false" in line
     assert not (tmp_path / "ds.ckpt").exists()
     report, ours = converted(src, tmp_path / "ds.ckpt", mtp=False)
     assert not any(n.startswith("mtp.") for n in ours)

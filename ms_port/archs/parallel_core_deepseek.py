@@ -277,9 +277,15 @@ def deepseek_target(config: dict[str, Any], *, mla_qkv_concat: bool = True,
     if sizes.rope.kind != "default":
         notes.append(f"{sizes.rope.describe()} (the weights do not depend on it)")
     variant = "fused linear_qkv" if mla_qkv_concat else "separate MLA projections"
+    optional = {"mtp.": (
+        f"the checkpoint holds no Multi-Token Prediction layer (model.layers.{sizes.layers}), "
+        f"though config.json counts {sizes.mtp} (num_nextn_predict_layers): transformers "
+        "neither loads nor saves it — convert without it with --ms-option mtp=false "
+        "(MindFormers' model_config then needs num_nextn_predict_layers: 0)")} \
+        if sizes.mtp else {}
     return Target("family", f"{FAMILY} ({variant}{', MTP' if sizes.mtp else ''})",
                   {t.name: t for t in tensors}, family=FAMILY, notes=notes,
-                  settings={INTERLEAVED: interleaved})
+                  settings={INTERLEAVED: interleaved}, optional=optional)
 
 
 target = deepseek_target

@@ -33,8 +33,9 @@ class Difference:
     """One way the two networks differ.
 
     Attributes:
-        kind: ``bias`` (layers with a bias on one side only) or ``layers`` (tensors with no
-            counterpart of their shape on the other side).
+        kind: ``absent`` (a part of the target the checkpoint lacks altogether, which the
+            target declares optional), ``bias`` (layers with a bias on one side only) or
+            ``layers`` (tensors with no counterpart of their shape on the other side).
         text: the one line a refusal leads with.
         tensors: the leftover tensors it accounts for (their own lines are not repeated).
     """
@@ -61,7 +62,7 @@ def _sides(plan: Any) -> tuple[str, str]:
 def find(plan: Any) -> list[Difference]:
     """The differences between the two networks the plan's leftovers show (module
     docstring); empty where every leftover could still have a counterpart."""
-    found = []
+    found = _absent(plan)
     bias = _biases(plan)
     if bias is not None:
         found.append(bias)
@@ -69,6 +70,18 @@ def find(plan: Any) -> list[Difference]:
     layers = _layers(plan, explained)
     if layers is not None:
         found.append(layers)
+    return found
+
+
+def _absent(plan: Any) -> list[Difference]:
+    """A part of the target network the checkpoint lacks altogether, where the target says
+    it may (:attr:`~ms_port.read.targets.Target.optional`): one line, with its remedy."""
+    found = []
+    for prefix, says in getattr(plan.target, "optional", {}).items():
+        lacking = [m.name for m in plan.missing if m.name.startswith(prefix)]
+        held = [m for m in plan.matches if m.target.startswith(prefix) and m.source]
+        if lacking and not held:
+            found.append(Difference("absent", says, tuple(lacking)))
     return found
 
 

@@ -69,6 +69,10 @@ class Target:
     #: the network's settings a mapping table's ``when:`` reads, where they differ from
     #: or are not left to the table's defaults (``use_interleaved_weight_layout_mlp``)
     settings: dict[str, Any] = field(default_factory=dict)
+    #: parts of the network a checkpoint may lack altogether, by name prefix, each with the
+    #: line that says so and how to convert without it (DeepSeek-V3's Multi-Token
+    #: Prediction layer, which transformers neither loads nor saves)
+    optional: dict[str, str] = field(default_factory=dict)
 
     @property
     def keys(self) -> tuple[str, ...]:
