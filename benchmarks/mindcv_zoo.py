@@ -279,7 +279,7 @@ def run_one(pair: dict, work: Path, verify: bool) -> dict:
     out["convert_seconds"] = round(time.perf_counter() - t0, 2)
     out["counts"] = {k: v for k, v in plan.counts.items() if v}
     out["filled"], out["total"] = len(plan.matches), len(plan.target)
-    out["differences"] = list(getattr(plan, "differences", []) or [])
+    out["differences"] = [d.text for d in getattr(plan, "differences", [])]
     if not report.ok:
         problems = plan.problems()
         out.update(outcome="refused", detail=(problems[0] if problems else "")[:600],

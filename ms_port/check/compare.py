@@ -112,11 +112,18 @@ def nonfinite(array: np.ndarray) -> tuple[int, int]:
 
 
 def comparable(value: np.ndarray, reference: np.ndarray) -> np.ndarray | str:
-    """``value`` shaped like ``reference`` (a size-1 axis more or less is the same data),
-    or why the two cannot be compared."""
+    """``value`` shaped like ``reference`` (a size-1 axis more or less is the same data, and
+    so are positions in one axis or in several between the batch and the channels), or why
+    the two cannot be compared."""
     if value.shape == reference.shape:
         return value
     if tuple(d for d in value.shape if d != 1) == tuple(d for d in reference.shape if d != 1):
+        return value.reshape(reference.shape)
+    if (value.ndim >= 2 and reference.ndim >= 2 and value.shape[0] == reference.shape[0]
+            and value.shape[-1] == reference.shape[-1] and value.size == reference.size
+            and min(value.ndim, reference.ndim) >= 3):
+        # the same positions laid out in one axis or in several (a Swin's tokens, B×L×C,
+        # against B×H×W×C): row-major either way, so the same values in the same order
         return value.reshape(reference.shape)
     return (f"shapes differ: MindSpore {format_shape(value.shape)} vs PyTorch "
             f"{format_shape(reference.shape)}")

@@ -21,6 +21,7 @@ A layer that runs several times (a shared ReLU) pairs call by call.
 from __future__ import annotations
 
 import difflib
+import math
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -62,7 +63,7 @@ class Pair:
 #: compute more than its weights say, and such a layer is no evidence when paired by
 #: order alone (its output is its input)
 PASSIVE = frozenset({"Identity", "Dropout", "Dropout1d", "Dropout2d", "Dropout3d",
-                     "DropPath", "AlphaDropout"})
+                     "DropPath", "AlphaDropout", "StochasticDepth"})
 
 
 def computing_children(layer: Any, torch_side: bool) -> list[str]:
@@ -77,6 +78,11 @@ def computing_children(layer: Any, torch_side: bool) -> list[str]:
             if type(child).__name__ not in PASSIVE]
 
 
+def _holds_layers(layer: Any, torch_side: bool) -> bool:
+    children = layer.children() if torch_side else layer.cells()
+    return any(type(child).__name__ not in PASSIVE for child in children)
+
+
 def unlike_layers(torch_model: Any, ms_model: Any) -> Callable[[Pair], str | None]:
     """Why a name-paired layer's two outputs are not one quantity, or ``None``: one side
     runs more inside it than the other (:func:`computing_children`). The activation inside
@@ -89,7 +95,10 @@ def unlike_layers(torch_model: Any, ms_model: Any) -> Callable[[Pair], str | Non
         if t is None or m is None:
             return None
         t_more, m_more = computing_children(t, True), computing_children(m, False)
-        if bool(t_more) == bool(m_more):
+        # one side runs an activation inside it, the other is a bare layer (no child that
+        # computes): two composite layers are blocks, compared as such
+        if bool(t_more) == bool(m_more) or (t_more and _holds_layers(m, False)) or (
+                m_more and _holds_layers(t, True)):
             return None
         side, more, other = (("PyTorch's", t_more, "MindSpore's") if t_more
                              else ("MindSpore's", m_more, "PyTorch's"))
@@ -330,12 +339,24 @@ def _pair_by_order(torch_events: list[Event], ms_events: list[Event], named: lis
               and e.kind not in PASSIVE]
         if not ts or not ms:
             continue
-        matcher = difflib.SequenceMatcher(None, [e.shapes for e in ts],
-                                          [e.shapes for e in ms], autojunk=False)
+        matcher = difflib.SequenceMatcher(None, [_layout_free(e.shapes) for e in ts],
+                                          [_layout_free(e.shapes) for e in ms], autojunk=False)
         for block in matcher.get_matching_blocks():
             for k in range(block.size):
                 found.append(Pair(ts[block.a + k], ms[block.b + k], "order"))
     return found
+
+
+def _layout_free(shapes: tuple[tuple[int, ...], ...]) -> tuple[tuple[int, ...], ...]:
+    """Output shapes with size-1 axes aside and every axis before the last as one (a
+    Swin's B×L×C tokens are its B×H×W×C map): the same in two layouts
+    :func:`~ms_port.check.compare.comparable` compares; a channel-first map
+    (C×H×W) stays apart from a channel-last one."""
+    found = []
+    for shape in shapes:
+        kept = tuple(d for d in shape if d != 1)
+        found.append((math.prod(kept[:-1]), kept[-1]) if len(kept) >= 2 else kept)
+    return tuple(found)
 
 
 def layer_error(pair: Pair) -> tuple[float, float, str | None]:

@@ -217,6 +217,45 @@ def _blocks_with_other_bounds(compared: list[LayerComparison],
                          "on the other); not counted")
 
 
+#: how many comparisons before the first divergence a known difference is looked for in
+LOOK_BACK = 3
+
+
+def _known_before(first: LayerComparison, everything: list[LayerComparison],
+                  networks: Networks) -> list[str]:
+    """The known differences of the layers just before the first divergence, or around it,
+    where it has none itself: timm's BatchNormAct2d with another epsilon is not compared
+    (it runs its activation inside it), and its activation is where the difference shows."""
+    at = next((k for k, c in enumerate(everything) if c is first), None)
+    if at is None:
+        return []
+    around = [c for c in everything if first.torch.startswith(c.torch + ".")]
+    for c in [*reversed(everything[max(0, at - LOOK_BACK):at]), *around]:
+        found = networks.known(c)
+        if found:
+            where = "around it" if c in around else "just before it"
+            return [f"{found[0]} (at {c.name}, {where})"]
+    return []
+
+
+def _between_layers(first: LayerComparison, compared: list[LayerComparison],
+                    divergence: Divergence, tensor_diff: Any) -> str | None:
+    """Where every layer compared before the first divergence agrees and its weights are
+    identical to their source, what differs runs between layers: said, as a fact, with
+    the one other cause it leaves open."""
+    before = [c for c in compared if c.index < first.index and c.leaf]
+    if not before or any(c.status in ("fail", "nonfinite") for c in before):
+        return None
+    held = {d.target: d for d in (tensor_diff.deltas if tensor_diff is not None else [])}
+    mine = [t for t in divergence.tensors if t in held]
+    if not mine or any(held[t].status != "identical" for t in mine):
+        return None
+    return (f"every layer before {first.name} agrees and its weights are identical to their "
+            "source: what differs runs between the layers (an addition, a residual "
+            "connection, an operation no layer holds, such as a functional pooling), or the "
+            "plan paired its weights with another layer's")
+
+
 def _blocks_not_carried(compared: list[LayerComparison], notes: list[str]) -> None:
     """A block that differs while every layer inside it agrees, and so does the next layer
     after it (fed what the block gave it, on each side): what differs is where each side
@@ -552,6 +591,7 @@ def judge(outputs: list[OutputComparison], compared: list[LayerComparison], drif
         notes.append(f"{len(insensitive)} layer(s) barely depend on the input (their "
                      f"agreement proves little; their weights are compared directly), e.g. "
                      f"{insensitive[0].name}")
+    everything = compared
     compared = [c for c in compared if c.status != "skipped"]
     _blocks_with_other_bounds(compared, outputs, notes)
     _blocks_not_carried(compared, notes)
@@ -559,7 +599,8 @@ def judge(outputs: list[OutputComparison], compared: list[LayerComparison], drif
     first_bad = next((c for c in compared if c.status in ("fail", "nonfinite")), None)
     divergence = (None if first_bad is None else
                   _divergence(first_bad, networks, correspondence, tensor_diff))
-    known = [] if first_bad is None else networks.known(first_bad)
+    known = [] if first_bad is None else (networks.known(first_bad)
+                                          or _known_before(first_bad, everything, networks))
 
     problems = []
     if nonfinite_weights:
@@ -580,6 +621,10 @@ def judge(outputs: list[OutputComparison], compared: list[LayerComparison], drif
         parted = _shapes_part(skipped, first_bad, networks)
         if parted:
             reasons.insert(min(1, len(reasons)), parted)
+        between = (None if known or divergence is None or parted
+                   else _between_layers(first_bad, compared, divergence, tensor_diff))
+        if between:
+            reasons.append(between)
     timings["total"] = time.perf_counter() - started
 
     error = max((o.error for o in outputs), default=math.inf)
