@@ -323,9 +323,13 @@ def pair_events(torch_events: list[Event], ms_events: list[Event],
 def _pair_by_order(torch_events: list[Event], ms_events: list[Event], named: list[Pair],
                    used_ms: set[int]) -> list[Pair]:
     used_torch = {p.torch.seq for p in named}
-    # anchors: name pairs whose order agrees on both sides (a longest increasing run)
+    # anchors: name pairs whose order agrees on both sides (a longest increasing run);
+    # a pair whose outputs cannot be compared (DPN's stem holds its max pool in MindCV,
+    # not in timm) does not end where its namesake ends, and anchors nothing
     anchors = []
     for p in sorted(named, key=lambda p: p.torch.seq):
+        if not _same_values_shape(p.torch, p.ms):
+            continue
         if not anchors or p.ms.seq > anchors[-1].ms.seq:
             anchors.append(p)
     bounds = [(-1, -1), *((a.torch.seq, a.ms.seq) for a in anchors),
@@ -341,10 +345,34 @@ def _pair_by_order(torch_events: list[Event], ms_events: list[Event], named: lis
             continue
         matcher = difflib.SequenceMatcher(None, [_layout_free(e.shapes) for e in ts],
                                           [_layout_free(e.shapes) for e in ms], autojunk=False)
-        for block in matcher.get_matching_blocks():
+        blocks = matcher.get_matching_blocks()
+        for block in blocks:
             for k in range(block.size):
                 found.append(Pair(ts[block.a + k], ms[block.b + k], "order"))
+        found += _lone_in_gaps(ts, ms, blocks)
     return found
+
+
+def _lone_in_gaps(ts: list[Event], ms: list[Event], blocks: list[Any]) -> list[Pair]:
+    """Where order leaves one layer on each side between the same two paired ones, both
+    of one kind, and their outputs are the same values in another layout (channels last
+    against channels first: ConvNeXt's GELU beside 1x1 convolutions): a pair."""
+    found = []
+    a = b = 0
+    for block in blocks:
+        gap_t, gap_m = ts[a:block.a], ms[b:block.b]
+        if (len(gap_t) == len(gap_m) == 1 and gap_t[0].kind == gap_m[0].kind
+                and _same_values_shape(gap_t[0], gap_m[0])):
+            found.append(Pair(gap_t[0], gap_m[0], "order"))
+        a, b = block.a + block.size, block.b + block.size
+    return found
+
+
+def _same_values_shape(torch_event: Event, ms_event: Event) -> bool:
+    if len(torch_event.arrays) != len(ms_event.arrays):
+        return False
+    return all(not isinstance(comparable(m, t), str)
+               for m, t in zip(ms_event.arrays, torch_event.arrays))
 
 
 def _layout_free(shapes: tuple[tuple[int, ...], ...]) -> tuple[tuple[int, ...], ...]:

@@ -662,7 +662,7 @@ def _message(report: ParityReport) -> str:
         behind = [t for t in report.first_divergence.tensors if " " in t and t not in text]
         if behind:
             text += f"; {'; '.join(behind[:3])}"
-        if report.known_differences:
+        if report.known_differences and report.known_differences[0].split(" (at ")[0] not in text:
             text += f" — a known network difference: {report.known_differences[0]}"
     elif report.layers_checked and any(not o.ok for o in report.outputs):
         text += (f"; the {report.layers_checked} layer outputs compared agree, so the "
