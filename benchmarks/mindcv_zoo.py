@@ -5,6 +5,7 @@ its timm or torchvision twin, converted with no mapping file, then verified.
     python benchmarks/mindcv_zoo.py --families regnet,vgg # some families only
     python benchmarks/mindcv_zoo.py --smallest           # each family's smallest model
     python benchmarks/mindcv_zoo.py --from-json FILE --write-docs   # re-render a run
+    python benchmarks/mindcv_zoo.py --resume --write-docs # go on with a stopped run
 
 **Twins are chosen by architecture.** Every MindCV model is built without its weights
 (``no_init_parameters``), every torchvision and timm model on PyTorch's ``meta`` device,
@@ -303,6 +304,7 @@ def run_one(pair: dict, work: Path, verify: bool) -> dict:
                                                  default=None),
                    first=None if fd is None else fd.describe()[:200],
                    known=list(parity.known_differences)[:2],
+                   between="runs between the layers" in parity.message,
                    layers=parity.layers_checked)
     out["verify_seconds"] = round(time.perf_counter() - t0, 2)
     return out
@@ -315,10 +317,14 @@ def _first_line(exc: BaseException) -> str:
 # -- the whole run ----------------------------------------------------------------------
 
 
-def run_pairs(pairs: list[dict], *, verify: bool, timeout: int, log) -> list[dict]:
-    results = []
+def run_pairs(pairs: list[dict], *, verify: bool, timeout: int, log,
+              done: list[dict] | None = None, save=None) -> list[dict]:
+    """Each pair in a process of its own; ``done`` (a saved run's results) are kept, not
+    run again, and ``save`` gets the results after every pair (a long run can stop)."""
+    results = list(done or [])
+    finished = {(r["mindcv"], r["twin"]) for r in results}
     for k, pair in enumerate(pairs, 1):
-        if pair.get("twin") is None:
+        if pair.get("twin") is None or (pair["mindcv"], pair["twin"]) in finished:
             continue
         started = time.perf_counter()
         with tempfile.TemporaryDirectory(prefix="mindcv-zoo-") as tmp:
@@ -342,7 +348,45 @@ def run_pairs(pairs: list[dict], *, verify: bool, timeout: int, log) -> list[dic
         log(f"[{k}/{len(pairs)}] {pair['mindcv']} <- {pair['twin']}: "
             f"{result['outcome']}{' ' + result.get('verdict', '') if 'verdict' in result else ''}"
             f" ({result['seconds']} s) {result.get('detail', '')[:160]}")
+        if save is not None:
+            save(results)
     return results
+
+
+#: how each pair ends, in the order the summary lists them
+OUTCOMES = {
+    "PASS": "converted, verify PASSes",
+    "FAIL, named": "converted, verify FAILs naming the network difference",
+    "FAIL, located": "converted, verify FAILs where every layer before agrees and the "
+                     "weights are identical: the difference runs between layers",
+    "FAIL": "converted, verify FAILs with no cause named",
+    "refused, differs": "refused, naming how the networks differ",
+    "refused": "refused otherwise",
+    "MindCV fails": "MindCV's network does not build or run on CPU",
+    "other": "the twin does not build, or the run crashed or timed out",
+}
+
+
+def classify(r: dict) -> str:
+    """One of :data:`OUTCOMES` for a pair's result."""
+    if r["outcome"] == "converted":
+        verdict = r.get("verdict")
+        if verdict == "PASS":
+            return "PASS"
+        if verdict == "FAIL":
+            return ("FAIL, named" if r.get("known") else
+                    "FAIL, located" if r.get("between") else "FAIL")
+        if verdict == "ERROR" or (verdict is None and "verify_seconds" in r):
+            return "MindCV fails"
+        return "other"
+    if r["outcome"] == "refused":
+        detail = r.get("detail", "")
+        if detail.startswith("the networks differ"):
+            return "refused, differs"
+        if "MindCV" in detail and ("build" in detail or "factory" in detail):
+            return "MindCV fails"
+        return "refused"
+    return "other"
 
 
 def summarize(pairs: list[dict], results: list[dict]) -> dict:
@@ -357,7 +401,10 @@ def summarize(pairs: list[dict], results: list[dict]) -> dict:
     verdicts: dict[str, int] = {}
     for r in converted:
         verdicts[r.get("verdict", "not run")] = verdicts.get(r.get("verdict", "not run"), 0) + 1
-    return {"pairs": len(twinned), "converted": len(converted),
+    outcomes = {k: 0 for k in OUTCOMES}
+    for r in twinned:
+        outcomes[classify(r)] += 1
+    return {"pairs": len(twinned), "converted": len(converted), "outcomes": outcomes,
             "same_count_pairs": len(same),
             "same_count_converted": sum(r["outcome"] == "converted" for r in same),
             "families": len(families), "families_full": len(full),
@@ -383,8 +430,8 @@ def render(pairs: list[dict], results: list[dict], meta: dict) -> str:
              f"{s['same_count_converted']}.",
              f"- Families: {s['families_full']} of {s['families']} convert completely; "
              f"none at all: {', '.join(s['families_none']) or 'none'}.",
-             "- Verdicts of the converted pairs: " + ", ".join(
-                 f"{v} {k}" for k, v in sorted(s["verdicts"].items())) + ".",
+             "- How the pairs end: " + "; ".join(
+                 f"{OUTCOMES[k]}: **{v}**" for k, v in s["outcomes"].items() if v) + ".",
              f"- MindCV models with no twin in torchvision or timm ({len(s['no_twin'])}): "
              f"{', '.join(s['no_twin'])}.",
              f"- MindCV models that do not build ({len(s['build_errors'])}): "
@@ -401,6 +448,8 @@ def render(pairs: list[dict], results: list[dict], meta: dict) -> str:
         if r["outcome"] != "converted" and detail:
             outcome += f": {detail[:160]}"
         verdict = r.get("verdict", "")
+        if verdict:
+            verdict = classify(r)
         if verdict and verdict != "PASS":
             verdict += f": {r.get('verdict_detail', '')[6:166]}"
         lines.append(f"| {r['family']} | {r['mindcv']} | {r['twin']} | "
@@ -429,6 +478,8 @@ def main() -> None:
     ap.add_argument("--from-json", help="render a saved run instead of running")
     ap.add_argument("--write-docs", action="store_true", help=f"rewrite the table in {DOCS}")
     ap.add_argument("--refresh-twins", action="store_true")
+    ap.add_argument("--resume", action="store_true",
+                    help="keep the pairs --json already holds, run the rest")
     # internal: one side's counts, or one pair, in a process of its own
     ap.add_argument("--counts", nargs=2, help=argparse.SUPPRESS)
     ap.add_argument("--one", nargs=2, help=argparse.SUPPRESS)
@@ -459,16 +510,28 @@ def main() -> None:
             for p in sorted(chosen, key=lambda p: counts[p["mindcv"]]["trainable"]):
                 first.setdefault(p["family"], p["mindcv"])
             chosen = [p for p in chosen if p["mindcv"] in first.values()]
-        started = time.perf_counter()
-        results = run_pairs(chosen, verify=not args.no_verify, timeout=args.timeout,
-                            log=lambda s: print(s, flush=True))
         import platform
 
-        meta = {"date": time.strftime("%Y-%m-%d %H:%M"),
-                "machine": f"{os.cpu_count()} cores, {platform.machine()}",
-                "minutes": round((time.perf_counter() - started) / 60, 1)}
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps({"meta": meta, "results": results}, indent=1))
+        saved_json = Path(args.json)
+        done, minutes = [], 0.0
+        if args.resume and saved_json.exists():
+            before = json.loads(saved_json.read_text())
+            done, minutes = before["results"], before["meta"].get("minutes", 0.0)
+        started = time.perf_counter()
+
+        def save(results: list[dict]) -> None:
+            meta = {"date": time.strftime("%Y-%m-%d %H:%M"),
+                    "machine": f"{os.cpu_count()} cores, {platform.machine()}",
+                    "minutes": round(minutes + (time.perf_counter() - started) / 60, 1)}
+            saved_json.parent.mkdir(parents=True, exist_ok=True)
+            partial = saved_json.with_suffix(".partial")
+            partial.write_text(json.dumps({"meta": meta, "results": results}, indent=1))
+            partial.replace(saved_json)
+
+        results = run_pairs(chosen, verify=not args.no_verify, timeout=args.timeout,
+                            log=lambda s: print(s, flush=True), done=done, save=save)
+        save(results)
+        meta = json.loads(saved_json.read_text())["meta"]
     print(json.dumps(summarize(pairs, results), indent=1))
     if args.write_docs:
         write_docs(render(pairs, results, meta))

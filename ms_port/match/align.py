@@ -27,8 +27,10 @@ from typing import Any
 from .closest import _tokens
 from .rules import RULES, LayerRule, known_drop
 
-#: the largest segment aligned (layers × layers): beyond it, leftovers stay leftovers
-MAX_CELLS = 250_000
+#: the largest segment aligned (layers × layers): beyond it, leftovers stay leftovers.
+#: EfficientNetV2-L from torchvision, 557 × 557 unpaired layers (310k), aligns in 2.4 s;
+#: the cap bounds time and the table's memory on a file naming a million layers
+MAX_CELLS = 2_000_000
 #: the signature suffix of a layer's lone tensor (paired by size and order, not by name)
 LONE = "<lone tensor>"
 
