@@ -4,6 +4,7 @@ its timm or torchvision twin, converted with no mapping file, then verified.
     python benchmarks/mindcv_zoo.py                      # every pair, then the docs table
     python benchmarks/mindcv_zoo.py --families regnet,vgg # some families only
     python benchmarks/mindcv_zoo.py --smallest           # each family's smallest model
+    python benchmarks/mindcv_zoo.py --verify smallest    # all convert, the smallest verified
     python benchmarks/mindcv_zoo.py --from-json FILE --write-docs   # re-render a run
     python benchmarks/mindcv_zoo.py --resume --write-docs # go on with a stopped run
 
@@ -218,19 +219,11 @@ def build_twin(twin: str, seed: int | None = 0):
 
 
 def as_trained(model, seed: int = 1) -> None:
-    """Move every parameter an initialiser left constant (zero biases, unit norms, a
-    zero-initialised head, 1e-5 layer scales) off its constant, as training does: a
-    trained network holds no such tensor, and a zero bias hides a layer the target lacks
-    (torchvision's VGG initialises its convolution biases to zero)."""
-    import torch
+    """Parameters an initialiser left constant moved off it, as training does
+    (:func:`ms_port.testing.as_trained`)."""
+    from ms_port.testing import as_trained as move
 
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for param in model.parameters():
-            if param.is_floating_point() and param.numel() and bool(
-                    (param == param.flatten()[0]).all()):
-                scale = 0.1 * float(param.abs().mean()) + 0.02
-                param.add_(torch.randn(param.shape, generator=gen) * scale)
+    move(model, seed=seed)
 
 
 def _estimate(model, size: tuple[int, ...]) -> None:
@@ -317,7 +310,16 @@ def _first_line(exc: BaseException) -> str:
 # -- the whole run ----------------------------------------------------------------------
 
 
-def run_pairs(pairs: list[dict], *, verify: bool, timeout: int, log,
+def _smallest(pairs: list[dict]) -> set[str]:
+    """Each family's MindCV model with the fewest trainable parameters."""
+    counts = json.loads((CACHE / "counts-mindcv.json").read_text())
+    first: dict[str, str] = {}
+    for p in sorted(pairs, key=lambda p: counts[p["mindcv"]]["trainable"]):
+        first.setdefault(p["family"], p["mindcv"])
+    return set(first.values())
+
+
+def run_pairs(pairs: list[dict], *, verify: set[str], timeout: int, log,
               done: list[dict] | None = None, save=None) -> list[dict]:
     """Each pair in a process of its own; ``done`` (a saved run's results) are kept, not
     run again, and ``save`` gets the results after every pair (a long run can stop)."""
@@ -329,7 +331,7 @@ def run_pairs(pairs: list[dict], *, verify: bool, timeout: int, log,
         started = time.perf_counter()
         with tempfile.TemporaryDirectory(prefix="mindcv-zoo-") as tmp:
             cmd = [PY, __file__, "--one", json.dumps(pair), tmp,
-                   *([] if verify else ["--no-verify"])]
+                   *([] if pair["mindcv"] in verify else ["--verify", "none"])]
             try:
                 done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
                                       env={**os.environ, "GLOG_v": "3"})
@@ -360,6 +362,8 @@ OUTCOMES = {
     "FAIL, located": "converted, verify FAILs where every layer before agrees and the "
                      "weights are identical: the difference runs between layers",
     "FAIL": "converted, verify FAILs with no cause named",
+    "converted": "converted, not verified (--verify smallest verifies each family's "
+                 "smallest model)",
     "refused, differs": "refused, naming how the networks differ",
     "refused": "refused otherwise",
     "MindCV fails": "MindCV's network does not build or run on CPU",
@@ -378,7 +382,7 @@ def classify(r: dict) -> str:
                     "FAIL, located" if r.get("between") else "FAIL")
         if verdict == "ERROR" or (verdict is None and "verify_seconds" in r):
             return "MindCV fails"
-        return "other"
+        return "converted" if verdict is None else "other"
     if r["outcome"] == "refused":
         detail = r.get("detail", "")
         if detail.startswith("the networks differ"):
@@ -472,7 +476,9 @@ def main() -> None:
     ap.add_argument("--families", help="comma-separated MindCV families (regnet,vgg)")
     ap.add_argument("--models", help="comma-separated MindCV model names")
     ap.add_argument("--smallest", action="store_true", help="each family's smallest model")
-    ap.add_argument("--no-verify", action="store_true")
+    ap.add_argument("--verify", choices=("all", "smallest", "none"), default="all",
+                    help="verify every converted pair, each family's smallest, or none "
+                         "(the others convert only)")
     ap.add_argument("--timeout", type=int, default=1200)
     ap.add_argument("--json", default=str(CACHE / "results.json"))
     ap.add_argument("--from-json", help="render a saved run instead of running")
@@ -490,7 +496,7 @@ def main() -> None:
         return
     if args.one:
         print(json.dumps(run_one(json.loads(args.one[0]), Path(args.one[1]),
-                                 verify=not args.no_verify)), flush=True)
+                                 verify=args.verify != "none")), flush=True)
         return
     pairs = twins_table(args.refresh_twins)
     if args.from_json:
@@ -504,12 +510,11 @@ def main() -> None:
         if args.models:
             wanted = {m.strip() for m in args.models.split(",")}
             chosen = [p for p in chosen if p["mindcv"] in wanted]
+        smallest = _smallest(chosen)
         if args.smallest:
-            counts = json.loads((CACHE / "counts-mindcv.json").read_text())
-            first: dict[str, str] = {}
-            for p in sorted(chosen, key=lambda p: counts[p["mindcv"]]["trainable"]):
-                first.setdefault(p["family"], p["mindcv"])
-            chosen = [p for p in chosen if p["mindcv"] in first.values()]
+            chosen = [p for p in chosen if p["mindcv"] in smallest]
+        verify = {"all": {p["mindcv"] for p in chosen}, "smallest": smallest,
+                  "none": set()}[args.verify]
         import platform
 
         saved_json = Path(args.json)
@@ -528,7 +533,7 @@ def main() -> None:
             partial.write_text(json.dumps({"meta": meta, "results": results}, indent=1))
             partial.replace(saved_json)
 
-        results = run_pairs(chosen, verify=not args.no_verify, timeout=args.timeout,
+        results = run_pairs(chosen, verify=verify, timeout=args.timeout,
                             log=lambda s: print(s, flush=True), done=done, save=save)
         save(results)
         meta = json.loads(saved_json.read_text())["meta"]

@@ -62,6 +62,23 @@ def estimate_batchnorm(model: Any, input_shape: tuple[int, ...], *, batches: int
     return model.eval()
 
 
+def as_trained(model: Any, *, seed: int = 1) -> Any:
+    """Move every parameter an initialiser left constant (zero biases, unit norms, a
+    zero-initialised head, 1e-5 layer scales) off its constant, as training does, in
+    place: a trained network holds no such tensor, and a zero bias hides a layer the
+    target lacks (torchvision's VGG initialises its convolution biases to zero)."""
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for param in model.parameters():
+            if param.is_floating_point() and param.numel() and bool(
+                    (param == param.flatten()[0]).all()):
+                scale = 0.1 * float(param.abs().mean()) + 0.02
+                param.add_(torch.randn(param.shape, generator=gen) * scale)
+    return model
+
+
 def perturb_batchnorm(model: Any, *, seed: int = 1) -> None:
     """Move BatchNorm statistics and affine parameters off 0/1, seeded, in place."""
     import torch
