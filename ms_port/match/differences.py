@@ -124,6 +124,9 @@ def _layers(plan: Any, explained: set[str]) -> Difference | None:
     have_t = Counter(_key(m.shape) for m in missing)
     alone_t = [m for m in missing if _key(m.shape) not in have_s]
     alone_s = [u for u in unused if _key(u.shape) not in have_t]
+    fused = _rows_of_siblings(alone_s, alone_t, plan)
+    alone_t = [m for m in alone_t if m.name not in fused]
+    alone_s = [u for u in alone_s if u.name not in fused]
     if not alone_t and not alone_s:
         return None
     src, tgt = _sides(plan)
@@ -137,6 +140,35 @@ def _layers(plan: Any, explained: set[str]) -> Difference | None:
     text = ("the networks differ: " + "; ".join(parts) + " (no tensor of their shape is "
             "left on the other side): no conversion computes the same network")
     return Difference("layers", text, tuple(x.name for x in (*alone_t, *alone_s)))
+
+
+def _rows_of_siblings(alone_s: list[Any], alone_t: list[Any], plan: Any) -> set[str]:
+    """Leftovers that may be one layer's rows on one side and sibling layers on the
+    other (timm's SwinV2 ``qkv`` against MindCV's ``q``, ``k``, ``v``, defined in another
+    order than the layers around them, so alignment leaves them): no difference, the
+    engine could not place them, and their own lines say so."""
+    def siblings(tensors: list[Any], target: bool) -> dict[tuple[str, int], list[Any]]:
+        found: dict[tuple[str, int], list[Any]] = {}
+        for x in tensors:
+            if len(x.shape) < 2:
+                continue
+            where = (plan.target.tensors[x.name].path or x.name) if target else x.name
+            parent = unit_of(where).rpartition(".")[0]
+            found.setdefault((parent, rows(x.shape)[1]), []).append(x)
+        return found
+
+    kept: set[str] = set()
+    for wholes, parts_side in ((alone_s, siblings(alone_t, True)),
+                               (alone_t, siblings(alone_s, False))):
+        for whole in wholes:
+            if len(whole.shape) < 2:
+                continue
+            n, per_row = rows(whole.shape)
+            for (_, size), parts in parts_side.items():
+                if size == per_row and len(parts) > 1 and \
+                        sum(rows(p.shape)[0] for p in parts) == n:
+                    kept.update([whole.name, *(p.name for p in parts)])
+    return kept
 
 
 def _layer_list(tensors: list[Any], plan: Any, target: bool) -> str:
