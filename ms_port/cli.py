@@ -182,7 +182,7 @@ def _progress_bar(enabled: bool):
                    "built from the model's config.json (mindformers:llama).")
 @click.option("-o", "--output", metavar="FILE", help="The MindSpore checkpoint to write.")
 @click.option("--map", "maps", multiple=True, metavar="YAML",
-              help="Extra mapping table (repeatable); see the README, 'Mapping files'.")
+              help="Extra mapping table (repeatable); see docs/mapping.md.")
 @click.option("--format", "fmt", type=click.Choice(["ckpt", "safetensors"]), default="ckpt",
               show_default=True, help="Output format.")
 @click.option("--dtype", type=click.Choice(["float32", "float16", "bfloat16"]),

@@ -95,7 +95,7 @@ def llama_sizes(config: dict[str, Any]) -> LlamaSizes:
         raise TargetError(f"config.json: model_type {shown(model_type)} is not one {FAMILY} "
                           f"holds: the mapping tables in mappings/ take "
                           f"{', '.join(selected_model_types(FAMILY))}; a family of LLaMA's "
-                          "structure is added as a table (README: 'Adding a family')")
+                          "structure is added as a table (docs/llm.md: 'Adding a family')")
     implied = _implied(table, model_type)
     heads = _int(config, "num_attention_heads")
     hidden = _int(config, "hidden_size")
@@ -287,7 +287,8 @@ def llama_config(config: dict[str, Any], *, qkv_concat: bool = False,
             from mindformers.models.llama import LlamaConfig
         except ImportError:
             raise TargetError("mindformers:llama needs MindFormers to build the network: pip "
-                              "install --no-deps mindformers==2.1.0 (see the README)") from None
+                              "install --no-deps mindformers==2.1.0 "
+                              "(see docs/development.md)") from None
         return LlamaConfig(
             batch_size=1, seq_length=seq_length, pad_token_id=NO_PAD,
             max_position_embedding=positions(sizes, seq_length),

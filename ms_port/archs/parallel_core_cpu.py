@@ -330,7 +330,8 @@ def cpu_standins(*, omit: Iterable[str] = ()) -> Iterator[StandIns]:
                        for s in applied for p in s.patches}
     except ImportError as err:
         raise TargetError(f"MindFormers' parallel_core networks need MindFormers 2.1 ({err}); "
-                          "pip install --no-deps mindformers==2.1.0 (see the README)") from None
+                          "pip install --no-deps mindformers==2.1.0 "
+                          "(see docs/development.md)") from None
     record = StandIns(applied, omitted)
     with _graph_mode():
         try:

@@ -779,7 +779,7 @@ def _derived_entry(data: Any, origin: str, i: int) -> DerivedEntry:
 def _expect(ok: bool, origin: str, entry: str, wanted: str) -> None:
     if not ok:
         raise MappingError(f"{origin}: invalid {entry}: expected {wanted}; fix the entry "
-                           "(format: see the README, 'Mapping files')", path=origin)
+                           "(format: see docs/mapping.md)", path=origin)
 
 
 def _compile(pattern: Any, origin: str, entry: str) -> Pattern:
@@ -889,6 +889,6 @@ def _implies_agree(given: MappingTable, shipped: MappingTable, config: dict[str,
             f"{given.origin}: implies.{shown(model_type)} is {shown(wanted)}, but {family} "
             f"was computed with {shown(used)} (from {shipped.origin}): what a model type "
             "implies is read from the tables in mappings/, not from --map; put the table "
-            "there (README: 'Adding a family')", path=given.origin)
+            "there (docs/llm.md: 'Adding a family')", path=given.origin)
 
 
