@@ -18,6 +18,7 @@ timm = pytest.importorskip("timm")
 torchvision = pytest.importorskip("torchvision")
 
 import torch  # noqa: E402
+from mindspore import nn  # noqa: E402
 
 import ms_port  # noqa: E402
 from ms_port.testing import as_trained, estimate_batchnorm  # noqa: E402
@@ -165,14 +166,37 @@ def test_cli_verify_takes_a_zoo_twin_and_mindcv_input_size(tmp_path):
     assert "name its PyTorch twin, e.g. --torch-model timm:NAME" in result.stderr
 
 
-def test_swinv2_fused_qkv_out_of_order_is_not_called_a_difference(tmp_path):
-    """timm's SwinV2 holds qkv (q_bias, v_bias apart) before its position-bias MLP, MindCV
-    q, k, v after it: alignment cannot place them (left), but their rows add up, so the
-    refusal does not claim the networks differ; each line names the fused candidate."""
-    pth = _saved(tmp_path, "timm:swinv2_tiny_window8_256", (3, 256, 256))
-    plan = ms_port.plan(pth, ms_model="mindcv:swinv2_tiny_window8")
-    problems = plan.problems()
-    assert not plan.ok and not plan.differences
-    assert not any(p.startswith("the networks differ") for p in problems)
-    line = next(p for p in problems if "'0.blocks.0.attn.k.weight'" in p)
-    assert "closest: 'layers.0.blocks.0.attn.qkv.weight' (288×96)" in line
+def _swinv2_as_timm_computes():
+    """MindCV's SwinV2 with timm's LayerNorm epsilon (1e-5, MindCV 1e-6) and exact GELU."""
+    from mindspore import ops
+
+    net = mindcv.models.create_model("swinv2_tiny_window8", pretrained=False)
+    for _, cell in net.cells_and_names():
+        if isinstance(cell, nn.LayerNorm):
+            cell.layer_norm = ops.LayerNorm(begin_norm_axis=cell.begin_norm_axis,
+                                            begin_params_axis=cell.begin_params_axis,
+                                            epsilon=1e-5)
+        if isinstance(getattr(cell, "act", None), nn.GELU):
+            cell.act = nn.GELU(approximate=False)
+    return net
+
+
+def test_swinv2_fused_qkv_with_its_biases_apart_converts_and_verifies(tmp_path):
+    """timm's SwinV2 holds qkv.weight with q_bias and v_bias apart, defined after the
+    position-bias MLP; MindCV holds q, k, v (k without a bias) before it, and names its
+    parameters '0.blocks.0.norm1.gamma' where the cell sits at 'layers.0.blocks.0.norm1':
+    matched by path, split by a second alignment, each bias from the tensor named for its
+    part. Verify names the epsilon; built as timm computes, it PASSes."""
+    shape = (3, 256, 256)
+    plan, parity = _convert_and_verify(tmp_path, "swinv2_tiny_window8",
+                                       "timm:swinv2_tiny_window8_256", shape)
+    got = {m.target: m.source for m in plan.matches}
+    assert got["0.blocks.0.attn.k.weight"] == "layers.0.blocks.0.attn.qkv.weight"
+    assert got["0.blocks.0.attn.v.bias"] == "layers.0.blocks.0.attn.v_bias"
+    assert got["0.blocks.0.norm1.gamma"] == "layers.0.blocks.0.norm1.weight"
+    assert got["head.weight"] == "head.fc.weight"
+    assert parity.verdict == "FAIL" and "epsilon differs" in parity.known_differences[0]
+    alike = ms_port.verify(tmp_path / "twin.pth", tmp_path / "out.ckpt",
+                           torch_model=lambda: _twin("timm:swinv2_tiny_window8_256"),
+                           ms_model=_swinv2_as_timm_computes, input_shape=shape, tol=1e-5)
+    assert alike.verdict == "PASS", alike.message

@@ -208,6 +208,7 @@ def align(pending_source: list[tuple[str, tuple[int, ...]]],
                                 f"unpaired layers (more than {MAX_CELLS:,} pairs to weigh)")
             continue
         _align_segment(seg_s, seg_t, result, splits)
+        _align_rest(seg_s, seg_t, result, splits)
     taken = {id(x) for p in result.pairs
              for x in (*(p.sources or (p.source,)), *(p.targets or (p.target,)))}
     result.left = ([x for x in sources if id(x) not in taken],
@@ -375,7 +376,35 @@ def _moves(src: list[Layer], tgt: list[Layer], splits: bool = True) -> list[_Mov
                 if _row_sizes_agree(whole[w], many[start:start + k]):
                     moves.append(_Move(w, 1, start, k) if whole_is_source
                                  else _Move(start, k, w, 1))
+    if splits:
+        moves += _weight_splits(src, tgt, sigs)
     return moves
+
+
+def _weight_splits(src: list[Layer], tgt: list[Layer], sigs: list[frozenset]) -> list[_Move]:
+    """A fused weight with no bias split into sibling layers of which only some have
+    one (timm's SwinV2 and BEiT hold ``qkv.weight`` and, apart, ``q_bias`` and ``v_bias``;
+    MindCV's ``q`` and ``v`` have a bias, ``k`` none): the weights pair, for less than
+    whole layers; each part's bias is then taken from the loose tensor named for it
+    (:data:`~ms_port.match.rules.PART_BIAS`)."""
+    found = []
+    for start in range(len(tgt)):
+        for k in range(2, MAX_PARTS + 1):
+            parts = tgt[start:start + k]
+            if len(parts) < k or any(_parent(p) != _parent(parts[0])
+                                     or p.rule is not parts[0].rule
+                                     or set(p.params) - {"weight", "bias"}
+                                     or "weight" not in p.params for p in parts):
+                break
+            if len({frozenset(p.params) for p in parts}) == 1:
+                continue  # all alike: a whole split, found with the others
+            shapes = [p.params["weight"] for p in parts]
+            if len(shapes[0]) < 2 or len({rows(sh)[1] for sh in shapes}) != 1:
+                break
+            joined = frozenset({(LONE, sum(rows(sh)[0] for sh in shapes), rows(shapes[0])[1])})
+            found += [_Move(w, 1, start, k, gain=k) for w, sig in enumerate(sigs)
+                      if sig == joined and set(src[w].params) == {"weight"}]
+    return found
 
 
 def _optimal(moves: list[_Move], a: int, b: int) -> list[_Move]:
@@ -480,6 +509,32 @@ def _align_segment(src: list[Layer], tgt: list[Layer], out: Alignment, splits: b
         if candidates:
             for name in tgt[j].names.values():
                 out.ambiguous[name] = candidates
+
+
+def _align_rest(seg_s: list[Layer], seg_t: list[Layer], out: Alignment,
+                splits: bool) -> None:
+    """The layers a segment's alignment left, aligned again among themselves: a pair
+    the first pass could not take because a pair it took crosses it (timm's SwinV2
+    defines its fused ``qkv`` after the position-bias MLP, MindCV its ``q``, ``k``, ``v``
+    before), each still only where every best alignment of the leftovers makes it."""
+    taken = {id(x) for p in out.pairs
+             for x in (*(p.sources or (p.source,)), *(p.targets or (p.target,)))}
+    # a layer the first pass found several partners for stays a choice, never settled
+    # by taking the others away
+    choice = {path for candidates in out.ambiguous.values() for path in candidates}
+    rest_s = [x for x in seg_s if id(x) not in taken and x.path not in choice]
+    rest_t = [x for x in seg_t if id(x) not in taken
+              and not any(n in out.ambiguous for n in x.names.values())]
+    if not rest_s or not rest_t or (len(rest_s), len(rest_t)) == (len(seg_s), len(seg_t)):
+        return
+    before = len(out.pairs)
+    _align_segment(rest_s, rest_t, out, splits)
+    if len(out.pairs) > before:
+        for k in range(before, len(out.pairs)):
+            pair = out.pairs[k]
+            out.pairs[k] = AlignedPair(pair.source, pair.target, pair.evidence.replace(
+                "between the same anchors", "among the layers the first alignment left "
+                "between the same anchors"), pair.sources, pair.targets)
 
 
 def _names_decide(m: _Move, rivals: list[_Move], src: list[Layer], tgt: list[Layer]) -> bool:

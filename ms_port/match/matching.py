@@ -23,7 +23,7 @@ from typing import Any
 from ..errors import MappingError
 from ..read.sources import Skipped, Source
 from ..read.targets import Target, TargetTensor
-from ..read.tensors import FLOAT_DTYPES, format_shape
+from ..read.tensors import FLOAT_DTYPES, TensorInfo, format_shape
 from .closest import NameIndex
 from .differences import find as differences
 from .entries import (
@@ -109,6 +109,7 @@ def make_plan(
     _check_explicit(mapping, source, target)
 
     layer_of, siblings = target.layers(), target.siblings()
+    by_path = _ByPath(target)
     proposals: dict[str, list[tuple[str, str, str, tuple[Transform, ...]]]] = {}
     dropped: list[Dropped] = []
     explicit_sources = {e.source: e for e in mapping.tensors.values() if e.init is None}
@@ -133,6 +134,9 @@ def make_plan(
             dropped.append(Dropped(s, f"drop: {pattern} ({mapping.origin})"))
             continue
         found = _propose_one(s, mapping, target, layer_of, siblings)
+        if not found and by_path.names:
+            by_path.found[s] = by_path.propose(info, mapping, target)
+            continue
         if len({t for t, *_ in found}) > 1:
             names = tuple(t for t, *_ in found)
             fan_out.append(Conflict("fan-out", names, (s,),
@@ -143,6 +147,16 @@ def make_plan(
             if t in mapping.tensors or t in many.matches:  # an explicit/fused entry owns it
                 continue
             proposals.setdefault(t, []).append((s, how, detail, tfs))
+    # by path only where no name claims the tensor (a module two paths reach, timm's and
+    # MindCV's CoaT position encoding, is claimed by its name)
+    by_target: dict[str, list[tuple[str, str, str, tuple]]] = {}
+    for s, found in by_path.found.items():
+        if len(found) == 1:
+            t, how, detail, tfs = found[0]
+            by_target.setdefault(t, []).append((s, how, detail, tfs))
+    for t, props in by_target.items():
+        if t not in proposals and t not in mapping.tensors and t not in many.matches:
+            proposals[t] = props  # two sources by one path: a claim, as by names
 
     matches: dict[str, Match] = dict(many.matches)
     conflicts: list[Conflict] = list(fan_out)
@@ -273,6 +287,38 @@ def _propose_one(s: str, mapping: MappingTable, target: Target,
         return [(p.target, "mapping", f"{entries} ({mapping.origin}), then rule {p.rule}",
                  p.transforms) for p in propose(renamed, layer_of, siblings)]
     return [(p.target, "rule", p.rule, p.transforms) for p in by_rule.values()]
+
+
+class _ByPath:
+    """The target's tensors by where the network holds them, where that is not their
+    name (MindCV's SwinV2 and RegNet name ``0.blocks.0.norm1.gamma`` what sits at
+    ``layers.0.blocks.0.norm1``): a source name is matched against those paths by the
+    same stages as against the names, and the match is made to the name."""
+
+    def __init__(self, target: Target) -> None:
+        self.names = {t.path: n for n, t in target.tensors.items() if t.path and t.path != n
+                      and t.path not in target.tensors}
+        self.layer_of: dict[str, tuple[str, ...] | None] = {}
+        siblings: dict[str, set[str]] = {}
+        for path, name in self.names.items():
+            t = target.tensors[name]
+            prefix, _, suffix = path.rpartition(".")
+            self.layer_of[prefix] = t.lineage or ((t.layer,) if t.layer else None)
+            siblings.setdefault(prefix, set()).add(suffix)
+        self.siblings = {k: frozenset(v) for k, v in siblings.items()}
+        #: source name -> its proposals by path, taken after the names'
+        self.found: dict[str, list[tuple[str, str, str, tuple]]] = {}
+
+    def propose(self, info: TensorInfo, mapping: MappingTable,
+                target: Target) -> list[tuple[str, str, str, tuple]]:
+        """As :func:`_propose_one`, where the shapes fit: a path is weaker evidence than a
+        name (timm's SwinV2 downsamples at the start of a stage, MindCV's at the end of the
+        one before, under the same path), and one that does not fit is left to alignment."""
+        found = _propose_one(info.name, mapping, self.names,  # type: ignore[arg-type]
+                             self.layer_of, self.siblings)
+        return [(self.names[t], how, f"{detail}, at {t}", tfs)
+                for t, how, detail, tfs in found if t in self.names
+                and fit(info.shape, target.tensors[self.names[t]], tfs) is not None]
 
 
 def _declared_fit(shape: tuple[int, ...], tt: TargetTensor,

@@ -137,7 +137,11 @@ class _Blocks:
         return None
 
     def source_block(self, t_block: str) -> str | None:
-        """The source block ``t_block`` corresponds to (class docstring), or ``None``."""
+        """The source block ``t_block`` corresponds to (class docstring), or ``None``; the
+        whole network is the whole network (MindCV's SwinV2 holds most layers under
+        ``layers``, its head beside them)."""
+        if not t_block:
+            return ""
         twin = self.twin(t_block)
         if twin is not None:
             return twin
@@ -316,6 +320,16 @@ def _alone(free: _Free, blocks: _Blocks) -> list[AlignedPair]:
     return made
 
 
+def _shared_words(a: str, b: str) -> list[str]:
+    """The words two layers' own names share, or else the words one's own name shares
+    with the block holding the other (timm's ``head.fc`` is MindCV's ``head``)."""
+    found = shared_words(a, b)
+    if found or "." not in a + b:
+        return found
+    return sorted({*shared_words(a, b.rpartition(".")[0]), *shared_words(a.rpartition(".")[0], b)}
+                  if ("." in a) != ("." in b) else found)
+
+
 def _pick(t: Layer, rivals_t: list[Layer], options: list[Layer],
           blocks: tuple[str, str]) -> tuple[Layer, str] | None:
     """The one source layer ``t`` pairs with among ``options`` (inside the corresponding
@@ -325,7 +339,7 @@ def _pick(t: Layer, rivals_t: list[Layer], options: list[Layer],
         s = options[0]
         if t_block:
             return s, "the only unpaired layer of its tensors and sizes on either side"
-        shared = shared_words(t.path, s.path)
+        shared = _shared_words(t.path, s.path)
         if not shared:
             return None  # the whole network's only leftovers of a kind: the names must agree
         shape = "×".join(map(str, next(iter(t.params.values())))) if len(t.params) == 1 \

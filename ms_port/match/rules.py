@@ -235,6 +235,11 @@ def initial_value(name: str, layer_of: Mapping[str, tuple[str, ...] | None]) -> 
 
 
 #: a ``Match.init`` meaning "the target network's own value" (:attr:`TargetTensor.constant`)
+#: where a fused weight with no bias keeps each part's bias apart, beside it: ``{part}``
+#: is the split layer's own name (timm's SwinV2 and BEiT: ``attn.q_bias`` and
+#: ``attn.v_bias`` beside ``attn.qkv.weight``, for MindCV's ``attn.q`` and ``attn.v``)
+PART_BIAS = ("{part}_bias",)
+
 NETWORK = "network"
 
 

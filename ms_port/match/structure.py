@@ -15,7 +15,7 @@ from .closest import shared_words
 from .entries import Candidate, Dropped, Match, cast_dtype, fit
 from .layouts import Layout, LayoutError
 from .mapping import MappingTable
-from .rules import is_layer_param, known_drop
+from .rules import PART_BIAS, is_layer_param, known_drop
 from .transforms import Transform
 
 
@@ -79,6 +79,13 @@ def _pair_matches(pair: Any, source: Source, target: Target, name_of: dict[str, 
         for suffix, held_at in layer.names.items():
             name = name_of[held_at]
             torch_suffix = rule.params.get(suffix, suffix) if rule else suffix
+            if len(targets) > 1 and not lone and torch_suffix not in sources[0].names:
+                # a part's bias the fused source keeps apart (q_bias beside qkv.weight)
+                apart = _part_bias(sources[0], layer, source, (name, target.tensors[name]),
+                                   pair, dtype)
+                if apart is not None:
+                    made.append(apart)
+                continue
             infos = [source.tensors[next(iter(s.names.values())) if lone
                                     else s.names[torch_suffix]] for s in sources]
             tt = target.tensors[name]
@@ -120,6 +127,24 @@ def _pair_matches(pair: Any, source: Source, target: Target, name_of: dict[str, 
                 return None
             made.append(m)
     return made
+
+
+def _part_bias(whole: Any, part: Any, source: Source, held: tuple[str, Any], pair: Any,
+               dtype: str | None) -> Match | None:
+    """The match of a split layer's bias from the loose tensor beside the fused weight
+    named for the part (:data:`~ms_port.match.rules.PART_BIAS`), where it fits."""
+    target_name, tt = held
+    parent, leaf = whole.path.rpartition(".")[0], part.path.rpartition(".")[2]
+    for pattern in PART_BIAS:
+        name = f"{parent}.{pattern.format(part=leaf)}" if parent else pattern.format(part=leaf)
+        info = source.tensors.get(name)
+        if info is None or tuple(info.shape) != tuple(tt.shape):
+            continue
+        return Match(target_name, info.name, "aligned",
+                     f"{pair.evidence}; its bias is {info.name}, kept apart beside the fused "
+                     "weight", info.shape, tt.shape, info.dtype, cast_dtype(info.dtype, dtype),
+                     ())
+    return None
 
 
 def _weight_only(layer: Any) -> Any:
