@@ -12,12 +12,18 @@ from typing import Any, Callable
 import numpy as np
 
 from .errors import ForwardUnavailable, MsPortError, TargetError
-from .match.mapping import MappingTable, layered
 from .match.patterns import Pattern, PatternError, compile_pattern
 from .match.plan import Plan, make_plan
 from .read.sources import Source, read_source
-from .read.targets import Target, from_arch, from_cell, from_factory, from_template
+from .read.targets import Target, from_arch, from_cell
 from .reports import ConversionReport, InspectReport
+from .resolve import (
+    family_fits,
+    plan_for,
+    read_with_config,
+    resolve_mapping,
+    resolve_target,
+)
 from .write.writers import Progress, check_not_input, check_output, write_plan, write_text
 
 
@@ -94,77 +100,6 @@ def _regex(pattern: str | None) -> Pattern | None:
         raise MsPortError(f"bad --filter regex {pattern!r} ({exc})") from None
 
 
-def resolve_target(
-    *,
-    arch: str | None = None,
-    target: str | Path | Target | None = None,
-    ms_model: Any = None,
-    config: dict[str, Any] | None = None,
-    ms_options: dict[str, Any] | None = None,
-) -> Target:
-    """One Target from exactly one of ``arch``, ``target`` (template) or ``ms_model``.
-
-    A known family (``mindformers:llama``) is computed from ``config`` (the model's
-    ``config.json``) with ``ms_options`` (``{"qkv_concat": True}``), building nothing.
-    """
-    given = [x is not None for x in (arch, target, ms_model)]
-    if sum(given) != 1:
-        raise TargetError("give exactly one target: --arch NAME, --target TEMPLATE.ckpt "
-                          "or --ms-model module:callable")
-    if arch is not None:
-        return from_arch(arch)
-    if isinstance(target, Target):
-        return target
-    if target is not None:
-        return from_template(target)
-    from .read.targets import FAMILIES, from_family
-
-    if isinstance(ms_model, str) and ms_model in FAMILIES:
-        return from_family(ms_model, config, ms_options)
-    if ms_options:
-        raise TargetError(f"--ms-option is for the known families ({', '.join(FAMILIES)}); "
-                          "a factory takes its own arguments")
-    if isinstance(ms_model, str):
-        return from_factory(ms_model)
-    from .read.targets import instantiate, without_weights
-
-    # a Cell, or a factory / class that builds one: the same contract as verify's
-    return from_cell(without_weights(lambda: instantiate(ms_model, "--ms-model")))
-
-
-def resolve_mapping(mapping: Any, *, arch: str | None = None,
-                    config: dict[str, Any] | None = None,
-                    target: Target | None = None) -> MappingTable:
-    """The architecture's table (if any), or the shipped table whose ``select:`` fits the
-    source's config and the target, with the user's tables layered on top
-    (:func:`ms_port.match.mapping.layered`)."""
-    base = None
-    if arch is not None:
-        from .archs import get_arch
-
-        base = get_arch(arch).mapping_table()
-    return layered(mapping, base=base, config=config, target=target)
-
-
-def _family_fits(src: Source, family: str, ms_options: Any) -> None:
-    """Raise (one line) when a family target computed from the config does not fit."""
-    plan(src, ms_model=family, ms_options=ms_options, allow_missing=True, allow_unused=True)
-
-
-def _source(source: str | Path | Source, *, config: Any = None, **kw: Any) -> Source:
-    """``source`` read (a path or Hub id; ``kw`` as for read_source), with the user's
-    config."""
-    src = source if isinstance(source, Source) else read_source(source, **kw)
-    if config is not None:  # the user's config wins over one found beside the file
-        from .read.sources import read_config
-
-        if isinstance(config, dict):
-            src.config, src.config_path = config, "config (a dict)"
-        else:
-            src.config, src.config_path = read_config(config), str(config)
-    return src
-
-
 def plan(
     source: str | Path | Source,
     *,
@@ -208,21 +143,12 @@ def plan(
         >>> p.ok, p.counts
         (True, {'exact': 49, 'rule': 196, 'mapping': 22, 'fallback': 0})
     """
-    src = _source(source, key=key, unsafe_pickle=unsafe_pickle, config=config,
-                  revision=revision)
-    tgt = resolve_target(arch=arch, target=target, ms_model=ms_model, config=src.config,
-                         ms_options=ms_options)
-    table = resolve_mapping(mapping, arch=arch, config=src.config, target=tgt)
-    made = make_plan(src, tgt, table, allow_missing=allow_missing, allow_unused=allow_unused,
-                     allow_shape_match=allow_shape_match, dtype=dtype, align=align)
-    shapes = [c for c in made.conflicts if c.kind == "shape"]
-    if tgt.kind == "family" and shapes:
-        # the target was computed from the config: a shape clash means the config is wrong
-        raise TargetError(f"{src.config_path}: the config does not fit the checkpoint "
-                          f"({len(shapes)} tensors), e.g. {shapes[0].message.split(';')[0]} — "
-                          "check config.json (num_key_value_heads, hidden_size, "
-                          "intermediate_size, vocab_size)")
-    return made
+    src = read_with_config(source, key=key, unsafe_pickle=unsafe_pickle, config=config,
+                           revision=revision)
+    return plan_for(src, arch=arch, target=target, ms_model=ms_model, mapping=mapping,
+                    ms_options=ms_options, allow_missing=allow_missing,
+                    allow_unused=allow_unused, allow_shape_match=allow_shape_match,
+                    dtype=dtype, align=align)
 
 
 def convert(
@@ -460,13 +386,13 @@ def verify(
 
         entry = get_arch(arch)
     # read and validate both files before building anything heavy
-    src = _source(source, key=key, unsafe_pickle=unsafe_pickle, config=config,
+    src = read_with_config(source, key=key, unsafe_pickle=unsafe_pickle, config=config,
                   revision=revision)
     ckpt = read_source(checkpoint, strip_prefixes=False)
     swapped = src.format == "mindspore-ckpt" and ckpt.format != "mindspore-ckpt"
     if swapped:  # given MindSpore first (e.g. after an export): both directions work
         source, checkpoint = checkpoint, source
-        src = _source(source, key=key, unsafe_pickle=unsafe_pickle, config=config,
+        src = read_with_config(source, key=key, unsafe_pickle=unsafe_pickle, config=config,
                       revision=revision)
         ckpt = read_source(checkpoint, strip_prefixes=False)
     language = arch is None and is_language_model(src.config)
@@ -505,7 +431,7 @@ def verify(
     family = ms_model if isinstance(ms_model, str) and ms_model in FAMILIES else None
     forward = getattr(family_module(family), "FORWARD", None) if family else None
     if forward is not None and arch is None and torch_model is None and language:
-        _family_fits(src, family, ms_options)
+        family_fits(src, family, ms_options)
         where = src.config_path or str(source)
         check_size(src.config, where, sum(i.numel for i in src))
         result = _verify_graph(src, ckpt, family, feed, mode=mode, mapping=mapping, tol=tol,
@@ -518,7 +444,7 @@ def verify(
             write_text(report, render_html(result.to_dict()), force=force)
         return result
     if family is not None and getattr(family_module(family), "build", None) is None:
-        _family_fits(src, family, ms_options)
+        family_fits(src, family, ms_options)
         result = _verify_tensors_only(src, ckpt, family, feed, mapping=mapping, tol=tol,
                                       seed=seed, names=(str(source), str(checkpoint)),
                                       why=family_module(family).NO_FORWARD,
@@ -529,7 +455,7 @@ def verify(
             write_text(report, render_html(result.to_dict()), force=force)
         return result
     if family is not None:  # a config that does not fit the checkpoint: one line, now
-        _family_fits(src, family, ms_options)
+        family_fits(src, family, ms_options)
         first = np.asarray(feed[0].array)
         ms_model = family_builder(family, src.config or {}, ms_options,
                                   int(first.shape[1]) if first.ndim > 1 else 1)
