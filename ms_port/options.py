@@ -1,0 +1,63 @@
+"""The options of a command, one frozen dataclass each: the single source of truth for
+their names, defaults and help. The library's functions keep their keyword arguments
+for notebook users and pack them into the object at once; the steps below take the
+object, never the options one by one; a test holds the CLI's flags against the fields
+(every field a flag, every flag a field, the same default).
+
+Considered: driving click from the dataclass (as Hugging Face's ``HfArgumentParser``
+drives argparse from ``TrainingArguments``), and ``click-option-group``/``typer``. The CLI
+declares flags with their own parsing (``--input-shape 3,224,224``, repeatable
+``--ms-option k=v``, path checks), which a generated flag would lose; so the flags stay
+declared, and the test keeps them equal to the fields.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+
+def _opt(default: Any, help: str, flag: str | None = None) -> Any:
+    """A field with its default, its help, and its CLI flag where the name is not the
+    field's (``None``: ``--field-name``; ``""``: no flag, the library's only)."""
+    return field(default=default, metadata={"help": help, "flag": flag})
+
+
+@dataclass(frozen=True)
+class VerifyOptions:
+    """What ``verify`` compares and how (see :func:`ms_port.verify`)."""
+
+    arch: str | None = _opt(None, "a registered architecture: both networks")
+    torch_model: Any = _opt(None, "the PyTorch network: module:callable, timm:NAME, "
+                                  "torchvision:NAME, or a built one")
+    ms_model: Any = _opt(None, "the MindSpore network: module:callable, mindcv:NAME, a "
+                               "family (mindformers:llama), or a built one")
+    mapping: Any = _opt(None, "the mapping table(s) used for the conversion", "--map")
+    tol: float = _opt(1e-5, "the smallest bound on each output's and layer's error")
+    seed: int = _opt(0, "the seed of generated inputs")
+    batch: int = _opt(1, "the batch of generated inputs")
+    input_shape: Any = _opt(None, "one input shape, or a list, one per input")
+    inputs: Any = _opt(None, "a file of real inputs, or arrays", "--input")
+    input_dtype: Any = _opt(None, "the generated inputs' dtypes")
+    input_range: Any = _opt(None, "the generated inputs' (low, high) ranges")
+    dtype: str = _opt("float32", "float32 or float64, both sides")
+    device: str = _opt("cpu", "cpu, gpu or ascend, both sides")
+    torch_device: str | None = _opt(None, "the PyTorch side's device, over --device")
+    ms_device: str | None = _opt(None, "the MindSpore side's device, over --device")
+    noise_floor: bool = _opt(True, "also run PyTorch in float64 for the per-tensor noise",
+                             "--no-noise-floor")
+    key: str | None = _opt(None, "the state dict's key inside the checkpoint")
+    unsafe_pickle: bool = _opt(False, "unpickle arbitrary objects (trusted files only)")
+    report: Any = _opt(None, "also write a self-contained HTML report there")
+    force: bool = _opt(False, "replace an existing report")
+    config: Any = _opt(None, "the model's config.json (or a dict)")
+    ms_options: dict[str, Any] | None = _opt(None, "a known family's options", "--ms-option")
+    mode: str = _opt("auto", "whole, layers or auto (by the memory)")
+    revision: str | None = _opt(None, "a Hugging Face id's branch, tag or commit")
+
+    @classmethod
+    def names(cls) -> list[str]:
+        return [f.name for f in fields(cls)]
+
+
+__all__ = ["VerifyOptions"]

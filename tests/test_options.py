@@ -1,0 +1,65 @@
+"""The options objects are the single source of truth for a command's options: every
+field has its CLI flag and every flag (but the CLI's own: how to show the result) a
+field, with the same default; the library's keyword arguments are the fields."""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import MISSING, fields
+
+import click.core
+
+import ms_port
+from ms_port.cli import main
+from ms_port.options import VerifyOptions
+
+#: click's "no default" (8.2 and later), else None
+UNSET = getattr(click.core, "UNSET", None)
+
+#: the CLI's own flags: how the result is shown, not what verify does
+CLI_ONLY = {"--show", "--json", "--quiet"}
+
+
+def _flags(command) -> dict[str, object]:
+    """flag -> the click parameter."""
+    found = {}
+    for param in command.params:
+        for opt in (*getattr(param, "opts", ()), *getattr(param, "secondary_opts", ())):
+            if opt.startswith("--"):
+                found[opt] = param
+    return found
+
+
+def test_every_verify_field_has_its_flag_and_default():
+    flags = _flags(main.commands["verify"])
+    for f in fields(VerifyOptions):
+        flag = f.metadata["flag"] or f"--{f.name.replace('_', '-')}"
+        assert flag in flags, f"VerifyOptions.{f.name}: no {flag} on the verify command"
+        assert f.metadata["help"], f.name
+        param = flags[flag]
+        cli_default = None if param.default is UNSET else param.default
+        if getattr(param, "is_flag", False) and cli_default is None:
+            cli_default = False  # a switch left off
+        if flag.startswith("--no-"):  # an inverted switch: off means the field's True
+            assert f.default is True and not cli_default and param.is_flag, f.name
+        elif getattr(param, "multiple", False) or f.default is None:
+            assert not cli_default and f.default in (None, ()), (f.name, cli_default)
+        else:
+            assert cli_default == f.default, (f.name, cli_default, f.default)
+
+
+def test_every_verify_flag_has_its_field():
+    named = {f.metadata["flag"] or f"--{f.name.replace('_', '-')}"
+             for f in fields(VerifyOptions)}
+    for flag, param in _flags(main.commands["verify"]).items():
+        if flag in CLI_ONLY or flag in named:
+            continue
+        assert any(o in named for o in param.opts), f"{flag} has no VerifyOptions field"
+
+
+def test_the_library_keywords_are_the_fields():
+    params = inspect.signature(ms_port.verify).parameters
+    keywords = {n for n, p in params.items() if p.kind is p.KEYWORD_ONLY} - {"progress"}
+    assert keywords == set(VerifyOptions.names())
+    for f in fields(VerifyOptions):
+        assert f.default is not MISSING and params[f.name].default == f.default, f.name
