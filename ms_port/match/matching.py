@@ -108,55 +108,10 @@ def make_plan(
         raise ValueError(f"cannot cast to {dtype!r}; choose one of {sorted(FLOAT_DTYPES)}")
     _check_explicit(mapping, source, target)
 
-    layer_of, siblings = target.layers(), target.siblings()
-    by_path = _ByPath(target)
-    proposals: dict[str, list[tuple[str, str, str, tuple[Transform, ...]]]] = {}
-    dropped: list[Dropped] = []
-    explicit_sources = {e.source: e for e in mapping.tensors.values() if e.init is None}
-    fan_out: list[Conflict] = []
     config = config if config is not None else source.config
     many = Many(source, target, mapping, config, dtype)
     many.run()
-    dropped += many.dropped
-    fan_out += many.conflicts
-
-    for info in source:
-        s = info.name
-        if s in many.consumed:
-            continue
-        if s in explicit_sources:
-            e = explicit_sources[s]
-            proposals.setdefault(e.target, []).append(
-                (s, "mapping", f"tensors entry in {mapping.origin}", e.transforms))
-            continue
-        pattern = mapping.dropped_by(s)
-        if pattern is not None:
-            dropped.append(Dropped(s, f"drop: {pattern} ({mapping.origin})"))
-            continue
-        found = _propose_one(s, mapping, target, layer_of, siblings)
-        if not found and by_path.names:
-            by_path.found[s] = by_path.propose(info, mapping, target)
-            continue
-        if len({t for t, *_ in found}) > 1:
-            names = tuple(t for t, *_ in found)
-            fan_out.append(Conflict("fan-out", names, (s,),
-                                    f"source {s!r} could fill {', '.join(map(repr, names))}; "
-                                    "add a tensors: entry to say which"))
-            continue
-        for t, how, detail, tfs in found:
-            if t in mapping.tensors or t in many.matches:  # an explicit/fused entry owns it
-                continue
-            proposals.setdefault(t, []).append((s, how, detail, tfs))
-    # by path only where no name claims the tensor (a module two paths reach, timm's and
-    # MindCV's CoaT position encoding, is claimed by its name)
-    by_target: dict[str, list[tuple[str, str, str, tuple]]] = {}
-    for s, found in by_path.found.items():
-        if len(found) == 1:
-            t, how, detail, tfs = found[0]
-            by_target.setdefault(t, []).append((s, how, detail, tfs))
-    for t, props in by_target.items():
-        if t not in proposals and t not in mapping.tensors and t not in many.matches:
-            proposals[t] = props  # two sources by one path: a claim, as by names
+    proposals, dropped, fan_out = _propose(source, target, mapping, many)
 
     matches: dict[str, Match] = dict(many.matches)
     conflicts: list[Conflict] = list(fan_out)
@@ -200,6 +155,7 @@ def make_plan(
     if align:
         ambiguous = align_leftovers(source, target, mapping, matches, used, conflicted_targets,
                                      proposals, dropped, dtype, notes)
+    layer_of = target.layers()
     for name, tt in target.tensors.items():
         # what PyTorch has no counterpart for: a declared value, never a silent default
         if name in matches or name in conflicted_targets or name in proposals:
@@ -265,6 +221,59 @@ def make_plan(
                 notes=list(target.notes) + many.notes + notes, params=many.params)
     plan.differences = differences(plan)
     return plan
+
+
+def _propose(source: Source, target: Target, mapping: MappingTable, many: Many) -> tuple[
+        dict[str, list[tuple[str, str, str, tuple[Transform, ...]]]], list[Dropped],
+        list[Conflict]]:
+    """Stages 1-4 for every source tensor the fused/split stage left: (target -> the
+    sources proposed for it, the dropped, the fan-out conflicts)."""
+    layer_of, siblings = target.layers(), target.siblings()
+    by_path = _ByPath(target)
+    proposals: dict[str, list[tuple[str, str, str, tuple[Transform, ...]]]] = {}
+    dropped: list[Dropped] = list(many.dropped)
+    explicit_sources = {e.source: e for e in mapping.tensors.values() if e.init is None}
+    fan_out: list[Conflict] = list(many.conflicts)
+
+    for info in source:
+        s = info.name
+        if s in many.consumed:
+            continue
+        if s in explicit_sources:
+            e = explicit_sources[s]
+            proposals.setdefault(e.target, []).append(
+                (s, "mapping", f"tensors entry in {mapping.origin}", e.transforms))
+            continue
+        pattern = mapping.dropped_by(s)
+        if pattern is not None:
+            dropped.append(Dropped(s, f"drop: {pattern} ({mapping.origin})"))
+            continue
+        found = _propose_one(s, mapping, target, layer_of, siblings)
+        if not found and by_path.names:
+            by_path.found[s] = by_path.propose(info, mapping, target)
+            continue
+        if len({t for t, *_ in found}) > 1:
+            names = tuple(t for t, *_ in found)
+            fan_out.append(Conflict("fan-out", names, (s,),
+                                    f"source {s!r} could fill {', '.join(map(repr, names))}; "
+                                    "add a tensors: entry to say which"))
+            continue
+        for t, how, detail, tfs in found:
+            if t in mapping.tensors or t in many.matches:  # an explicit/fused entry owns it
+                continue
+            proposals.setdefault(t, []).append((s, how, detail, tfs))
+    # by path only where no name claims the tensor (a module two paths reach, timm's and
+    # MindCV's CoaT position encoding, is claimed by its name)
+    by_target: dict[str, list[tuple[str, str, str, tuple]]] = {}
+    for s, found in by_path.found.items():
+        if len(found) == 1:
+            t, how, detail, tfs = found[0]
+            by_target.setdefault(t, []).append((s, how, detail, tfs))
+    for t, props in by_target.items():
+        if t not in proposals and t not in mapping.tensors and t not in many.matches:
+            proposals[t] = props  # two sources by one path: a claim, as by names
+
+    return proposals, dropped, fan_out
 
 
 def _propose_one(s: str, mapping: MappingTable, target: Target,
