@@ -245,10 +245,7 @@ def _parity(r: Any, *, limit: int | None, show: str) -> Any:
         lines.append(f"[red]non-finite weights: {escape(w)}[/]")
     if show == "all":
         for c in r.layers:
-            mark = {"fail": "[red]✗[/]", "nonfinite": "[red]✗[/]",
-                    "insensitive": "[yellow]~[/]"}.get(c.status, "[green]✓[/]")
-            lines.append(f"{mark} {c.index:>4} {escape(c.name)} [{escape(c.torch_kind)}] "
-                         f"error {_num(c.error)} bound {_num(c.bound)} ({c.paired_by})")
+            lines.append(_layer_row(c))
     for note in r.notes[: limit or 10]:
         lines.append(f"[dim]note: {escape(note)}[/]")
     fed = "; ".join(escape(f"{i['name']} {i['dtype']} {i['shape']} {i['origin']}")
@@ -264,6 +261,26 @@ def _parity(r: Any, *, limit: int | None, show: str) -> Any:
         lines.append("timings: " + ", ".join(f"{k} {v:.2f}s" for k, v in r.timings.items()))
     return Panel("\n".join(lines),
                  title=f"[bold {style}]{verdict}[/]", title_align="left", border_style=style)
+
+
+#: a layer row's mark by status, and what the row says of a status that is not a pass
+_LAYER_MARKS = {"fail": "[red]✗[/]", "nonfinite": "[red]✗[/]", "insensitive": "[yellow]~[/]",
+                "boundary": "[yellow]◇[/]", "skipped": "[dim]·[/]", "ok": "[green]✓[/]"}
+_LAYER_SAYS = {"insensitive": "barely depends on the input",
+               "boundary": "over its bound but not counted: the two networks draw this "
+                           "block's edge differently",
+               "skipped": "not compared"}
+
+
+def _layer_row(c: Any) -> str:
+    """One layer of ``--show all``: its mark, and where it is no plain pass or fail, why."""
+    row = (f"{_LAYER_MARKS.get(c.status, '[green]✓[/]')} {c.index:>4} {escape(c.name)} "
+           f"[{escape(c.torch_kind)}] error {_num(c.error)} bound {_num(c.bound)} "
+           f"({c.paired_by})")
+    says = _LAYER_SAYS.get(c.status)
+    if says:
+        row += f" — {says}" + (f": {escape(c.note)}" if c.note else "")
+    return row
 
 
 @dataclass(frozen=True)

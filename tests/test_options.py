@@ -63,3 +63,4 @@ def test_the_library_keywords_are_the_fields():
     assert keywords == set(VerifyOptions.names())
     for f in fields(VerifyOptions):
         assert f.default is not MISSING and params[f.name].default == f.default, f.name
+

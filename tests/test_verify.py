@@ -194,3 +194,26 @@ def test_a_network_holding_plain_tensors_and_aliased_parameters_verifies(tmp_pat
     report = ms_port.verify(pth, ckpt, torch_model=_torch_with_plain_tensors,
                             ms_model=_ms_with_plain_tensors, input_shape=(4,), batch=4)
     assert report.verdict == "PASS", report.message
+
+
+def test_show_all_says_why_a_layer_over_its_bound_is_not_counted():
+    """A boundary layer (over its bound, not counted) was marked ✓ with nothing on its row."""
+    from rich.console import Console
+
+    from ms_port.check.report import LayerComparison
+    from ms_port.render import _layer_row
+
+    def row(status: str, note: str | None) -> str:
+        layer = LayerComparison(
+            index=7, ms="blocks.0.norm1", torch="blocks.0.norm1", call=0, ms_kind="LayerNorm",
+            torch_kind="LayerNorm", paired_by="name", shape=(1, 8), error=3e-5, max_abs=1e-4,
+            noise=1e-7, bound=1e-5, sensitivity=0.3, status=status, note=note)
+        console = Console(width=300, no_color=True)
+        with console.capture() as out:
+            console.print(_layer_row(layer))
+        return out.get()
+
+    boundary = row("boundary", "its block blocks.0 agrees")
+    assert "✓" not in boundary and "not counted" in boundary
+    assert "its block blocks.0 agrees" in boundary
+    assert "✗" in row("fail", None) and "✓" in row("ok", None)
