@@ -362,15 +362,7 @@ def _moves(src: list[Layer], tgt: list[Layer], splits: bool = True) -> list[_Mov
               for j in by_sig.get(_without_bias(sig), ())]
     for whole_is_source, whole, many, whole_sigs in ((True, src, tgt, sigs),
                                                      (False, tgt, src, tsigs)) * splits:
-        runs: dict[frozenset, list[tuple[int, int]]] = {}
-        for start in range(len(many)):
-            for k in range(2, MAX_PARTS + 1):
-                if start + k > len(many):
-                    break
-                joined = _joined(many[start:start + k], whole_is_source)
-                if joined is None:
-                    break  # no longer run from here can be one layer's parts either
-                runs.setdefault(joined, []).append((start, k))
+        runs = sibling_runs(many, whole_is_source)
         for w, sig in enumerate(whole_sigs):
             for start, k in runs.get(sig, ()):
                 if _row_sizes_agree(whole[w], many[start:start + k]):
@@ -379,6 +371,21 @@ def _moves(src: list[Layer], tgt: list[Layer], splits: bool = True) -> list[_Mov
     if splits:
         moves += _weight_splits(src, tgt, sigs)
     return moves
+
+
+def sibling_runs(many: list[Layer], target: bool) -> dict[frozenset, list[tuple[int, int]]]:
+    """Every run of 2..MAX_PARTS consecutive sibling layers that can be one layer's parts,
+    by the signature they make joined (:func:`_joined`): ``(start, length)`` each."""
+    runs: dict[frozenset, list[tuple[int, int]]] = {}
+    for start in range(len(many)):
+        for k in range(2, MAX_PARTS + 1):
+            if start + k > len(many):
+                break
+            joined = _joined(many[start:start + k], target)
+            if joined is None:
+                break  # no longer run from here can be one layer's parts either
+            runs.setdefault(joined, []).append((start, k))
+    return runs
 
 
 def _weight_splits(src: list[Layer], tgt: list[Layer], sigs: list[frozenset]) -> list[_Move]:

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from .align import MAX_PARTS, MAX_RIVALS, AlignedPair, Alignment, Layer, _joined, _row_sizes_agree
+from .align import MAX_RIVALS, AlignedPair, Alignment, Layer, _row_sizes_agree, sibling_runs
 from .closest import _tokens, shared_words
 
 #: path segments that name the same thing in the zoos (a residual block's shortcut)
@@ -406,15 +406,8 @@ def _split_alone(free: _Free) -> list[AlignedPair]:
     for whole_is_source in (True, False):
         wholes = free.sources() if whole_is_source else free.targets()
         many = free.targets() if whole_is_source else free.sources()
-        runs: dict[frozenset, list[list[Layer]]] = {}
-        for start in range(len(many)):
-            for k in range(2, MAX_PARTS + 1):
-                if start + k > len(many):
-                    break
-                joined = _joined(many[start:start + k], whole_is_source)
-                if joined is None:
-                    break
-                runs.setdefault(joined, []).append(many[start:start + k])
+        runs = {sig: [many[start:start + k] for start, k in found]
+                for sig, found in sibling_runs(many, whole_is_source).items()}
         by_sig: dict[frozenset, list[Layer]] = {}
         for w in wholes:
             by_sig.setdefault(w.signature(not whole_is_source), []).append(w)
