@@ -12,6 +12,7 @@ from typing import Any, Callable
 from .errors import MsPortError, TargetError
 from .match.patterns import Pattern, PatternError, compile_pattern
 from .match.plan import Plan, make_plan
+from .options import ConvertOptions
 from .read.sources import Source, read_source
 from .read.targets import Target, from_arch
 from .reports import ConversionReport, InspectReport
@@ -215,28 +216,14 @@ def convert(
         >>> report.ok, report.written.readback
         (True, 'bit-exact')
     """
-    if output is None and not dry_run:
-        raise MsPortError("no output given; pass -o FILE (output=...) or --dry-run")
-    inputs = [source if isinstance(source, (str, Path)) else getattr(source, "path", None),
-              target if isinstance(target, (str, Path)) else None]
-    if output is not None and not dry_run:
-        if max_shard_size is not None:
-            from .write.directory import check_directory, parse_size
-
-            parse_size(max_shard_size)
-            check_directory(output, force=force, inputs=inputs)
-        else:
-            check_output(output, force=force)
-        check_not_input(output, *inputs)
-    if save_map is not None:
-        check_output(save_map, force=force)
-        check_not_input(save_map, *inputs)
-    if model_config is not None:
-        from .write.model_config import check_model_config
-
-        check_model_config(model_config, ms_model=ms_model, arch=arch, template=target,
-                           force=force, dry_run=dry_run, inputs=tuple(inputs),
-                           outputs=(output, save_map))
+    opts = ConvertOptions(
+        output=output, arch=arch, target=target, ms_model=ms_model, mapping=mapping,
+        format=format, dtype=dtype, force=force, dry_run=dry_run, save_map=save_map,
+        allow_missing=allow_missing, allow_unused=allow_unused,
+        allow_shape_match=allow_shape_match, check_finite=check_finite, crc=crc, key=key,
+        unsafe_pickle=unsafe_pickle, align=align, config=config, ms_options=ms_options,
+        max_shard_size=max_shard_size, revision=revision, model_config=model_config)
+    _check_outputs(source, opts)
     p = plan(source, arch=arch, target=target, ms_model=ms_model, mapping=mapping,
              allow_missing=allow_missing, allow_unused=allow_unused,
              allow_shape_match=allow_shape_match, dtype=dtype, key=key,
@@ -248,30 +235,11 @@ def convert(
     if save_map is not None:  # the same rules as every output: no clobbering, atomic
         saved = str(write_text(save_map, p.to_yaml(), force=force))
     out = None if output is None else str(output)
-    mf_yaml = None
-    if model_config is not None and p.ok:  # built (and checked) before any weight is written
-        from .read.targets import family_options
-        from .write.model_config import FAMILY, mindformers_yaml
-
-        if not dry_run:  # the files found beside the source are inputs too
-            check_not_input(model_config, p.source.path, p.source.config_path)
-        mf_yaml = mindformers_yaml(
-            p.source.config, origin=str(p.source.config_path), checkpoint=output,
-            qkv_concat=family_options(FAMILY, ms_options).get("qkv_concat", False),
-            checkpoint_format="safetensors" if max_shard_size is not None else format)
+    # built (and checked) before any weight is written
+    mf_yaml = _mindformers_yaml(p, opts) if model_config is not None and p.ok else None
     if not p.ok or dry_run:
         return ConversionReport(p.ok, p, out, dry_run=dry_run, saved_map=saved)
-    if max_shard_size is not None:
-        from .write.directory import write_directory
-
-        if crc:
-            raise MsPortError("sharded output is MindSpore safetensors, which has no CRC "
-                              "trailer; drop --crc")
-        written = write_directory(p, output, layout="mindspore", max_shard_size=max_shard_size,
-                                  force=force, check_finite=check_finite, progress=progress)
-    else:
-        written = write_plan(p, output, format=format, force=force, crc=crc,
-                             check_finite=check_finite, progress=progress)
+    written = _write(p, opts, progress)
     mf_config = None
     if mf_yaml is not None:
         from .write.model_config import write_model_config
@@ -279,6 +247,61 @@ def convert(
         mf_config = write_model_config(model_config, mf_yaml, force=force)
     return ConversionReport(True, p, out, written=written, saved_map=saved,
                             nonfinite=written.nonfinite, model_config=mf_config)
+
+
+def _check_outputs(source: Any, opts: ConvertOptions) -> None:
+    """Every file convert would write, checked before anything is read: never replaced
+    without ``force``, never one of the inputs."""
+    if opts.output is None and not opts.dry_run:
+        raise MsPortError("no output given; pass -o FILE (output=...) or --dry-run")
+    inputs = [source if isinstance(source, (str, Path)) else getattr(source, "path", None),
+              opts.target if isinstance(opts.target, (str, Path)) else None]
+    if opts.output is not None and not opts.dry_run:
+        if opts.max_shard_size is not None:
+            from .write.directory import check_directory, parse_size
+
+            parse_size(opts.max_shard_size)
+            check_directory(opts.output, force=opts.force, inputs=inputs)
+        else:
+            check_output(opts.output, force=opts.force)
+        check_not_input(opts.output, *inputs)
+    if opts.save_map is not None:
+        check_output(opts.save_map, force=opts.force)
+        check_not_input(opts.save_map, *inputs)
+    if opts.model_config is not None:
+        from .write.model_config import check_model_config
+
+        check_model_config(opts.model_config, ms_model=opts.ms_model, arch=opts.arch,
+                           template=opts.target, force=opts.force, dry_run=opts.dry_run,
+                           inputs=tuple(inputs), outputs=(opts.output, opts.save_map))
+
+
+def _mindformers_yaml(p: Plan, opts: ConvertOptions) -> Any:
+    """MindFormers' YAML for the converted checkpoint (``model_config``)."""
+    from .read.targets import family_options
+    from .write.model_config import FAMILY, mindformers_yaml
+
+    if not opts.dry_run:  # the files found beside the source are inputs too
+        check_not_input(opts.model_config, p.source.path, p.source.config_path)
+    return mindformers_yaml(
+        p.source.config, origin=str(p.source.config_path), checkpoint=opts.output,
+        qkv_concat=family_options(FAMILY, opts.ms_options).get("qkv_concat", False),
+        checkpoint_format="safetensors" if opts.max_shard_size is not None else opts.format)
+
+
+def _write(p: Plan, opts: ConvertOptions, progress: Progress | None) -> Any:
+    """The plan written: one file, or safetensors shards with their name map."""
+    if opts.max_shard_size is not None:
+        from .write.directory import write_directory
+
+        if opts.crc:
+            raise MsPortError("sharded output is MindSpore safetensors, which has no CRC "
+                              "trailer; drop --crc")
+        return write_directory(p, opts.output, layout="mindspore",
+                               max_shard_size=opts.max_shard_size, force=opts.force,
+                               check_finite=opts.check_finite, progress=progress)
+    return write_plan(p, opts.output, format=opts.format, force=opts.force, crc=opts.crc,
+                      check_finite=opts.check_finite, progress=progress)
 
 
 def verify(

@@ -24,6 +24,40 @@ def _opt(default: Any, help: str, flag: str | None = None) -> Any:
 
 
 @dataclass(frozen=True)
+class ConvertOptions:
+    """What ``convert`` writes and how strictly (see :func:`ms_port.convert`)."""
+
+    output: Any = _opt(None, "the file (or, with max_shard_size, the directory) to write")
+    arch: str | None = _opt(None, "the target: a registered architecture")
+    target: Any = _opt(None, "the target: a template MindSpore checkpoint")
+    ms_model: Any = _opt(None, "the target: a Cell factory, mindcv:NAME, or a family")
+    mapping: Any = _opt(None, "extra mapping table(s)", "--map")
+    format: str = _opt("ckpt", "ckpt or safetensors")
+    dtype: str | None = _opt(None, "cast floating-point tensors (float32/float16/bfloat16)")
+    force: bool = _opt(False, "replace an existing output once the new one is verified")
+    dry_run: bool = _opt(False, "stop after the plan; write nothing")
+    save_map: Any = _opt(None, "write the plan as a mapping YAML")
+    allow_missing: bool = _opt(False, "write even if target tensors are unfilled")
+    allow_unused: bool = _opt(False, "write even if source tensors are unused")
+    allow_shape_match: bool = _opt(False, "fill leftovers by equal shape, in order")
+    check_finite: bool = _opt(False, "refuse weights holding NaN/Inf")
+    crc: bool = _opt(False, "append MindSpore's CRC trailer")
+    key: str | None = _opt(None, "the state dict's key inside the checkpoint")
+    unsafe_pickle: bool = _opt(False, "unpickle arbitrary objects (trusted files only)")
+    align: bool = _opt(True, "pair the layers names leave unpaired by structure",
+                       "--no-align")
+    config: Any = _opt(None, "the model's config.json (or a dict)")
+    ms_options: dict[str, Any] | None = _opt(None, "a known family's options", "--ms-option")
+    max_shard_size: Any = _opt(None, "write shards of at most this size (2GB)")
+    revision: str | None = _opt(None, "a Hugging Face id's branch, tag or commit")
+    model_config: Any = _opt(None, "also write MindFormers' YAML here")
+
+    @classmethod
+    def names(cls) -> list[str]:
+        return [f.name for f in fields(cls)]
+
+
+@dataclass(frozen=True)
 class VerifyOptions:
     """What ``verify`` compares and how (see :func:`ms_port.verify`)."""
 
@@ -60,4 +94,4 @@ class VerifyOptions:
         return [f.name for f in fields(cls)]
 
 
-__all__ = ["VerifyOptions"]
+__all__ = ["ConvertOptions", "VerifyOptions"]

@@ -8,10 +8,15 @@ import inspect
 from dataclasses import MISSING, fields
 
 import click.core
+import pytest
 
 import ms_port
 from ms_port.cli import main
-from ms_port.options import VerifyOptions
+from ms_port.options import ConvertOptions, VerifyOptions
+
+#: command, its options object, the library's function
+COMMANDS = [("verify", VerifyOptions, ms_port.verify), ("convert", ConvertOptions,
+                                                          ms_port.convert)]
 
 #: click's "no default" (8.2 and later), else None
 UNSET = getattr(click.core, "UNSET", None)
@@ -30,11 +35,12 @@ def _flags(command) -> dict[str, object]:
     return found
 
 
-def test_every_verify_field_has_its_flag_and_default():
-    flags = _flags(main.commands["verify"])
-    for f in fields(VerifyOptions):
+@pytest.mark.parametrize(("command", "options", "function"), COMMANDS)
+def test_every_field_has_its_flag_and_default(command, options, function):
+    flags = _flags(main.commands[command])
+    for f in fields(options):
         flag = f.metadata["flag"] or f"--{f.name.replace('_', '-')}"
-        assert flag in flags, f"VerifyOptions.{f.name}: no {flag} on the verify command"
+        assert flag in flags, f"{options.__name__}.{f.name}: no {flag} on {command}"
         assert f.metadata["help"], f.name
         param = flags[flag]
         cli_default = None if param.default is UNSET else param.default
@@ -48,19 +54,20 @@ def test_every_verify_field_has_its_flag_and_default():
             assert cli_default == f.default, (f.name, cli_default, f.default)
 
 
-def test_every_verify_flag_has_its_field():
-    named = {f.metadata["flag"] or f"--{f.name.replace('_', '-')}"
-             for f in fields(VerifyOptions)}
-    for flag, param in _flags(main.commands["verify"]).items():
+@pytest.mark.parametrize(("command", "options", "function"), COMMANDS)
+def test_every_flag_has_its_field(command, options, function):
+    named = {f.metadata["flag"] or f"--{f.name.replace('_', '-')}" for f in fields(options)}
+    for flag, param in _flags(main.commands[command]).items():
         if flag in CLI_ONLY or flag in named:
             continue
-        assert any(o in named for o in param.opts), f"{flag} has no VerifyOptions field"
+        assert any(o in named for o in param.opts), f"{flag} has no {options.__name__} field"
 
 
-def test_the_library_keywords_are_the_fields():
-    params = inspect.signature(ms_port.verify).parameters
+@pytest.mark.parametrize(("command", "options", "function"), COMMANDS)
+def test_the_library_keywords_are_the_fields(command, options, function):
+    params = inspect.signature(function).parameters
     keywords = {n for n, p in params.items() if p.kind is p.KEYWORD_ONLY} - {"progress"}
-    assert keywords == set(VerifyOptions.names())
-    for f in fields(VerifyOptions):
+    assert keywords == set(options.names())
+    for f in fields(options):
         assert f.default is not MISSING and params[f.name].default == f.default, f.name
 
