@@ -12,7 +12,7 @@ from typing import Any, Callable
 from .errors import MsPortError, TargetError
 from .match.patterns import Pattern, PatternError, compile_pattern
 from .match.plan import Plan, make_plan
-from .options import ConvertOptions
+from .options import ConvertOptions, ExportOptions
 from .read.sources import Source, read_source
 from .read.targets import Target, from_arch
 from .reports import ConversionReport, InspectReport
@@ -444,24 +444,17 @@ def export(
         >>> report.ok, report.plan.counts["restored"]
         (True, 53)
     """
-    from .match.inversion import FORMATS, ExportReport, export_plan
-    from .read.sources import read_config
+    from .match.inversion import ExportReport, export_plan
 
+    opts = ExportOptions(
+        output=output, arch=arch, torch_model=torch_model, target=target, ms_model=ms_model,
+        mapping=mapping, format=format, dtype=dtype, force=force, dry_run=dry_run,
+        allow_missing=allow_missing, allow_unused=allow_unused, config=config,
+        max_shard_size=max_shard_size, ms_options=ms_options)
     if output is None and not dry_run:
         raise TargetError("no output given; pass -o FILE (output=...) or --dry-run")
-    cfg, cfg_path = (config, "config (a dict)") if isinstance(config, dict) else (
-        (read_config(config), str(config)) if config is not None else (None, None))
-    if cfg is None and target is not None and Path(target).is_dir():
-        found = Path(target) / "config.json"
-        cfg, cfg_path = (read_config(found), str(found)) if found.is_file() else (None, None)
-    to_directory = cfg is not None or max_shard_size is not None
-    fmt = "safetensors" if to_directory else (
-        format or ("safetensors" if str(output).endswith(".safetensors") else "pth"))
-    if fmt not in FORMATS:
-        raise TargetError(f"unknown export format {fmt!r}; choose pth or safetensors")
-    if to_directory and cfg is None:
-        raise TargetError("a sharded export writes a Hugging Face model directory; pass the "
-                          "model's --config config.json")
+    cfg, cfg_path, fmt = _export_format(opts)
+    to_directory = cfg is not None
     if output is not None and not dry_run:
         if to_directory:
             from .write.directory import check_directory
@@ -485,6 +478,29 @@ def export(
     else:
         written = write_plan(p, output, format=fmt, force=force, progress=progress)
     return ExportReport(True, p, out, written=written, nonfinite=written.nonfinite)
+
+
+def _export_format(opts: ExportOptions) -> tuple[Any, str | None, str]:
+    """(the Hugging Face config, where it came from, the output format): a config (given,
+    or beside a template directory) makes the output a model directory of safetensors."""
+    from .match.inversion import FORMATS
+    from .read.sources import read_config
+
+    config, target = opts.config, opts.target
+    cfg, cfg_path = (config, "config (a dict)") if isinstance(config, dict) else (
+        (read_config(config), str(config)) if config is not None else (None, None))
+    if cfg is None and target is not None and Path(target).is_dir():
+        found = Path(target) / "config.json"
+        cfg, cfg_path = (read_config(found), str(found)) if found.is_file() else (None, None)
+    to_directory = cfg is not None or opts.max_shard_size is not None
+    fmt = "safetensors" if to_directory else (
+        opts.format or ("safetensors" if str(opts.output).endswith(".safetensors") else "pth"))
+    if fmt not in FORMATS:
+        raise TargetError(f"unknown export format {fmt!r}; choose pth or safetensors")
+    if to_directory and cfg is None:
+        raise TargetError("a sharded export writes a Hugging Face model directory; pass the "
+                          "model's --config config.json")
+    return cfg, cfg_path, fmt
 
 
 def diff(

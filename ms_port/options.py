@@ -58,6 +58,33 @@ class ConvertOptions:
 
 
 @dataclass(frozen=True)
+class ExportOptions:
+    """What ``export`` writes back to PyTorch (see :func:`ms_port.export`)."""
+
+    output: Any = _opt(None, "the .pth or .safetensors file (or model directory) to write")
+    arch: str | None = _opt(None, "the PyTorch side: a registered architecture")
+    torch_model: Any = _opt(None, "the PyTorch side: module:callable building the network")
+    target: Any = _opt(None, "the PyTorch side: a template .pth/.safetensors file")
+    ms_model: Any = _opt(None, "the MindSpore network, so rules know its layer types")
+    mapping: Any = _opt(None, "extra mapping table(s), written PyTorch -> MindSpore", "--map")
+    format: str | None = _opt(None, "pth or safetensors (default: from the output's suffix)")
+    dtype: str | None = _opt(None, "cast floating-point tensors")
+    force: bool = _opt(False, "replace an existing output once the new one is verified")
+    dry_run: bool = _opt(False, "stop after the plan; write nothing")
+    allow_missing: bool = _opt(False, "write even if PyTorch tensors are unfilled")
+    allow_unused: bool = _opt(False, "write even if checkpoint tensors are unused")
+    config: Any = _opt(None, "a Hugging Face model's config.json: write a model directory")
+    max_shard_size: Any = _opt(None, "write shards of at most this size")
+    ms_options: dict[str, Any] | None = _opt(None, "the options of a known --ms-model "
+                                                   "family it was converted with",
+                                             "--ms-option")
+
+    @classmethod
+    def names(cls) -> list[str]:
+        return [f.name for f in fields(cls)]
+
+
+@dataclass(frozen=True)
 class VerifyOptions:
     """What ``verify`` compares and how (see :func:`ms_port.verify`)."""
 
@@ -94,4 +121,4 @@ class VerifyOptions:
         return [f.name for f in fields(cls)]
 
 
-__all__ = ["ConvertOptions", "VerifyOptions"]
+__all__ = ["ConvertOptions", "ExportOptions", "VerifyOptions"]

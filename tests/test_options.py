@@ -12,11 +12,12 @@ import pytest
 
 import ms_port
 from ms_port.cli import main
-from ms_port.options import ConvertOptions, VerifyOptions
+from ms_port.options import ConvertOptions, ExportOptions, VerifyOptions
 
 #: command, its options object, the library's function
-COMMANDS = [("verify", VerifyOptions, ms_port.verify), ("convert", ConvertOptions,
-                                                          ms_port.convert)]
+COMMANDS = [("verify", VerifyOptions, ms_port.verify),
+            ("convert", ConvertOptions, ms_port.convert),
+            ("export", ExportOptions, ms_port.export)]
 
 #: click's "no default" (8.2 and later), else None
 UNSET = getattr(click.core, "UNSET", None)
