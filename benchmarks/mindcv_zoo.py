@@ -254,6 +254,8 @@ def run_one(pair: dict, work: Path, verify: bool) -> dict:
         import torch
 
         model = build_twin(twin)
+        size = _input_size(mc, model, size)
+        out["input_size"] = list(size)
         as_trained(model)
         _estimate(model, size)
         torch.save(model.state_dict(), pth)
@@ -301,6 +303,18 @@ def run_one(pair: dict, work: Path, verify: bool) -> dict:
                    layers=parity.layers_checked)
     out["verify_seconds"] = round(time.perf_counter() - t0, 2)
     return out
+
+
+def _input_size(mc: str, twin: object, size: tuple[int, ...]) -> tuple[int, ...]:
+    """MindCV's input size where its configuration names one; else the twin's, where
+    timm's names one (timm's SwinV2 asserts 256×256: MindCV runs at any size)."""
+    from ms_port.read.targets import zoo_input_shape
+
+    named = zoo_input_shape(f"mindcv:{mc}")
+    twin_size = (getattr(twin, "pretrained_cfg", None) or {}).get("input_size")
+    if named is not None and "names none" in named[1] and twin_size and len(twin_size) == 3:
+        return tuple(int(d) for d in twin_size)
+    return size
 
 
 def _first_line(exc: BaseException) -> str:
@@ -381,7 +395,8 @@ def classify(r: dict) -> str:
             return ("FAIL, named" if r.get("known") else
                     "FAIL, located" if r.get("between") else "FAIL")
         if verdict == "ERROR" or (verdict is None and "verify_seconds" in r):
-            return "MindCV fails"
+            return ("MindCV fails" if "MindSpore" in r.get("verdict_detail", "")
+                    else "other")
         return "converted" if verdict is None else "other"
     if r["outcome"] == "refused":
         detail = r.get("detail", "")
@@ -427,7 +442,8 @@ def render(pairs: list[dict], results: list[dict], meta: dict) -> str:
     lines = [BEGIN, "",
              f"Run {meta.get('date', '?')} on {meta.get('machine', '?')}, "
              f"{meta.get('minutes', '?')} minutes; "
-             f"`python benchmarks/mindcv_zoo.py --write-docs` regenerates it.", "",
+             f"`python benchmarks/mindcv_zoo.py --verify {meta.get('verify', 'all')} "
+             "--write-docs` regenerates it.", "",
              f"- **{s['converted']} of {s['pairs']} pairs convert** with no mapping file "
              f"({100 * s['converted'] / max(s['pairs'], 1):.0f} %); of the "
              f"{s['same_count_pairs']} pairs whose twin has MindCV's parameter count, "
@@ -525,7 +541,7 @@ def main() -> None:
         started = time.perf_counter()
 
         def save(results: list[dict]) -> None:
-            meta = {"date": time.strftime("%Y-%m-%d %H:%M"),
+            meta = {"date": time.strftime("%Y-%m-%d %H:%M"), "verify": args.verify,
                     "machine": f"{os.cpu_count()} cores, {platform.machine()}",
                     "minutes": round(minutes + (time.perf_counter() - started) / 60, 1)}
             saved_json.parent.mkdir(parents=True, exist_ok=True)
