@@ -641,3 +641,25 @@ def test_a_pool_rounding_its_size_the_other_way_is_named_where_the_shapes_part()
             in report.message)
     assert "PyTorch rounds this pool's output size up (ceil_mode=True), MindSpore down" \
         in report.message
+
+
+def test_outputs_in_another_layout_compare_only_as_the_same_values():
+    """Channels last against channels first (ConvNeXt's blocks beside 1x1 convolutions) and
+    Swin's tokens against its map compare as the same values in another order; a map whose
+    values are not the reference's in that order stays over any bound, and shapes that are
+    no layout of each other are not compared at all."""
+    import numpy as np
+
+    from ms_port.check.compare import comparable, relative_error
+
+    rng = np.random.default_rng(0)
+    ref = rng.standard_normal((1, 8, 4, 4)).astype(np.float32)          # N, C, H, W
+    last = np.ascontiguousarray(ref.transpose(0, 2, 3, 1))              # N, H, W, C
+    assert np.array_equal(comparable(last, ref), ref)
+    swapped = np.ascontiguousarray(last.transpose(0, 2, 1, 3))          # H and W exchanged
+    assert relative_error(comparable(swapped, ref), ref)[0] > 0.5
+    tokens = rng.standard_normal((1, 16, 8)).astype(np.float32)         # N, L, C
+    assert np.array_equal(comparable(tokens, tokens.reshape(1, 4, 4, 8)),
+                          tokens.reshape(1, 4, 4, 8))
+    assert isinstance(comparable(rng.standard_normal((1, 8, 16)).astype(np.float32),
+                                 np.zeros((1, 16, 8), np.float32)), str)

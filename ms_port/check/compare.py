@@ -125,9 +125,10 @@ def comparable(value: np.ndarray, reference: np.ndarray) -> np.ndarray | str:
         # the same positions laid out in one axis or in several (a Swin's tokens, B×L×C,
         # against B×H×W×C): row-major either way, so the same values in the same order
         return value.reshape(reference.shape)
-    if value.ndim == reference.ndim >= 3 and value.shape[0] == reference.shape[0]:
-        # channels last against channels first (ConvNeXt's blocks on one side, 1x1
-        # convolutions on the other): the same values with the channel axis moved
+    if value.ndim == reference.ndim >= 4 and value.shape[0] == reference.shape[0]:
+        # a map channels last against channels first (ConvNeXt's blocks on one side, 1x1
+        # convolutions on the other): the same values with the channel axis moved. Not
+        # for (B, L, C) against (B, C, L): a sequence of one width is no map of another
         last = np.moveaxis(value, -1, 1)
         if last.shape == reference.shape:
             return last
