@@ -22,8 +22,9 @@ or converted with verify naming it. At most one torchvision and one timm twin pe
 model. MindCV models with no twin are listed.
 
 **Each pair** runs in a fresh process (``--one``): the twin built with seeded weights, every
-tensor its initialiser left constant moved off it (:func:`as_trained`), and BatchNorm
-statistics estimated on seeded data (:func:`ms_port.testing.estimate_batchnorm`), saved
+tensor its initialiser left constant moved off it (:func:`ms_port.testing.as_trained`),
+and BatchNorm statistics estimated on seeded data
+(:func:`ms_port.testing.estimate_batchnorm`), saved
 as a ``.pth``; ``ms_port.convert(pth, ms_model="mindcv:NAME")`` with no mapping
 file; then, where it converted, ``ms_port.verify`` at MindCV's default input size,
 ``tol=1e-5``. The outcome, the counts, the verdict and its first line, and the times are
@@ -218,14 +219,6 @@ def build_twin(twin: str, seed: int | None = 0):
     return timm.create_model(name, pretrained=False)
 
 
-def as_trained(model, seed: int = 1) -> None:
-    """Parameters an initialiser left constant moved off it, as training does
-    (:func:`ms_port.testing.as_trained`)."""
-    from ms_port.testing import as_trained as move
-
-    move(model, seed=seed)
-
-
 def _estimate(model, size: tuple[int, ...]) -> None:
     """BatchNorm statistics from seeded data; at 299 where the twin's training-mode
     forward needs it (Inception's auxiliary head)."""
@@ -256,7 +249,9 @@ def run_one(pair: dict, work: Path, verify: bool) -> dict:
         model = build_twin(twin)
         size = _input_size(mc, model, size)
         out["input_size"] = list(size)
-        as_trained(model)
+        from ms_port.testing import as_trained
+
+        as_trained(model, seed=1)
         _estimate(model, size)
         torch.save(model.state_dict(), pth)
         del model

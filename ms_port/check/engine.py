@@ -111,10 +111,10 @@ def verify(source: str | Path, checkpoint: str | Path, options: VerifyOptions,
     feed, zoo_shape = _inputs(opts, src, entry, language)
     request = Request(opts, src, ckpt, (str(source), str(checkpoint)), feed,
                       progress=progress)
-    result, local = _dispatch(request, entry, language)
-    if swapped and local:
+    result = _dispatch(request, entry, language)
+    if swapped:
         result.notes.append(f"{checkpoint} is the MindSpore side, {source} the PyTorch side")
-    if zoo_shape is not None and local:
+    if zoo_shape is not None:
         result.notes.append(f"inputs of {'×'.join(map(str, zoo_shape[0]))}: {zoo_shape[1]} "
                             "(--input-shape for another)")
     if opts.report is not None:
@@ -171,9 +171,8 @@ def _inputs(opts: VerifyOptions, src: Source, entry: Any,
     return feed, zoo_shape
 
 
-def _dispatch(request: Request, entry: Any, language: bool) -> tuple[Any, bool]:
-    """(the report of the driver the request calls for, whether it ran here rather than
-    in a family's own GRAPH-mode or tensors-only path)."""
+def _dispatch(request: Request, entry: Any, language: bool) -> Any:
+    """The report of the driver the request calls for."""
     from ..read.targets import FAMILIES, family_module
 
     opts, src = request.options, request.src
@@ -184,10 +183,10 @@ def _dispatch(request: Request, entry: Any, language: bool) -> tuple[Any, bool]:
     forward = getattr(module, "FORWARD", None)
     if forward is not None and opts.arch is None and opts.torch_model is None and language:
         family_fits(src, family, opts.ms_options)
-        return graph(request, forward), False
+        return graph(request, forward)
     if module is not None and getattr(module, "build", None) is None:
         family_fits(src, family, opts.ms_options)
-        return tensors_only(request, module.NO_FORWARD), False
+        return tensors_only(request, module.NO_FORWARD)
     if family is not None:  # a config that does not fit the checkpoint: one line, now
         from .language import family_builder
 
@@ -197,7 +196,7 @@ def _dispatch(request: Request, entry: Any, language: bool) -> tuple[Any, bool]:
                                   int(first.shape[1]) if first.ndim > 1 else 1)
     elif opts.ms_options:
         raise MsPortError(f"ms_options are for the known families ({', '.join(FAMILIES)})")
-    return _local(request, entry, ms_model, language), True
+    return _local(request, entry, ms_model, language)
 
 
 def _local(request: Request, entry: Any, ms_model: Any, language: bool) -> Any:

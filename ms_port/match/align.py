@@ -481,7 +481,8 @@ def _contested(on: list[_Move]) -> tuple[set[_Move], dict[tuple[bool, int], list
     return crossed, cover
 
 
-def _align_segment(src: list[Layer], tgt: list[Layer], out: Alignment, splits: bool) -> None:
+def _align_segment(src: list[Layer], tgt: list[Layer], out: Alignment, splits: bool,
+                   among: str = "between the same anchors") -> None:
     a, b = len(src), len(tgt)
     on = _optimal(_moves(src, tgt, splits), a, b)
     if not on:
@@ -507,7 +508,7 @@ def _align_segment(src: list[Layer], tgt: list[Layer], out: Alignment, splits: b
             continue  # a tie-break may not cross another pair
         last = m.j1 - 1
         kept.update(range(m.j, m.j1))
-        out.pairs.append(_pair(m, src, tgt, (a, b), why))
+        out.pairs.append(_pair(m, src, tgt, (a, b), why, among))
     for j in range(b):
         if j in kept:
             continue
@@ -534,14 +535,8 @@ def _align_rest(seg_s: list[Layer], seg_t: list[Layer], out: Alignment,
               and not any(n in out.ambiguous for n in x.names.values())]
     if not rest_s or not rest_t or (len(rest_s), len(rest_t)) == (len(seg_s), len(seg_t)):
         return
-    before = len(out.pairs)
-    _align_segment(rest_s, rest_t, out, splits)
-    if len(out.pairs) > before:
-        for k in range(before, len(out.pairs)):
-            pair = out.pairs[k]
-            out.pairs[k] = AlignedPair(pair.source, pair.target, pair.evidence.replace(
-                "between the same anchors", "among the layers the first alignment left "
-                "between the same anchors"), pair.sources, pair.targets)
+    _align_segment(rest_s, rest_t, out, splits,
+                   among="among the layers the first alignment left between the same anchors")
 
 
 def _names_decide(m: _Move, rivals: list[_Move], src: list[Layer], tgt: list[Layer]) -> bool:
@@ -554,7 +549,7 @@ def _names_decide(m: _Move, rivals: list[_Move], src: list[Layer], tgt: list[Lay
 
 
 def _pair(m: _Move, src: list[Layer], tgt: list[Layer], sizes: tuple[int, int],
-          why: str) -> AlignedPair:
+          why: str, among: str = "between the same anchors") -> AlignedPair:
     sources, targets = tuple(src[m.i:m.i1]), tuple(tgt[m.j:m.j1])
     kind = (targets[0].kind or ("?",))[0]
     if m.ds == m.dt == 1:
@@ -568,7 +563,7 @@ def _pair(m: _Move, src: list[Layer], tgt: list[Layer], sizes: tuple[int, int],
                 "their rows, in order, are its (layers fused)")
     return AlignedPair(sources[0], targets[0], (
         f"{what}; unpaired layer {m.i + 1} of {sizes[0]} (PyTorch) and {m.j + 1} of "
-        f"{sizes[1]} (MindSpore) between the same anchors; {why}"), sources, targets)
+        f"{sizes[1]} (MindSpore) {among}; {why}"), sources, targets)
 
 
 def _strict_best(layer: Layer, others: list[Layer], keys: list[int]) -> int | None:

@@ -324,10 +324,9 @@ def _shared_words(a: str, b: str) -> list[str]:
     """The words two layers' own names share, or else the words one's own name shares
     with the block holding the other (timm's ``head.fc`` is MindCV's ``head``)."""
     found = shared_words(a, b)
-    if found or "." not in a + b:
+    if found or ("." in a) == ("." in b):  # both top-level or both nested: own names only
         return found
-    return sorted({*shared_words(a, b.rpartition(".")[0]), *shared_words(a.rpartition(".")[0], b)}
-                  if ("." in a) != ("." in b) else found)
+    return sorted({*shared_words(a, b.rpartition(".")[0]), *shared_words(a.rpartition(".")[0], b)})
 
 
 def _pick(t: Layer, rivals_t: list[Layer], options: list[Layer],
