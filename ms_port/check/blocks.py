@@ -27,7 +27,7 @@ import gc
 import time
 import warnings
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import numpy as np
@@ -37,7 +37,14 @@ from ..errors import ForwardUnavailable, ParityError
 from ..read.sources import Source
 from .compare import ms_to_numpy, relative_error
 from .layers import Event, Measure, Pair, distance, pair_events, record_ms, record_torch
-from .parity import Networks, _compare_outputs, _count_nonfinite, _layer_comparisons, judge
+from .parity import (
+    Networks,
+    Run,
+    _compare_outputs,
+    _count_nonfinite,
+    _layer_comparisons,
+    judge,
+)
 from .report import LayerComparison, ParityReport
 from .verdict import Drift, bound_for, status_of
 
@@ -165,71 +172,78 @@ class _Streams:
     m: Any = None
 
 
-def run_blocks(blocks: Any, source: Source, checkpoint: Source, feed: list[Any],
-               second: list[Any], *, tol: float, seed: int, noise_floor: bool,
+@dataclass
+class _BlockRun:
+    """What every block of one verify shares: the family's blocks, both files, the token
+    ids (and the second input's), the streams carried between blocks, the drift, the
+    layer pairs, and what the run records."""
+
+    blocks: Any
+    source: Source
+    checkpoint: Source
+    run: Run
+    ids: np.ndarray
+    ids2: np.ndarray
+    correspondence: list[tuple[str, str]]
+    streams: _Streams = field(default_factory=_Streams)
+    timer: _Timer = field(default_factory=_Timer)
+    drift: Drift = field(default_factory=Drift)
+    nonfinite: list[str] = field(default_factory=list)
+
+
+def run_blocks(blocks: Any, source: Source, checkpoint: Source, run: Run, *,
                correspondence: list[tuple[str, str]], tensor_diff: Any,
-               ms_names: list[str], notes: list[str],
-               progress: Callable[[str], None] | None = None) -> ParityReport:
+               ms_names: list[str]) -> ParityReport:
     """Verify block by block (module docstring); the same verdict as :func:`run_parity`.
 
     Args:
         blocks: the family's blocks (:class:`~ms_port.archs.llama_blocks.LlamaBlocks`).
         source / checkpoint: the PyTorch source and the MindSpore checkpoint, read lazily.
-        feed / second: the token ids, and the second input for the sensitivity.
+        run: the token ids, seed, bound and what the run records (notes, progress).
         correspondence: ``(mindspore_path, torch_path)`` layer pairs from the plan.
         tensor_diff: the tensor-level comparison made before (a ``TensorDiff``).
         ms_names: the MindSpore tensor names, to name a failing layer's tensors.
     """
     from . import devices
+    from .inputs import second_draw
 
-    started = time.perf_counter()
-    step = progress or (lambda _msg: None)
-    timer = _Timer()
     devices.set_ms_device("cpu")
     unmap_large_arrays()
-    ids, ids2 = np.asarray(feed[0].array), np.asarray(second[0].array)
+    second = second_draw(run.feed, seed=run.seed)
+    state = _BlockRun(blocks, source, checkpoint, run, np.asarray(run.feed[0].array),
+                      np.asarray(second[0].array), correspondence)
     pieces = blocks.pieces(set(source.tensors), set(checkpoint.tensors))
-    drift = Drift()
-    compared: list[LayerComparison] = []
-    nonfinite: list[str] = []
-    streams = _Streams()
     # a family whose MindSpore side needs a setting held across its blocks (MindFormers'
     # parallel_core: GRAPH mode and its CPU stand-ins) gives it as ``session()``
     session = getattr(blocks, "session", None)
     with session() if session is not None else contextlib.nullcontext():
-        compared += _run_pieces(blocks, pieces, source, checkpoint, streams, ids, ids2,
-                                timer=timer, drift=drift, tol=tol, noise_floor=noise_floor,
-                                correspondence=correspondence, nonfinite=nonfinite, step=step)
-    notes.extend(getattr(blocks, "notes", lambda: [])())
+        compared = _run_pieces(state, pieces)
+    run.notes.extend(getattr(blocks, "notes", lambda: [])())
     for k, c in enumerate(compared):
         c.index = k
+    streams = state.streams
     outputs = _compare_outputs(
         [("logits", streams.t.numpy())], [("logits", ms_to_numpy(streams.m))],
         {} if streams.t64 is None else {"logits": streams.t64.numpy()},
-        {"logits": streams.t2.numpy()}, tol=tol, scaled=True, drift=drift, notes=notes)
+        {"logits": streams.t2.numpy()}, tol=run.tol, scaled=True, drift=state.drift,
+        notes=run.notes)
     mine, theirs = _params_under(ms_names), _params_under(list(source.tensors))
     networks = Networks(params_of=lambda path, torch_side: (theirs if torch_side else mine)(path),
                         known=lambda c: [])
-    return judge(outputs, compared, drift, networks, correspondence=correspondence,
-                 nonfinite_weights=nonfinite, tensor_diff=tensor_diff, notes=notes, feed=feed,
-                 seed=seed, tol=tol, dtype="float32", scaled=True, torch_device="cpu",
-                 ms_device="cpu", timings=dict(timer.spent), started=started)
+    run.timings.update(state.timer.spent)
+    return judge(outputs, compared, state.drift, networks, run,
+                 correspondence=correspondence, nonfinite_weights=state.nonfinite,
+                 tensor_diff=tensor_diff)
 
 
-def _run_pieces(blocks: Any, pieces: list[Any], source: Source, checkpoint: Source,
-                streams: _Streams, ids: np.ndarray, ids2: np.ndarray, *, timer: _Timer,
-                drift: Drift, tol: float, noise_floor: bool,
-                correspondence: list[tuple[str, str]], nonfinite: list[str],
-                step: Callable[[str], None]) -> list[LayerComparison]:
+def _run_pieces(state: _BlockRun, pieces: list[Any]) -> list[LayerComparison]:
     """Every block in turn (:func:`_run_piece`), collecting garbage between blocks."""
     compared: list[LayerComparison] = []
     try:
         for n, piece in enumerate(pieces):
-            step(f"block {n + 1}/{len(pieces)}: {piece.name}")
-            _check_fits(piece, source, noise_floor)
-            compared += _run_piece(blocks, piece, source, checkpoint, streams, ids, ids2,
-                                   timer=timer, drift=drift, tol=tol, noise_floor=noise_floor,
-                                   correspondence=correspondence, nonfinite=nonfinite)
+            state.run.step(f"block {n + 1}/{len(pieces)}: {piece.name}")
+            _check_fits(piece, state.source, state.run.noise_floor)
+            compared += _run_piece(state, piece)
             # a block's networks hold reference cycles: collect them before the next block.
             # What the first block imported (both frameworks) is frozen out of the scan:
             # a full collection over it took 1.1 s per block
@@ -271,13 +285,14 @@ def _check_fits(piece: Any, source: Source, noise_floor: bool,
                              if wide == 8 else ""))
 
 
-def _run_piece(blocks: Any, piece: Any, source: Source, checkpoint: Source,
-               streams: _Streams, ids: np.ndarray, ids2: np.ndarray, *, timer: _Timer,
-               drift: Drift, tol: float, noise_floor: bool,
-               correspondence: list[tuple[str, str]], nonfinite: list[str]
-               ) -> list[LayerComparison]:
+def _run_piece(state: _BlockRun, piece: Any) -> list[LayerComparison]:
     """Build, load, run and compare one block on both sides; move the streams on."""
     import mindspore as ms
+
+    blocks, source, checkpoint, streams = state.blocks, state.source, state.checkpoint, \
+        state.streams
+    ids, ids2, timer, nonfinite = state.ids, state.ids2, state.timer, state.nonfinite
+    tol, noise_floor = state.run.tol, state.run.noise_floor
 
     # one block of one precision of one side in memory at a time: PyTorch float32 (the
     # main and second-input passes), then float64 (the noise, its tensors read again as
@@ -334,9 +349,10 @@ def _run_piece(blocks: Any, piece: Any, source: Source, checkpoint: Source,
         e.path = piece.rename(e.path)
     noise = {(piece.rename(p), c): v for (p, c), v in noise.items()}
     sens = {(piece.rename(p), c): v for (p, c), v in sens.items()}
-    pairs = (pair_events(events, m_events, correspondence) if piece.outputs is None
+    pairs = (pair_events(events, m_events, state.correspondence) if piece.outputs is None
              else _block_pair(piece, events, ms_to_numpy(streams.m)))
-    found = _layer_comparisons(pairs, noise, sens, tol=tol, scaled=True, drift=drift)
+    found = _layer_comparisons(pairs, noise, sens, tol=tol, scaled=True,
+                               drift=state.drift)
     if fed is not None:
         out = streams.t.numpy()
         found.append(_fed(piece.name, fed, out, None if fed64 is None else fed64.numpy(),

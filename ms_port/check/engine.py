@@ -65,6 +65,15 @@ class Request:
                                 target=target)
         return make_plan(self.src, target, table, allow_missing=True, allow_unused=True)
 
+    def run(self, notes: list[str] | None = None) -> Any:
+        """A :class:`~ms_port.check.parity.Run` on this request's inputs, on the CPU in
+        float32 (the drivers that run the family's own way)."""
+        from .parity import Run
+
+        opts = self.options
+        return Run(self.feed, seed=opts.seed, tol=opts.tol, noise_floor=opts.noise_floor,
+                   progress=self.progress, notes=list(notes or []))
+
     def not_loaded(self, missing: list[str], unused: list[str], *,
                    whole: bool = False) -> Any:
         from .networks import not_loaded_report
@@ -309,11 +318,10 @@ def by_layers(request: Request, blocks: Any) -> Any:
     family's computed target, every tensor through it, then the blocks."""
     from ..read.targets import from_family
     from .blocks import run_blocks
-    from .inputs import second_draw
     from .parity import correspondence_from_pairs
     from .tensors import compare_through_plan
 
-    src, ckpt, opts = request.src, request.ckpt, request.options
+    src, ckpt = request.src, request.ckpt
     tgt = from_family(request.family, src.config, blocks.options or None)
     plan = request.plan(tgt)
     notes: list[str] = take_declared(plan, ckpt)
@@ -329,11 +337,8 @@ def by_layers(request: Request, blocks: Any) -> Any:
     if unused:
         notes.append(f"{len(unused)} checkpoint entries unused by the network: "
                      f"{', '.join(unused[:3])}")
-    return run_blocks(blocks, src, ckpt, request.feed, second_draw(request.feed,
-                                                                    seed=opts.seed),
-                      tol=opts.tol, seed=opts.seed, noise_floor=opts.noise_floor,
-                      correspondence=correspondence, tensor_diff=tensors,
-                      ms_names=list(tgt.tensors), notes=notes, progress=request.progress)
+    return run_blocks(blocks, src, ckpt, request.run(notes), correspondence=correspondence,
+                      tensor_diff=tensors, ms_names=list(tgt.tensors))
 
 
 def whole(request: Request, entry: Any, torch_model: Any, ms_model: Any) -> Any:
@@ -422,19 +427,17 @@ def graph_whole(request: Request, build_torch: Callable[[], Any], forward: str) 
     from .inputs import second_draw
     from .networks import load_torch_weights
 
-    started = time.perf_counter()
     first = tensors_only(request, "")
     if first.verdict == "FAIL" and first.tensors is None:  # tensors the network needs, absent
         return first
-    notes: list[str] = [n for n in first.notes if "taken as declared" in n]
+    run = request.run([n for n in first.notes if "taken as declared" in n])
     opts = request.options
     ids = np.asarray(request.feed[0].array)
     other = np.asarray(second_draw(request.feed, seed=opts.seed)[0].array)
     request.step("building the PyTorch network")
     tnet = build_torch()
     load_torch_weights(tnet, request.src)
-    timings: dict[str, float] = {}
-    runs = _torch_runs(tnet, (ids, other), opts.noise_floor, timings, notes, torch_outputs)
+    runs = _torch_runs(tnet, (ids, other), run, torch_outputs)
     del tnet
     module = importlib.import_module(forward)
     request.step("building and running MindFormers' network (GRAPH mode, CPU stand-ins)")
@@ -446,16 +449,15 @@ def graph_whole(request: Request, build_torch: Callable[[], Any], forward: str) 
     if not isinstance(ran, tuple):
         return ran  # the checkpoint does not load: that report
     logits, standins = ran
-    timings["mindspore_forward"] = time.perf_counter() - t0
-    notes.append("MindSpore ran in GRAPH mode with CPU stand-ins for what has no CPU kernel "
+    run.timings["mindspore_forward"] = time.perf_counter() - t0
+    run.notes.append("MindSpore ran in GRAPH mode with CPU stand-ins for what has no CPU kernel "
                  f"({len(standins)}): " + "; ".join(standins))
-    notes.append("layers not recorded: GRAPH mode runs no cell hooks; the tensors are "
-                 "compared one by one instead")
-    return _judge_logits(request, runs, logits, first.tensors, notes, timings, started)
+    run.notes.append("layers not recorded: GRAPH mode runs no cell hooks; the tensors are "
+                     "compared one by one instead")
+    return _judge_logits(runs, logits, first.tensors, run)
 
 
-def _torch_runs(tnet: Any, draws: tuple[np.ndarray, np.ndarray], noise_floor: bool,
-                timings: dict[str, float], notes: list[str],
+def _torch_runs(tnet: Any, draws: tuple[np.ndarray, np.ndarray], run: Any,
                 outputs: Callable) -> dict[str, dict[str, np.ndarray]]:
     """PyTorch's logits in float32, in float64 (optional: the bound is tol without it) and
     on the second draw."""
@@ -468,17 +470,17 @@ def _torch_runs(tnet: Any, draws: tuple[np.ndarray, np.ndarray], noise_floor: bo
     def run(model: Any, x: np.ndarray, what: str) -> dict[str, np.ndarray]:
         t0 = time.perf_counter()
         out = dict(devices.run_torch(model, [x], cpu, what, outputs))
-        timings[what.replace(" ", "_")] = time.perf_counter() - t0
+        run.timings[what.replace(" ", "_")] = time.perf_counter() - t0
         return out
 
     runs = {"32": run(tnet, draws[0], "torch forward"), "64": {}}
-    if noise_floor:
+    if run.noise_floor:
         try:  # optional, as in the whole-network run: the comparison stands without it
             runs["64"] = run(devices.torch_variant(tnet, torch.float64, cpu), draws[0],
                              "torch float64 forward")
         except MsPortError as exc:
-            notes.append(f"noise not measured: {exc.message.split('; check')[0]}; the bound "
-                         "is tol")
+            run.notes.append(f"noise not measured: {exc.message.split('; check')[0]}; the "
+                             "bound is tol")
     runs["2"] = run(tnet, draws[1], "torch second-input forward")
     return runs
 
@@ -500,23 +502,18 @@ def _graph_forward(request: Request, module: Any, ids: np.ndarray) -> Any:
         return logits, standins.lines(net)
 
 
-def _judge_logits(request: Request, runs: dict[str, dict[str, np.ndarray]], logits: Any,
-                  tensors: Any, notes: list[str], timings: dict[str, float],
-                  started: float) -> Any:
+def _judge_logits(runs: dict[str, dict[str, np.ndarray]], logits: Any, tensors: Any,
+                  run: Any) -> Any:
     from .parity import Networks, _compare_outputs, judge
     from .verdict import Drift
 
-    opts = request.options
     drift = Drift()
     outputs = _compare_outputs([("logits", runs["32"]["logits"])], [("logits", logits)],
                                {"logits": runs["64"]["logits"]} if runs["64"] else {},
-                               {"logits": runs["2"]["logits"]}, tol=opts.tol, scaled=True,
-                               drift=drift, notes=notes)
+                               {"logits": runs["2"]["logits"]}, tol=run.tol, scaled=True,
+                               drift=drift, notes=run.notes)
     networks = Networks(params_of=lambda path, torch_side: [], known=lambda c: [])
-    result = judge(outputs, [], drift, networks, correspondence=[], nonfinite_weights=[],
-                   tensor_diff=tensors, notes=notes, feed=request.feed, seed=opts.seed,
-                   tol=opts.tol, dtype="float32", scaled=True, torch_device="cpu",
-                   ms_device="cpu", timings=timings, started=started)
+    result = judge(outputs, [], drift, networks, run, tensor_diff=tensors)
     result.mode, result.mode_reason = "whole", "GRAPH mode with CPU stand-ins"
     return result
 

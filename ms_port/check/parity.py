@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import numpy as np
@@ -377,6 +377,43 @@ def _divergence(first: LayerComparison, networks: Networks,
         shape=first.shape, bound=first.bound, tensors=tensors, weightless=not tensors)
 
 
+@dataclass
+class Run:
+    """How a forward is run (the report's header) and what it records on the way (notes,
+    seconds per step). Each driver makes one and hands it to :func:`judge`."""
+
+    feed: list[Any]
+    seed: int = 0
+    tol: float = 1e-5
+    dtype: str = "float32"
+    torch_device: str = "cpu"
+    ms_device: str = "cpu"
+    noise_floor: bool = True
+    progress: Callable[[str], None] | None = None
+    notes: list[str] = field(default_factory=list)
+    timings: dict[str, float] = field(default_factory=dict)
+    started: float = field(default_factory=time.perf_counter)
+
+    @property
+    def scaled(self) -> bool:
+        """Whether the bounds scale with the float32 noise (a float64 run's bound is tol)."""
+        return self.dtype != "float64"
+
+    def step(self, message: str) -> None:
+        if self.progress is not None:
+            self.progress(message)
+
+    def timed(self, name: str, fn: Callable[[], Any]) -> Any:
+        """``fn()``, announced as ``name`` and its seconds kept under a short key."""
+        self.step(name)
+        t0 = time.perf_counter()
+        try:
+            return fn()
+        finally:
+            key = {"checking weights for NaN/Inf": "weight_check"}.get(name, name)
+            self.timings[key.split(" (")[0].replace(" ", "_")] = time.perf_counter() - t0
+
+
 def run_parity(
     torch_model: Any,
     ms_model: Any,
@@ -436,102 +473,117 @@ def run_parity(
         >>> report.verdict, report.message  # doctest: +SKIP
         ('PASS', 'PASS: 1 output and 161 layers within their bounds; …')
     """
+    _validate(tol, dtype, batch)
+    run = Run(_as_inputs(inputs, input_shape, batch, seed), seed=seed, tol=tol, dtype=dtype,
+              torch_device=torch_device, ms_device=ms_device, noise_floor=noise_floor,
+              progress=progress)
+    torch_model.eval()
+    ms_model.set_train(False)
+    ran = _forwards(torch_model, ms_model, run, layers)
+    if ms_device.lower() == "cpu":
+        kernels = devices.cpu_kernels_note()
+        if kernels:
+            run.notes.append(kernels)
+    pairs_in = (default_correspondence(ran.torch_main, ms_model) if correspondence is None
+                else list(correspondence))
+    pairs = (pair_events(ran.t_events, ran.m_events, pairs_in,
+                         unlike_layers(ran.torch_main, ms_model)) if layers else [])
+    drift = Drift()
+    compared = _layer_comparisons(pairs, ran.noise, ran.sens, tol=tol, scaled=run.scaled,
+                                  drift=drift)
+    t_float = [(n, a) for n, a in ran.t_outs if a.dtype.kind == "f"]
+    m_float = [(n, a) for n, a in ran.m_outs if a.dtype.kind == "f"]
+    outputs = _compare_outputs(t_float, m_float, dict(ran.alt_outs or []), dict(ran.sens_outs),
+                               tol=tol, scaled=run.scaled, drift=drift, notes=run.notes)
+    torch_main = ran.torch_main
+    layouts = Networks(
+        params_of=lambda path, torch_side: _params_of(torch_main if torch_side else ms_model,
+                                                      path, torch_side),
+        known=lambda c: _known(c, torch_main, ms_model))
+    return judge(outputs, compared, drift, layouts, run, correspondence=pairs_in,
+                 nonfinite_weights=ran.nonfinite, tensor_diff=tensor_diff)
+
+
+@dataclass
+class _Forwards:
+    """What :func:`_forwards` ran: each side's outputs and recorded layer calls, PyTorch's
+    float64 outputs and per-layer noise, its second-input outputs and sensitivities."""
+
+    torch_main: Any
+    nonfinite: list[str]
+    t_outs: Any = None
+    t_events: Any = None
+    alt_outs: Any = None
+    noise: dict[tuple[str, int], float] = field(default_factory=dict)
+    sens_outs: Any = None
+    sens: Any = None
+    m_outs: Any = None
+    m_events: Any = None
+
+
+def _forwards(torch_model: Any, ms_model: Any, run: Run, layers: bool) -> _Forwards:
+    """Both networks on the run's inputs: PyTorch in the run's dtype, in the other one (the
+    noise) and on a second input (the sensitivity), recording every layer; then MindSpore."""
     import mindspore
     import torch
 
     from .inputs import second_draw
 
-    _validate(tol, dtype, batch)
-    feed = _as_inputs(inputs, input_shape, batch, seed)
-    other = second_draw(feed, seed=seed)
-    device = devices.torch_device(torch_device)
-    devices.set_ms_device(ms_device)
-    step = progress or (lambda _name: None)
-    notes: list[str] = []
-    timings: dict[str, float] = {}
-    started = time.perf_counter()
-
-    def timed(name: str, fn: Callable[[], Any]) -> Any:
-        step(name)
-        t0 = time.perf_counter()
-        try:
-            return fn()
-        finally:
-            key = {"checking weights for NaN/Inf": "weight_check"}.get(name, name)
-            timings[key.split(" (")[0].replace(" ", "_")] = time.perf_counter() - t0
-
-    wide = dtype == "float64"
-    main_dtype, alt_dtype = ((torch.float64, torch.float32) if wide
-                             else (torch.float32, torch.float64))
+    device = devices.torch_device(run.torch_device)
+    devices.set_ms_device(run.ms_device)
+    wide = run.dtype == "float64"
+    main_dtype = torch.float64 if wide else torch.float32
     ms_dtype = mindspore.float64 if wide else mindspore.float32
     # floating-point inputs (a float64 .npy, a bfloat16 .pt) compute in the run's dtype on
     # both sides; integer inputs (token ids) stay as they are
     run_np = np.float64 if wide else np.float32
-    x = x_main = [_as_run_dtype(np.asarray(i.array), run_np) for i in feed]
-    x2 = [_as_run_dtype(np.asarray(i.array), run_np) for i in other]
-
-    torch_model.eval()
-    ms_model.set_train(False)
+    x = [_as_run_dtype(np.asarray(i.array), run_np) for i in run.feed]
+    x2 = [_as_run_dtype(np.asarray(i.array), run_np)
+          for i in second_draw(run.feed, seed=run.seed)]
     torch_main = devices.torch_variant(torch_model, main_dtype, device)
-    nonfinite_weights = timed("checking weights for NaN/Inf",
-                              lambda: _nonfinite_weights(torch_model, ms_model))
+    ran = _Forwards(torch_main, run.timed("checking weights for NaN/Inf",
+                                          lambda: _nonfinite_weights(torch_model, ms_model)))
 
     def torch_run(model: Any, args: list[np.ndarray], what: str, cast: Any = None) -> Any:
         return devices.run_torch(model, args, device, what, torch_outputs, cast)
 
-    with devices.strict_fp32(device), devices.ms_params_as(ms_model, ms_dtype):
-        if layers:
-            t_outs, t_events = timed("torch forward", lambda: record_torch(
-                torch_main, lambda: torch_run(torch_main, x_main, "forward")))
-        else:
-            t_outs, t_events = timed("torch forward",
-                                     lambda: torch_run(torch_main, x_main, "forward")), []
-        noise: dict[tuple[str, int], float] = {}
-        alt_outs = None
-        if noise_floor:
-            name = "float64" if not wide else "float32"
-            try:
-                alt = devices.torch_variant(torch_model, alt_dtype, device)
-                alt_outs, noise = timed(f"torch {name} forward (noise)", lambda: Measure(
-                    t_events, "float64").run(
-                        alt, lambda: torch_run(alt, x, f"{name} forward", alt_dtype)))
-            except Exception as exc:  # optional; the comparison itself stands
-                notes.append(f"noise not measured: PyTorch {name} forward failed "
-                             f"({devices.first_line(exc)}); the bound is tol")
-        sens_outs, sens = timed("torch second-input forward (sensitivity)", lambda: Measure(
-            t_events, "recorded").run(
-                torch_main, lambda: torch_run(torch_main, x2, "second forward")))
-        if layers:
-            m_outs, m_events = timed("mindspore forward", lambda: record_ms(
-                ms_model, lambda: devices.run_ms(ms_model, x_main, dtype, ms_outputs)))
-        else:
-            m_outs, m_events = timed("mindspore forward", lambda: devices.run_ms(
-                ms_model, x_main, dtype, ms_outputs)), []
+    def recorded(model: Any, fn: Callable[[], Any]) -> Any:
+        return record_torch(model, fn) if layers else (fn(), [])
 
-    if ms_device.lower() == "cpu":
-        kernels = devices.cpu_kernels_note()
-        if kernels:
-            notes.append(kernels)
-    scaled = not wide
-    pairs_in = (default_correspondence(torch_main, ms_model) if correspondence is None
-                else list(correspondence))
-    pairs = (pair_events(t_events, m_events, pairs_in, unlike_layers(torch_main, ms_model))
-             if layers else [])
-    drift = Drift()
-    compared = _layer_comparisons(pairs, noise, sens, tol=tol, scaled=scaled, drift=drift)
-    t_float = [(n, a) for n, a in t_outs if a.dtype.kind == "f"]
-    m_float = [(n, a) for n, a in m_outs if a.dtype.kind == "f"]
-    outputs = _compare_outputs(t_float, m_float, dict(alt_outs or []), dict(sens_outs),
-                               tol=tol, scaled=scaled, drift=drift, notes=notes)
-    layouts = Networks(
-        params_of=lambda path, torch_side: _params_of(torch_main if torch_side else ms_model,
-                                                      path, torch_side),
-        known=lambda c: _known(c, torch_main, ms_model))
-    return judge(outputs, compared, drift, layouts, correspondence=pairs_in,
-                 nonfinite_weights=nonfinite_weights, tensor_diff=tensor_diff, notes=notes,
-                 feed=feed, seed=seed, tol=tol, dtype=dtype, scaled=scaled,
-                 torch_device=torch_device, ms_device=ms_device, timings=timings,
-                 started=started)
+    def ms_forward() -> Any:
+        return devices.run_ms(ms_model, x, run.dtype, ms_outputs)
+
+    with devices.strict_fp32(device), devices.ms_params_as(ms_model, ms_dtype):
+        ran.t_outs, ran.t_events = run.timed("torch forward", lambda: recorded(
+            torch_main, lambda: torch_run(torch_main, x, "forward")))
+        if run.noise_floor:
+            _noise(torch_model, x, run, ran, torch_run, device)
+        ran.sens_outs, ran.sens = run.timed(
+            "torch second-input forward (sensitivity)", lambda: Measure(
+                ran.t_events, "recorded").run(
+                    torch_main, lambda: torch_run(torch_main, x2, "second forward")))
+        ran.m_outs, ran.m_events = run.timed(
+            "mindspore forward",
+            lambda: record_ms(ms_model, ms_forward) if layers else (ms_forward(), []))
+    return ran
+
+
+def _noise(torch_model: Any, x: list[np.ndarray], run: Run, ran: _Forwards,
+           torch_run: Callable[..., Any], device: Any) -> None:
+    """PyTorch in the other precision, for each recorded layer's float32 noise (optional:
+    where it fails the comparison stands, with the bound ``tol``)."""
+    import torch
+
+    wide = run.dtype == "float64"
+    alt_dtype, name = (torch.float32, "float32") if wide else (torch.float64, "float64")
+    try:
+        alt = devices.torch_variant(torch_model, alt_dtype, device)
+        ran.alt_outs, ran.noise = run.timed(f"torch {name} forward (noise)", lambda: Measure(
+            ran.t_events, "float64").run(
+                alt, lambda: torch_run(alt, x, f"{name} forward", alt_dtype)))
+    except Exception as exc:  # optional; the comparison itself stands
+        run.notes.append(f"noise not measured: PyTorch {name} forward failed "
+                         f"({devices.first_line(exc)}); the bound is tol")
 
 
 def _compare_outputs(t_float: list[tuple[str, np.ndarray]], m_float: list[tuple[str, np.ndarray]],
@@ -572,13 +624,13 @@ class Networks:
 
 
 def judge(outputs: list[OutputComparison], compared: list[LayerComparison], drift: Drift,
-          networks: Networks, *, correspondence: list[tuple[str, str]],
-          nonfinite_weights: list[str], tensor_diff: Any, notes: list[str], feed: list[Any],
-          seed: int, tol: float, dtype: str, scaled: bool, torch_device: str, ms_device: str,
-          timings: dict[str, float], started: float) -> ParityReport:
+          networks: Networks, run: Run, *, correspondence: list[tuple[str, str]] = (),
+          nonfinite_weights: list[str] = (), tensor_diff: Any = None) -> ParityReport:
     """The verdict from the comparisons, whichever driver made them (the whole network in
     one forward, or block by block): PASS, FAIL or INCONCLUSIVE with the first divergence,
     the reasons and the notes."""
+    notes, tol, feed = run.notes, run.tol, run.feed
+    nonfinite_weights = list(nonfinite_weights)
     skipped = [c for c in compared if c.status == "skipped"]
     if skipped:
         notes.append(f"{len(skipped)} paired layer(s) not comparable, e.g. {skipped[0].name}: "
@@ -625,7 +677,7 @@ def judge(outputs: list[OutputComparison], compared: list[LayerComparison], drif
                    else _between_layers(first_bad, compared, divergence, tensor_diff))
         if between:
             reasons.append(between)
-    timings["total"] = time.perf_counter() - started
+    run.timings["total"] = time.perf_counter() - run.started
 
     error = max((o.error for o in outputs), default=math.inf)
     max_abs = max((o.max_abs for o in outputs), default=math.inf)
@@ -639,9 +691,10 @@ def judge(outputs: list[OutputComparison], compared: list[LayerComparison], drif
         ok=verdict == PASS, tol=float(tol), error=error, max_abs=max_abs, outputs=outputs,
         noise_floor=floor, first_divergence=divergence,
         input_shape=tuple(feed[0].array.shape[1:]), batch=int(feed[0].array.shape[0]),
-        seed=seed, dtype=dtype, torch_device=torch_device, ms_device=ms_device,
-        timings=timings, layers_checked=len(compared), nonfinite_weights=nonfinite_weights,
-        notes=notes, verdict=verdict, k=K if scaled else 0.0, layers=compared,
+        seed=run.seed, dtype=run.dtype, torch_device=run.torch_device,
+        ms_device=run.ms_device, timings=run.timings, layers_checked=len(compared),
+        nonfinite_weights=nonfinite_weights, notes=notes, verdict=verdict,
+        k=K if run.scaled else 0.0, layers=compared,
         drift=drift.peak, drift_at=drift.where,
         inputs=[i.to_dict() for i in feed], reasons=reasons, tensors=tensor_diff,
         known_differences=known)
