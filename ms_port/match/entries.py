@@ -3,13 +3,13 @@ either side (:class:`Missing`, :class:`Unused`), deliberate drops and conflicts.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from ..read.sources import Skipped
-from ..read.targets import TargetTensor
+from ..read.sources import Skipped, Source
+from ..read.targets import Target, TargetTensor
 from ..read.tensors import FLOAT_DTYPES, format_shape, itemsize
 from .layouts import Layout
 from .rules import reshape_rule
@@ -163,6 +163,28 @@ class Conflict:
     def to_dict(self) -> dict[str, Any]:
         return {"kind": self.kind, "targets": list(self.targets),
                 "sources": list(self.sources), "message": self.message}
+
+
+@dataclass
+class Planning:
+    """What the stages of :func:`~ms_port.match.matching.make_plan` build up in turn: the
+    filled targets, the source tensors used, the conflicts, the dropped tensors, the
+    notes; ``proposals`` are the name stages' claims (target -> source candidates)."""
+
+    source: Source
+    target: Target
+    mapping: Any
+    dtype: str | None
+    proposals: dict[str, Any] = field(default_factory=dict)
+    matches: dict[str, Match] = field(default_factory=dict)
+    used: set[str] = field(default_factory=set)
+    conflicts: list[Conflict] = field(default_factory=list)
+    dropped: list[Dropped] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def conflicted(self) -> set[str]:
+        """The targets a conflict names."""
+        return {t for c in self.conflicts for t in c.targets}
 
 
 def numel(shape: tuple[int, ...]) -> int:

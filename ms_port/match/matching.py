@@ -32,6 +32,7 @@ from .entries import (
     Dropped,
     Match,
     Missing,
+    Planning,
     Unused,
     cast_dtype,
     fit,
@@ -112,22 +113,46 @@ def make_plan(
     many = Many(source, target, mapping, config, dtype)
     many.run()
     proposals, dropped, fan_out = _propose(source, target, mapping, many)
+    state = Planning(source, target, mapping, dtype, proposals=proposals,
+                     matches=dict(many.matches), used=set(many.consumed),
+                     conflicts=list(fan_out), dropped=dropped)
+    _accept(state)
+    ambiguous = align_leftovers(state) if align else {}
+    _initialise(state)
+    conflicted = state.conflicted()
+    pending_t = [tt for name, tt in target.tensors.items()
+                 if name not in state.matches and name not in conflicted]
+    dropped_names = {d.name for d in dropped}
+    pending_s = [i for i in source if i.name not in state.used and i.name not in dropped_names]
+    if allow_shape_match:
+        pending_t, pending_s = _by_shape(state, pending_t, pending_s)
+    pending_s = _known_drops(state, pending_s)
+    plan = Plan(source, target, mapping,
+                [state.matches[name] for name in target.tensors if name in state.matches],
+                *_leftovers(state, pending_t, pending_s, ambiguous), dropped, state.conflicts,
+                allow_missing=allow_missing, allow_unused=allow_unused,
+                notes=list(target.notes) + many.notes + state.notes, params=many.params)
+    plan.differences = differences(plan)
+    return plan
 
-    matches: dict[str, Match] = dict(many.matches)
-    conflicts: list[Conflict] = list(fan_out)
-    used: set[str] = set(many.consumed)
-    for t, props in proposals.items():
-        tt = target.tensors[t]
+
+def _accept(state: Planning) -> None:
+    """The name stages' proposals: one claim fills its target once its shape fits (through
+    the declared transforms, which are applied or the pair refused); several claims on one
+    target are a conflict."""
+    source, mapping = state.source, state.mapping
+    for t, props in state.proposals.items():
+        tt = state.target.tensors[t]
         if len(props) > 1:
             srcs = tuple(p[0] for p in props)
-            conflicts.append(Conflict("claim", (t,), srcs,
-                                      f"{len(srcs)} source tensors claim {t!r}: "
-                                      f"{', '.join(map(repr, srcs))}; add a tensors: entry "
-                                      "to pick one and drop: the others"))
-            used.update(srcs)
+            state.conflicts.append(Conflict("claim", (t,), srcs,
+                                            f"{len(srcs)} source tensors claim {t!r}: "
+                                            f"{', '.join(map(repr, srcs))}; add a tensors: "
+                                            "entry to pick one and drop: the others"))
+            state.used.update(srcs)
             continue
         (s, how, detail, tfs) = props[0]
-        used.add(s)
+        state.used.add(s)
         info = source.tensors[s]
         # transforms a mapping file declares are applied, or the pair refused: never
         # skipped because the shapes happen to agree (a square weight to transpose)
@@ -140,27 +165,25 @@ def make_plan(
                    f"{format_shape(made)}" if made is not None else
                    f"the declared transforms {', '.join(map(str, declared))} do not apply"
                    ) if declared else "declare a transform in your mapping file"
-            conflicts.append(Conflict(
+            state.conflicts.append(Conflict(
                 "shape", (t,), (s,),
                 f"{s!r} ({format_shape(info.shape)}) cannot fill {t!r} "
                 f"({format_shape(tt.shape)}), matched by {how} ({detail}); {why} — fix "
                 "the transforms or map another tensor"))
             continue
-        matches[t] = Match(t, s, how, detail, info.shape, tt.shape, info.dtype,
-                           cast_dtype(info.dtype, dtype), fitted)
+        state.matches[t] = Match(t, s, how, detail, info.shape, tt.shape, info.dtype,
+                                 cast_dtype(info.dtype, state.dtype), fitted)
 
-    conflicted_targets = {t for c in conflicts for t in c.targets}
-    ambiguous: dict[str, tuple[str, ...]] = {}
-    notes: list[str] = []
-    if align:
-        ambiguous = align_leftovers(source, target, mapping, matches, used, conflicted_targets,
-                                     proposals, dropped, dtype, notes)
-    layer_of = target.layers()
-    for name, tt in target.tensors.items():
-        # what PyTorch has no counterpart for: a declared value, never a silent default
-        if name in matches or name in conflicted_targets or name in proposals:
+
+def _initialise(state: Planning) -> None:
+    """What PyTorch has no counterpart for: a declared value, a rule's initial value, or
+    the network's own constant; never a silent default."""
+    layer_of = state.target.layers()
+    conflicted = state.conflicted()
+    for name, tt in state.target.tensors.items():
+        if name in state.matches or name in conflicted or name in state.proposals:
             continue
-        declared = mapping.declared_value(name)
+        declared = state.mapping.declared_value(name)
         by_rule = initial_value(name, layer_of)
         chosen = declared or (by_rule and (by_rule[0], f"{by_rule[1]}: {by_rule[0]} (PyTorch "
                                                        "has no counterpart)"))
@@ -168,41 +191,52 @@ def make_plan(
             chosen = (NETWORK, "the network's own value: a constant it computes when it is "
                                "built, not a weight (PyTorch has no such tensor)")
         if chosen:
-            matches[name] = Match(name, "", "initialised", chosen[1], (), tt.shape, tt.dtype,
-                                  cast_dtype(tt.dtype, dtype), init=chosen[0])
-    pending_t = [tt for name, tt in target.tensors.items()
-                 if name not in matches and name not in conflicted_targets]
-    dropped_names = {d.name for d in dropped}
-    pending_s = [i for i in source if i.name not in used and i.name not in dropped_names]
-    if allow_shape_match:  # per-shape queues: linear, not a scan per target
-        by_shape: dict[tuple[int, ...], collections.deque] = collections.defaultdict(
-            collections.deque)
-        for i in pending_s:
-            by_shape[i.shape].append(i)
-        taken: set[str] = set()
-        still: list[TargetTensor] = []
-        for tt in pending_t:
-            queue = by_shape.get(tt.shape)
-            if not queue:
-                still.append(tt)
-                continue
-            info = queue.popleft()
-            taken.add(info.name)
-            matches[tt.name] = Match(tt.name, info.name, "fallback", "same shape, in order",
-                                     info.shape, tt.shape, info.dtype,
-                                     cast_dtype(info.dtype, dtype))
-        pending_t = still
-        pending_s = [i for i in pending_s if i.name not in taken]
+            state.matches[name] = Match(name, "", "initialised", chosen[1], (), tt.shape,
+                                        tt.dtype, cast_dtype(tt.dtype, state.dtype),
+                                        init=chosen[0])
+
+
+def _by_shape(state: Planning, pending_t: list[TargetTensor], pending_s: list[TensorInfo]
+              ) -> tuple[list[TargetTensor], list[TensorInfo]]:
+    """``--allow-shape-match``: leftovers filled by equal shape, in order (per-shape
+    queues: linear, not a scan per target); flagged ``fallback``."""
+    by_shape: dict[tuple[int, ...], collections.deque] = collections.defaultdict(
+        collections.deque)
+    for i in pending_s:
+        by_shape[i.shape].append(i)
+    taken: set[str] = set()
+    still: list[TargetTensor] = []
+    for tt in pending_t:
+        queue = by_shape.get(tt.shape)
+        if not queue:
+            still.append(tt)
+            continue
+        info = queue.popleft()
+        taken.add(info.name)
+        state.matches[tt.name] = Match(tt.name, info.name, "fallback", "same shape, in order",
+                                       info.shape, tt.shape, info.dtype,
+                                       cast_dtype(info.dtype, state.dtype))
+    return still, [i for i in pending_s if i.name not in taken]
+
+
+def _known_drops(state: Planning, pending_s: list[TensorInfo]) -> list[TensorInfo]:
+    """The source's leftovers less what is known to hold nothing the target needs (a
+    known drop, a copy of a used tensor, a zero bias the target lacks)."""
     kept = []
     for info in pending_s:
         reason = known_drop(info.name)
         if reason is None:
             kept.append(info)
         else:
-            dropped.append(Dropped(info.name, f"known drop: {reason}"))
-    pending_s = zero_biases(leftover_copies(kept, matches, source, dropped), matches, target,
-                            dropped)
+            state.dropped.append(Dropped(info.name, f"known drop: {reason}"))
+    return zero_biases(leftover_copies(kept, state.matches, state.source, state.dropped),
+                       state.matches, state.target, state.dropped)
 
+
+def _leftovers(state: Planning, pending_t: list[TargetTensor], pending_s: list[TensorInfo],
+               ambiguous: dict[str, tuple[str, ...]]) -> tuple[list[Missing], list[Unused]]:
+    """What nothing filled and what nothing used, each with its likeliest counterparts."""
+    source, mapping = state.source, state.mapping
     s_index = NameIndex((i.name, i.shape) for i in pending_s)
     t_index = NameIndex((t.name, t.shape) for t in pending_t)
     unusable = _skipped_by_name(source, mapping)
@@ -215,12 +249,7 @@ def make_plan(
                      _closest(t_index, i.name, i.shape) if k < SUGGESTED else (),
                      *_renaming(mapping, i.name))
               for k, i in enumerate(pending_s)]
-    ordered = [matches[name] for name in target.tensors if name in matches]
-    plan = Plan(source, target, mapping, ordered, missing, unused, dropped, conflicts,
-                allow_missing=allow_missing, allow_unused=allow_unused,
-                notes=list(target.notes) + many.notes + notes, params=many.params)
-    plan.differences = differences(plan)
-    return plan
+    return missing, unused
 
 
 def _propose(source: Source, target: Target, mapping: MappingTable, many: Many) -> tuple[

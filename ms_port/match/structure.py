@@ -12,20 +12,20 @@ from ..read.sources import Source
 from ..read.targets import Target
 from ..read.tensors import FLOAT_DTYPES, TensorInfo, format_shape
 from .closest import shared_words
-from .entries import Candidate, Dropped, Match, cast_dtype, fit
+from .entries import Candidate, Dropped, Match, Planning, cast_dtype, fit
 from .layouts import Layout, LayoutError
-from .mapping import MappingTable
 from .rules import PART_BIAS, is_layer_param, known_drop
 from .transforms import Transform
 
 
-def align_leftovers(source: Source, target: Target, mapping: MappingTable,
-                     matches: dict[str, Match], used: set[str], conflicted: set[str],
-                     proposals: dict[str, Any], dropped: list[Dropped], dtype: str | None,
-                     notes: list[str]) -> dict[str, tuple[str, ...]]:
+def align_leftovers(state: Planning) -> dict[str, tuple[str, ...]]:
     """Stage 5: fill unambiguous layer pairs by structure; the ambiguous targets' candidates."""
     from .align import align, unit_of
     from .reorder import reorder
+
+    source, target, mapping, dtype = state.source, state.target, state.mapping, state.dtype
+    matches, used, dropped, notes = state.matches, state.used, state.dropped, state.notes
+    conflicted, proposals = state.conflicted(), state.proposals
 
     gone = used | {d.name for d in dropped}
     # an integer tensor is a buffer (an index, a counter), never a layer's weight
