@@ -150,91 +150,133 @@ def mindformers_yaml(config: dict[str, Any], *, qkv_concat: bool = False,
         >>> built.model_config["type"], built.model_config["pad_token_id"]
         ('LlamaConfig', -1)
     """
-    from .. import __version__
-    from ..archs.mindformers import CPU_SETTINGS, NO_PAD, llama_sizes, model_settings, positions
+    from ..archs.mindformers import llama_sizes, model_settings
 
     sizes = llama_sizes(config)
+    section = _Section({"type": "LlamaConfig"})
+    notes: list[str] = []
+    section.comment("computed by ms-port from config.json: the checkpoint's network. Change "
+                    "these and the checkpoint no longer loads, or computes another function.")
     computed = model_settings(sizes, qkv_concat=qkv_concat)
-    pad = _token_id(config, "pad_token_id")
-    bos = _token_id(config, "bos_token_id")
-    eos = _token_id(config, "eos_token_id", many=True)
-    longest = _positions(config)
-    rope, notes = sizes.rope, []
-    mc: list[str] = []  # model_config's lines, after "type"
-    values: dict[str, Any] = {"type": "LlamaConfig"}
-
-    def put(key: str, value: Any, note: str | None = None, above: str | None = None) -> None:
-        if above:
-            mc.extend(_comment(above, 4))
-        mc.extend(_dump(key, value, 4, note))
-        values[key] = value
-
-    mc.extend(_comment("computed by ms-port from config.json: the checkpoint's network. "
-                       "Change these and the checkpoint no longer loads, or computes another "
-                       "function.", 4))
     for key in ("hidden_size", "num_layers", "num_heads", "n_kv_heads", "vocab_size",
                 "intermediate_size", "rms_norm_eps"):
-        put(key, computed[key])
+        section.put(key, computed[key])
+    _rope(section, sizes, computed, _positions(config), notes)
+    for key in ("qkv_has_bias", "attn_proj_has_bias", "qkv_concat", "tie_word_embeddings"):
+        section.put(key, computed[key])
+    _token_ids(section, config, notes)
+    _run_settings(section)
+    where = Path(checkpoint).absolute() if checkpoint is not None else None
+    text = "\n".join(_document(config, section.lines, where, checkpoint_format, origin)) + "\n"
+    built = MindFormersYaml(text, section.values, notes)
+    _check(text, built, where="the YAML ms-port built")  # a bug here never reaches a file
+    return built
+
+
+class _Section:
+    """``model_config``'s lines (after ``type``) and the values they hold."""
+
+    def __init__(self, values: dict[str, Any]) -> None:
+        self.lines: list[str] = []
+        self.values = values
+
+    def comment(self, text: str) -> None:
+        self.lines.extend(_comment(text, 4))
+
+    def put(self, key: str, value: Any, note: str | None = None,
+            above: str | None = None) -> None:
+        if above:
+            self.comment(above)
+        self.lines.extend(_dump(key, value, 4, note))
+        self.values[key] = value
+
+
+def _rope(section: _Section, sizes: Any, computed: dict[str, Any], longest: int | None,
+          notes: list[str]) -> None:
+    """The RoPE settings, with a warning where MindFormers cannot compute the scaling, and
+    the table's length."""
+    from ..archs.mindformers import positions
+
+    rope = sizes.rope
     if rope.problem:
         why = (f"NOT COMPUTED: config.json's RoPE scaling {shown(rope.kind)} ({rope.key}). "
                f"MindFormers cannot compute it exactly ({rope.problem}), so extend_method is "
                "None: this network computes plain RoPE, another function than the "
                "checkpoint's model. The weights are right; the position encoding is not.")
-        mc.extend(["    #", *_comment(f"WARNING — {why}", 4), "    #"])
+        section.lines.extend(["    #", *_comment(f"WARNING — {why}", 4), "    #"])
         notes.append(f"model config: RoPE scaling {shown(rope.kind)} ({rope.key}) written as "
                      f"extend_method None: MindFormers cannot compute it exactly "
                      f"({rope.problem}); the network this file builds computes another "
                      "function than the checkpoint's model")
-    put("theta", computed["theta"])
-    put("extend_method", computed["extend_method"],
-        note=None if rope.problem or rope.kind == "default" else f"config.json: {rope.kind}")
-    put("scaling_factor", computed["scaling_factor"])
-    if longest is not None or rope.original is not None:
-        length = positions(sizes, longest or 0)
-        raised = None if length == longest else (
-            f"{length}, not config.json's max_position_embeddings ({longest}): MindFormers "
-            "needs it above the RoPE scaling's original_max_position_embeddings "
-            f"({rope.original}); the table's length does not change its values")
-        put("max_position_embedding", length, above=raised,
-            note=None if raised else "config.json: max_position_embeddings")
-    else:
-        mc.extend(_comment("config.json gives no max_position_embeddings: MindFormers sizes "
-                           "its RoPE table to seq_length", 4))
-    for key in ("qkv_has_bias", "attn_proj_has_bias", "qkv_concat", "tie_word_embeddings"):
-        put(key, computed[key])
-    put("bos_token_id", bos,
-        note="none in config.json (LlamaConfig's default: 1)" if bos is None else None)
+    section.put("theta", computed["theta"])
+    section.put("extend_method", computed["extend_method"],
+                note=None if rope.problem or rope.kind == "default"
+                else f"config.json: {rope.kind}")
+    section.put("scaling_factor", computed["scaling_factor"])
+    if longest is None and rope.original is None:
+        section.comment("config.json gives no max_position_embeddings: MindFormers sizes its "
+                        "RoPE table to seq_length")
+        return
+    length = positions(sizes, longest or 0)
+    raised = None if length == longest else (
+        f"{length}, not config.json's max_position_embeddings ({longest}): MindFormers "
+        "needs it above the RoPE scaling's original_max_position_embeddings "
+        f"({rope.original}); the table's length does not change its values")
+    section.put("max_position_embedding", length, above=raised,
+                note=None if raised else "config.json: max_position_embeddings")
+
+
+def _token_ids(section: _Section, config: dict[str, Any], notes: list[str]) -> None:
+    """bos, eos and pad, with what MindFormers does with each where it differs."""
+    from ..archs.mindformers import NO_PAD
+
+    pad = _token_id(config, "pad_token_id")
+    bos = _token_id(config, "bos_token_id")
+    eos = _token_id(config, "eos_token_id", many=True)
+    section.put("bos_token_id", bos,
+                note="none in config.json (LlamaConfig's default: 1)" if bos is None else None)
     if eos is None:
-        put("eos_token_id", [], note="none in config.json: generation stops at its length "
-                                     "limit (LlamaConfig's default: 2)")
+        section.put("eos_token_id", [], note="none in config.json: generation stops at its "
+                                             "length limit (LlamaConfig's default: 2)")
     else:
-        put("eos_token_id", eos, note="MindFormers' generation stops at any of them"
-            if isinstance(eos, list) else None)
+        section.put("eos_token_id", eos, note="MindFormers' generation stops at any of them"
+                    if isinstance(eos, list) else None)
     if pad is None:
-        put("pad_token_id", NO_PAD, above=(
+        section.put("pad_token_id", NO_PAD, above=(
             "config.json has no pad_token_id. MindFormers masks every token equal to "
             "pad_token_id in attention, transformers masks none: LlamaConfig's default 0 "
             f"would mask token 0, a real token; {NO_PAD} is no token's id, so every input "
             "computes what transformers computes. Padding batches? Put your tokenizer's "
             "pad id here."))
     else:
-        put("pad_token_id", pad, above=(
+        section.put("pad_token_id", pad, above=(
             "from config.json. MindFormers masks every token equal to pad_token_id in "
             "attention (transformers masks none unless given an attention mask): an input "
             f"holding id {pad} computes what transformers computes with that mask."))
         notes.append(f"model config: pad_token_id {pad} (config.json): MindFormers masks "
                      "that id in attention, transformers only when given an attention mask")
 
-    run = {"batch_size": 1, "seq_length": min(values.get("max_position_embedding")
+
+def _run_settings(section: _Section) -> None:
+    """The run settings ms-port tests the file with, commented: they are the user's."""
+    from ..archs.mindformers import CPU_SETTINGS
+
+    run = {"batch_size": 1, "seq_length": min(section.values.get("max_position_embedding")
                                               or _EXAMPLE_LENGTH, _EXAMPLE_LENGTH),
            **CPU_SETTINGS}
-    mc.append("")
-    mc.extend(_comment("run settings: yours (MindFormers' defaults apply to those left "
-                       "commented). ms-port tests this file on a CPU in float32 with:", 4))
+    section.lines.append("")
+    section.comment("run settings: yours (MindFormers' defaults apply to those left "
+                    "commented). ms-port tests this file on a CPU in float32 with:")
     for key, value in run.items():
-        mc.extend("    # " + line for line in _dump(key, value, 0, _HINTS.get(key)))
+        section.lines.extend("    # " + line for line in _dump(key, value, 0, _HINTS.get(key)))
 
-    where = Path(checkpoint).absolute() if checkpoint is not None else None
+
+def _document(config: dict[str, Any], model_lines: list[str], where: Path | None,
+              checkpoint_format: str, origin: str) -> list[str]:
+    """The whole file around ``model_config``: the header, the run's top-level keys, what
+    is the user's (commented), the trainer, the model and the processor."""
+    from .. import __version__
+
     top: list[str] = [
         *_comment(f"MindFormers configuration written by ms-port {__version__} from "
                   f"{origin}" + (f" for {where}" if where else "") + "."),
@@ -253,7 +295,8 @@ def mindformers_yaml(config: dict[str, Any], *, qkv_concat: bool = False,
                 *_dump("load_ckpt_format", checkpoint_format)]
     else:
         top += _comment("load_checkpoint: the converted checkpoint")
-    top += [
+    return [
+        *top,
         *_dump("auto_trans_ckpt", False, note="one complete checkpoint; yours: true to split "
                                              "it across devices"),
         *_dump("use_parallel", False, note="yours: true with parallel_config below"),
@@ -276,7 +319,7 @@ def mindformers_yaml(config: dict[str, Any], *, qkv_concat: bool = False,
         "model:",
         "  model_config:",
         *_dump("type", "LlamaConfig", 4),
-        *mc,
+        *model_lines,
         "  arch:",
         *_dump("type", "LlamaForCausalLM", 4),
         "",
@@ -287,10 +330,6 @@ def mindformers_yaml(config: dict[str, Any], *, qkv_concat: bool = False,
         "#     type: LlamaTokenizerFast   # or the one your model's MindFormers YAML names",
         "#     tokenizer_file: /path/to/tokenizer.json",
     ]
-    text = "\n".join(top) + "\n"
-    built = MindFormersYaml(text, values, notes)
-    _check(text, built, where="the YAML ms-port built")  # a bug here never reaches a file
-    return built
 
 
 def _check(text: str, built: MindFormersYaml, *, where: str, path: Any = None) -> None:
