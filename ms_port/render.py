@@ -105,6 +105,27 @@ def _short(value: Any, width: int = 60) -> str:
 
 def _conversion(r: Any, *, limit: int | None, show: str) -> Any:
     plan = r.plan
+    lines = [*_plan_lines(plan), *_plan_warnings(plan)]
+    if r.nonfinite:
+        lines.append(f"[yellow]NaN/Inf in {len(r.nonfinite)} tensors: "
+                     f"{escape(', '.join(list(r.nonfinite)[:3]))}[/]")
+    lines += _written_lines(r)
+    parts: list[Any] = []
+    if show == "all":
+        parts.append(_plan_table(plan, limit=None))
+    parts += _problem_parts(plan, limit)
+    style = "green" if r.ok else "red"
+    done, failed = (("EXPORTED", "NOT EXPORTED") if type(r).__name__ == "ExportReport"
+                    else ("CONVERTED", "NOT CONVERTED"))
+    title = done if r.ok and not r.dry_run else ("PLAN OK" if r.ok else failed)
+    parts.append(Panel("\n".join(lines), title=f"[bold {style}]{title}[/]",
+                       title_align="left", border_style=style))
+    return Group(*parts)
+
+
+def _plan_lines(plan: Any) -> list[str]:
+    """The plan's header: source, target, what matched and how, the layouts, the config's
+    numbers, what the reader unwrapped or dequantized, what was dropped."""
     counts = ", ".join(f"{k} {v}" for k, v in plan.counts.items() if v) or "none"
     lines = [
         f"source:  {escape(plan.source.path)} ({plan.source.format}, {len(plan.source)} tensors)",
@@ -137,7 +158,12 @@ def _conversion(r: Any, *, limit: int | None, show: str) -> Any:
     dropped: dict[str, int] = {}
     for d in plan.dropped:
         dropped[d.reason] = dropped.get(d.reason, 0) + 1
-    lines += [escape(f"dropped: {n} × {reason}") for reason, n in dropped.items()]
+    return lines + [escape(f"dropped: {n} × {reason}") for reason, n in dropped.items()]
+
+
+def _plan_warnings(plan: Any) -> list[str]:
+    """What the plan accepted but the user should look at, and its notes."""
+    lines = []
     if plan.fallbacks:
         lines.append(f"[yellow]fallback (shape/order) matches: {len(plan.fallbacks)} — "
                      "check them[/]")
@@ -147,10 +173,12 @@ def _conversion(r: Any, *, limit: int | None, show: str) -> Any:
         lines.append(f"[yellow]missing (allowed): {len(plan.missing)}[/]")
     if plan.unused and plan.allow_unused:
         lines.append(f"[yellow]unused (allowed): {len(plan.unused)}[/]")
-    lines += [f"[yellow]note: {escape(n)}[/]" for n in getattr(plan, "notes", [])]
-    if r.nonfinite:
-        lines.append(f"[yellow]NaN/Inf in {len(r.nonfinite)} tensors: "
-                     f"{escape(', '.join(list(r.nonfinite)[:3]))}[/]")
+    return lines + [f"[yellow]note: {escape(n)}[/]" for n in getattr(plan, "notes", [])]
+
+
+def _written_lines(r: Any) -> list[str]:
+    """What was written: the output and its read-back, the saved map, the model YAML."""
+    lines = []
     if r.written:
         w = r.written
         shards = getattr(w, "shards", None)
@@ -168,28 +196,26 @@ def _conversion(r: Any, *, limit: int | None, show: str) -> Any:
                      f"{escape(mf.model_config.get('type'))}{', replaced' if mf.replaced else ''};"
                      f" read back {mf.readback})")
         lines += [f"[yellow]note: {escape(n)}[/]" for n in mf.notes]
-    parts: list[Any] = []
-    if show == "all":
-        parts.append(_plan_table(plan, limit=None))
-    problems = plan.problems()
-    if problems:
-        from .match.suggest import group_line, leftover_groups
+    return lines
 
-        groups = [] if plan.allow_unused else leftover_groups(plan.unused)
-        if groups:  # the pattern first: one rename can explain dozens of lines below
-            parts.append(Text.from_markup("\n".join(
-                f"[yellow]→[/] {escape(group_line(*g))}" for g in groups)))
-        shown = problems if limit is None else problems[:limit]
-        parts.append(Text.from_markup("\n".join(f"[red]✗[/] {escape(p)}" for p in shown)))
-        if len(shown) < len(problems):
-            parts.append(Text(f"… {len(problems) - len(shown)} more (--show all, or --json)"))
-    style = "green" if r.ok else "red"
-    done, failed = (("EXPORTED", "NOT EXPORTED") if type(r).__name__ == "ExportReport"
-                    else ("CONVERTED", "NOT CONVERTED"))
-    title = done if r.ok and not r.dry_run else ("PLAN OK" if r.ok else failed)
-    parts.append(Panel("\n".join(lines), title=f"[bold {style}]{title}[/]",
-                       title_align="left", border_style=style))
-    return Group(*parts)
+
+def _problem_parts(plan: Any, limit: int | None) -> list[Any]:
+    """The plan's problems, the leftovers' common pattern first, cut at ``limit``."""
+    problems = plan.problems()
+    if not problems:
+        return []
+    from .match.suggest import group_line, leftover_groups
+
+    parts: list[Any] = []
+    groups = [] if plan.allow_unused else leftover_groups(plan.unused)
+    if groups:  # the pattern first: one rename can explain dozens of lines below
+        parts.append(Text.from_markup("\n".join(
+            f"[yellow]→[/] {escape(group_line(*g))}" for g in groups)))
+    shown = problems if limit is None else problems[:limit]
+    parts.append(Text.from_markup("\n".join(f"[red]✗[/] {escape(p)}" for p in shown)))
+    if len(shown) < len(problems):
+        parts.append(Text(f"… {len(problems) - len(shown)} more (--show all, or --json)"))
+    return parts
 
 
 def _num(x: float | None, spec: str = ".2e") -> str:
