@@ -12,7 +12,7 @@ from typing import Any, Callable
 from .errors import MsPortError, TargetError
 from .match.patterns import Pattern, PatternError, compile_pattern
 from .match.plan import Plan, make_plan
-from .options import ConvertOptions, ExportOptions
+from .options import ConvertOptions, DiffOptions, ExportOptions, InspectOptions
 from .read.sources import Source, read_source
 from .read.targets import Target, from_arch
 from .reports import ConversionReport, InspectReport
@@ -54,25 +54,27 @@ def inspect(
         >>> len(report.tensors), report.parameters
         (320, 25557032)
     """
-    if (path is None) == (arch is None):
+    opts = InspectOptions(arch=arch, filter=filter, key=key, unsafe_pickle=unsafe_pickle,
+                          revision=revision)
+    if (path is None) == (opts.arch is None):
         raise MsPortError("give a checkpoint path or an architecture (arch=...), not both")
-    if arch is not None and revision is not None:
+    if opts.arch is not None and opts.revision is not None:
         raise MsPortError("revision= (--revision) is for a Hugging Face id; arch= reads no "
                           "checkpoint — drop it")
-    pattern = _regex(filter)
-    if arch is not None:
-        target = from_arch(arch)
+    pattern = _regex(opts.filter)
+    if opts.arch is not None:
+        target = from_arch(opts.arch)
         from .read.tensors import TensorInfo
 
         infos = [TensorInfo(t.name, t.shape, t.dtype) for t in target.tensors.values()]
-        return InspectReport(f"arch:{arch}", "architecture",
+        return InspectReport(f"arch:{opts.arch}", "architecture",
                              [i for i in infos if not pattern or pattern.search(i.name)],
-                             len(infos), filter=filter)
-    source = read_source(path, key=key, unsafe_pickle=unsafe_pickle, revision=revision)
+                             len(infos), filter=opts.filter)
+    source = read_source(path, **opts.reading())
     tensors = [t for t in source if not pattern or pattern.search(t.name)]
     return InspectReport(source.path, source.format, tensors, len(source),
                          unwrapped=source.unwrapped, stripped=source.stripped,
-                         skipped=source.skipped, metadata=source.metadata, filter=filter,
+                         skipped=source.skipped, metadata=source.metadata, filter=opts.filter,
                          config=_config_summary(source), hub=source.hub)
 
 
@@ -545,8 +547,10 @@ def diff(
     from .read.sources import detect_format
     from .read.targets import from_infos
 
+    opts = DiffOptions(arch=arch, ms_model=ms_model, mapping=mapping, key=key,
+                       unsafe_pickle=unsafe_pickle, revision=revision)
     ids = [p for p in (a, b) if is_hub_id(p)]
-    if revision is not None and not ids:
+    if opts.revision is not None and not ids:
         raise MsPortError(f"revision= (--revision) is for a Hugging Face id, and neither "
                           f"{a} nor {b} is one — drop it")
 
@@ -554,16 +558,16 @@ def diff(
         if isinstance(path, Source):
             return path
         if path in ids:  # a Hugging Face model: never a MindSpore checkpoint
-            return read_source(path, key=key, unsafe_pickle=unsafe_pickle, revision=revision)
+            return read_source(path, **opts.reading())
         if detect_format(path) == "mindspore-ckpt":  # names are kept exactly as saved
             return read_source(path, strip_prefixes=False)
-        return read_source(path, key=key, unsafe_pickle=unsafe_pickle)
+        return read_source(path, key=opts.key, unsafe_pickle=opts.unsafe_pickle)
 
     src_a, src_b = read(a), read(b)
     ms_a, ms_b = (s.format == "mindspore-ckpt" for s in (src_a, src_b))
     if ms_a == ms_b:
-        given = [n for n, v in (("arch", arch), ("ms_model", ms_model), ("mapping", mapping))
-                 if v not in (None, [], ())]
+        given = [n for n in ("arch", "ms_model", "mapping")
+                 if getattr(opts, n) not in (None, [], ())]
         if given:
             raise MsPortError(f"{src_a.path} and {src_b.path} are both "
                               f"{'MindSpore' if ms_a else 'PyTorch'} checkpoints, compared "
@@ -571,11 +575,11 @@ def diff(
                               "MindSpore pair — drop it")
         return compare_by_name(src_a, src_b)
     torch_src, ms_src = (src_b, src_a) if ms_a else (src_a, src_b)
-    if arch is not None or ms_model is not None:
-        tgt = resolve_target(arch=arch, ms_model=ms_model)
+    if opts.arch is not None or opts.ms_model is not None:
+        tgt = resolve_target(arch=opts.arch, ms_model=opts.ms_model)
     else:  # the checkpoint's own names and shapes, as a template
         tgt = from_infos(ms_src.tensors.values(), ms_src.path)
-    p = make_plan(torch_src, tgt, resolve_mapping(mapping, arch=arch),
+    p = make_plan(torch_src, tgt, resolve_mapping(opts.mapping, arch=opts.arch),
                   allow_missing=True, allow_unused=True)
     values = {info.name: info.load for info in ms_src}
     return compare_through_plan(p, values, a=torch_src.path, b=ms_src.path)

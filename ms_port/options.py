@@ -23,8 +23,47 @@ def _opt(default: Any, help: str, flag: str | None = None) -> Any:
     return field(default=default, metadata={"help": help, "flag": flag})
 
 
+class _Options:
+    @classmethod
+    def names(cls) -> list[str]:
+        """The fields' names: the library function's keywords."""
+        return [f.name for f in fields(cls)]  # type: ignore[arg-type]
+
+
 @dataclass(frozen=True)
-class ConvertOptions:
+class SourceOptions(_Options):
+    """How a PyTorch checkpoint (or a Hugging Face id) is read: shared by every command
+    that reads one (flags ``--key``, ``--unsafe-pickle``, ``--revision``)."""
+
+    key: str | None = _opt(None, "the state dict's key inside the checkpoint")
+    unsafe_pickle: bool = _opt(False, "unpickle arbitrary objects (trusted files only)")
+    revision: str | None = _opt(None, "a Hugging Face id's branch, tag or commit")
+
+    def reading(self) -> dict[str, Any]:
+        """The reader's keywords (:func:`ms_port.read.sources.read_source`)."""
+        return {"key": self.key, "unsafe_pickle": self.unsafe_pickle,
+                "revision": self.revision}
+
+
+@dataclass(frozen=True)
+class InspectOptions(SourceOptions):
+    """What ``inspect`` lists (see :func:`ms_port.inspect`)."""
+
+    arch: str | None = _opt(None, "instead of a file, a registered architecture")
+    filter: str | None = _opt(None, "only tensors whose name matches this regex")
+
+
+@dataclass(frozen=True)
+class DiffOptions(SourceOptions):
+    """What ``diff`` compares through (see :func:`ms_port.diff`)."""
+
+    arch: str | None = _opt(None, "the MindSpore side: a registered architecture")
+    ms_model: Any = _opt(None, "the MindSpore side: a Cell factory")
+    mapping: Any = _opt(None, "extra mapping table(s)", "--map")
+
+
+@dataclass(frozen=True)
+class ConvertOptions(SourceOptions):
     """What ``convert`` writes and how strictly (see :func:`ms_port.convert`)."""
 
     output: Any = _opt(None, "the file (or, with max_shard_size, the directory) to write")
@@ -42,23 +81,17 @@ class ConvertOptions:
     allow_shape_match: bool = _opt(False, "fill leftovers by equal shape, in order")
     check_finite: bool = _opt(False, "refuse weights holding NaN/Inf")
     crc: bool = _opt(False, "append MindSpore's CRC trailer")
-    key: str | None = _opt(None, "the state dict's key inside the checkpoint")
-    unsafe_pickle: bool = _opt(False, "unpickle arbitrary objects (trusted files only)")
     align: bool = _opt(True, "pair the layers names leave unpaired by structure",
                        "--no-align")
     config: Any = _opt(None, "the model's config.json (or a dict)")
     ms_options: dict[str, Any] | None = _opt(None, "a known family's options", "--ms-option")
     max_shard_size: Any = _opt(None, "write shards of at most this size (2GB)")
-    revision: str | None = _opt(None, "a Hugging Face id's branch, tag or commit")
     model_config: Any = _opt(None, "also write MindFormers' YAML here")
 
-    @classmethod
-    def names(cls) -> list[str]:
-        return [f.name for f in fields(cls)]
 
 
 @dataclass(frozen=True)
-class ExportOptions:
+class ExportOptions(_Options):
     """What ``export`` writes back to PyTorch (see :func:`ms_port.export`)."""
 
     output: Any = _opt(None, "the .pth or .safetensors file (or model directory) to write")
@@ -79,13 +112,10 @@ class ExportOptions:
                                                    "family it was converted with",
                                              "--ms-option")
 
-    @classmethod
-    def names(cls) -> list[str]:
-        return [f.name for f in fields(cls)]
 
 
 @dataclass(frozen=True)
-class VerifyOptions:
+class VerifyOptions(SourceOptions):
     """What ``verify`` compares and how (see :func:`ms_port.verify`)."""
 
     arch: str | None = _opt(None, "a registered architecture: both networks")
@@ -107,18 +137,13 @@ class VerifyOptions:
     ms_device: str | None = _opt(None, "the MindSpore side's device, over --device")
     noise_floor: bool = _opt(True, "also run PyTorch in float64 for the per-tensor noise",
                              "--no-noise-floor")
-    key: str | None = _opt(None, "the state dict's key inside the checkpoint")
-    unsafe_pickle: bool = _opt(False, "unpickle arbitrary objects (trusted files only)")
     report: Any = _opt(None, "also write a self-contained HTML report there")
     force: bool = _opt(False, "replace an existing report")
     config: Any = _opt(None, "the model's config.json (or a dict)")
     ms_options: dict[str, Any] | None = _opt(None, "a known family's options", "--ms-option")
     mode: str = _opt("auto", "whole, layers or auto (by the memory)")
-    revision: str | None = _opt(None, "a Hugging Face id's branch, tag or commit")
-
-    @classmethod
-    def names(cls) -> list[str]:
-        return [f.name for f in fields(cls)]
 
 
-__all__ = ["ConvertOptions", "ExportOptions", "VerifyOptions"]
+
+__all__ = ["ConvertOptions", "DiffOptions", "ExportOptions", "InspectOptions",
+           "SourceOptions", "VerifyOptions"]

@@ -12,18 +12,27 @@ import pytest
 
 import ms_port
 from ms_port.cli import main
-from ms_port.options import ConvertOptions, ExportOptions, VerifyOptions
+from ms_port.options import (
+    ConvertOptions,
+    DiffOptions,
+    ExportOptions,
+    InspectOptions,
+    SourceOptions,
+    VerifyOptions,
+)
 
 #: command, its options object, the library's function
 COMMANDS = [("verify", VerifyOptions, ms_port.verify),
             ("convert", ConvertOptions, ms_port.convert),
-            ("export", ExportOptions, ms_port.export)]
+            ("export", ExportOptions, ms_port.export),
+            ("inspect", InspectOptions, ms_port.inspect),
+            ("diff", DiffOptions, ms_port.diff)]
 
 #: click's "no default" (8.2 and later), else None
 UNSET = getattr(click.core, "UNSET", None)
 
 #: the CLI's own flags: how the result is shown, not what verify does
-CLI_ONLY = {"--show", "--json", "--quiet"}
+CLI_ONLY = {"--show", "--json", "--quiet", "--limit", "--all"}
 
 
 def _flags(command) -> dict[str, object]:
@@ -72,3 +81,15 @@ def test_the_library_keywords_are_the_fields(command, options, function):
     for f in fields(options):
         assert f.default is not MISSING and params[f.name].default == f.default, f.name
 
+
+
+def test_the_source_options_are_one_object_shared_by_every_reading_command():
+    """--key, --unsafe-pickle and --revision mean one thing wherever a PyTorch checkpoint
+    is read: the same fields, with the same help, on each command's options."""
+    shared = {f.name: f.metadata["help"] for f in fields(SourceOptions)}
+    for options in (InspectOptions, DiffOptions, ConvertOptions, VerifyOptions):
+        assert issubclass(options, SourceOptions)
+        mine = {f.name: f.metadata["help"] for f in fields(options)}
+        assert {n: mine[n] for n in shared} == shared
+    opts = VerifyOptions(key="model", unsafe_pickle=True, revision="v1")
+    assert opts.reading() == {"key": "model", "unsafe_pickle": True, "revision": "v1"}

@@ -137,8 +137,7 @@ def _read_both(source: str | Path, checkpoint: str | Path,
                opts: VerifyOptions) -> tuple[Source, Source, bool]:
     """(the PyTorch side, the MindSpore side, whether the user gave them the other way)."""
     def torch_side(path: str | Path) -> Source:
-        return read_with_config(path, key=opts.key, unsafe_pickle=opts.unsafe_pickle,
-                                config=opts.config, revision=opts.revision)
+        return read_with_config(path, config=opts.config, **opts.reading())
 
     src = torch_side(source)
     ckpt = read_source(checkpoint, strip_prefixes=False)
