@@ -465,10 +465,7 @@ def export(
         else:
             check_output(output, force=force)
         check_not_input(output, checkpoint)
-    p = export_plan(checkpoint, arch=arch, torch_model=torch_model, target=target,
-                    ms_model=ms_model, mapping=mapping, dtype=dtype,
-                    allow_missing=allow_missing, allow_unused=allow_unused, config=cfg,
-                    config_path=cfg_path, ms_options=ms_options)
+    p = export_plan(checkpoint, opts, config=cfg, config_path=cfg_path)
     out = None if output is None else str(output)
     if not p.ok or dry_run:
         return ExportReport(p.ok, p, out, dry_run=dry_run)

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import TargetError
+from ..options import ExportOptions
 from ..read.sources import Source, read_source
 from ..read.targets import Target, TargetTensor, from_arch, from_cell, from_infos, instantiate
 from ..read.tensors import TensorInfo
@@ -240,13 +241,16 @@ def _group_parts(m: Match, torch_side: Source, dtype: str) -> dict[str, Match]:
     return found
 
 
-def export_plan(checkpoint: str | Path, *, arch: str | None, torch_model: Any,
-                target: Any, ms_model: Any, mapping: Any, dtype: str | None,
-                allow_missing: bool, allow_unused: bool,
-                config: dict[str, Any] | None = None, config_path: str | None = None,
-                ms_options: dict[str, Any] | None = None) -> Plan:
-    """The inverted plan for :func:`ms_port.export` (see the module docstring)."""
+def export_plan(checkpoint: str | Path, opts: ExportOptions,
+                config: dict[str, Any] | None = None, config_path: str | None = None) -> Plan:
+    """The inverted plan for :func:`ms_port.export` (see the module docstring); ``config``
+    is the Hugging Face config read from ``opts.config`` (at ``config_path``)."""
     from ..read.targets import FAMILIES, from_family
+
+    arch, torch_model, ms_model, ms_options = (opts.arch, opts.torch_model, opts.ms_model,
+                                               opts.ms_options)
+    target, mapping, dtype = opts.target, opts.mapping, opts.dtype
+    allow_missing, allow_unused = opts.allow_missing, opts.allow_unused
 
     ckpt = read_source(checkpoint, strip_prefixes=False)
     torch_side, _ = _torch_side(arch, torch_model, target, config, config_path)
