@@ -449,8 +449,8 @@ def graph_whole(request: Request, build_torch: Callable[[], Any], forward: str) 
         return ran  # the checkpoint does not load: that report
     logits, standins = ran
     run.timings["mindspore_forward"] = time.perf_counter() - t0
-    run.notes.append("MindSpore ran in GRAPH mode with CPU stand-ins for what has no CPU kernel "
-                 f"({len(standins)}): " + "; ".join(standins))
+    run.notes.append("MindSpore ran in GRAPH mode with CPU stand-ins for what has no CPU "
+                     f"kernel ({len(standins)}): " + "; ".join(standins))
     run.notes.append("layers not recorded: GRAPH mode runs no cell hooks; the tensors are "
                      "compared one by one instead")
     return _judge_logits(runs, logits, first.tensors, run)
@@ -466,21 +466,21 @@ def _torch_runs(tnet: Any, draws: tuple[np.ndarray, np.ndarray], run: Any,
 
     cpu = devices.torch_device("cpu")
 
-    def run(model: Any, x: np.ndarray, what: str) -> dict[str, np.ndarray]:
+    def forward(model: Any, x: np.ndarray, what: str) -> dict[str, np.ndarray]:
         t0 = time.perf_counter()
         out = dict(devices.run_torch(model, [x], cpu, what, outputs))
         run.timings[what.replace(" ", "_")] = time.perf_counter() - t0
         return out
 
-    runs = {"32": run(tnet, draws[0], "torch forward"), "64": {}}
+    runs = {"32": forward(tnet, draws[0], "torch forward"), "64": {}}
     if run.noise_floor:
         try:  # optional, as in the whole-network run: the comparison stands without it
-            runs["64"] = run(devices.torch_variant(tnet, torch.float64, cpu), draws[0],
+            runs["64"] = forward(devices.torch_variant(tnet, torch.float64, cpu), draws[0],
                              "torch float64 forward")
         except MsPortError as exc:
             run.notes.append(f"noise not measured: {exc.message.split('; check')[0]}; the "
                              "bound is tol")
-    runs["2"] = run(tnet, draws[1], "torch second-input forward")
+    runs["2"] = forward(tnet, draws[1], "torch second-input forward")
     return runs
 
 
