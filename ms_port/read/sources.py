@@ -105,6 +105,10 @@ class Source:
     config_path: str | None = None
     #: the Hugging Face Hub id and commit ``path`` was resolved from, if it was one
     hub: HubRef | None = None
+    #: a distributed training output's layout (:class:`~ms_port.read.distributed.
+    #: ClusterLayout`), and its training state (optimizer moments, counters), kept apart
+    cluster: Any = None
+    training_state: list[TensorInfo] = field(default_factory=list)
 
     def __len__(self) -> int:
         return len(self.tensors)
@@ -216,6 +220,8 @@ def read_source(
     unsafe_pickle: bool = False,
     config: bool = True,
     revision: str | None = None,
+    strategy: str | Path | None = None,
+    step: str | None = None,
 ) -> Source:
     """Open a checkpoint and list its tensors without loading their data.
 
@@ -235,6 +241,10 @@ def read_source(
             (:func:`ms_port.read.fp8.dequantized_view`).
         revision: a Hub id's branch, tag or commit hash (default: ``main``); refused
             with a local path.
+        strategy / step: for a distributed training output (a folder of ``rank_N/``
+            folders, or one holding ``checkpoint/``): its strategy file or folder (default
+            ``strategy/`` beside ``checkpoint/``) and the save to read (default the
+            latest); see :mod:`ms_port.read.distributed`.
 
     Returns:
         A :class:`Source`.
@@ -253,7 +263,15 @@ def read_source(
 
     path, hub = locate(path, revision=revision)
     if path.is_dir():
+        from .distributed import find_training_output, read_distributed
+
+        if find_training_output(path) is not None:
+            return read_distributed(path, strategy=strategy, step=step)
         path = resolve_directory(path)
+    if strategy is not None or step is not None:
+        raise SourceError(f"{path} is one checkpoint file; --strategy and --step are for a "
+                          "distributed training output (a folder of rank_N/ folders)",
+                          path=path)
     source = _read(path, key=key, strip_prefixes=strip_prefixes, unsafe_pickle=unsafe_pickle)
     _check_sizes(source, path)
     found = _find_config(path) if config else None
