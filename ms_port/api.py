@@ -33,6 +33,8 @@ def inspect(
     key: str | None = None,
     unsafe_pickle: bool = False,
     revision: str | None = None,
+    strategy: str | Path | None = None,
+    step: str | None = None,
 ) -> InspectReport:
     """List what a checkpoint holds, or what an architecture expects.
 
@@ -45,6 +47,10 @@ def inspect(
         key: the container holding the state dict, if not a usual one.
         unsafe_pickle: allow full unpickling of a trusted legacy file (runs its code).
         revision: a Hub id's branch, tag or commit hash (default: ``main``).
+        strategy / step: for a distributed training output (a folder of ``rank_N/``
+            folders, or the folder holding ``checkpoint/``): its strategy file or folder
+            (default: ``strategy/`` beside ``checkpoint/``) and the save (``STEP`` or
+            ``EPOCH_STEP``; default the latest).
 
     Returns:
         An :class:`~ms_port.reports.InspectReport`.
@@ -55,7 +61,7 @@ def inspect(
         (320, 25557032)
     """
     opts = InspectOptions(arch=arch, filter=filter, key=key, unsafe_pickle=unsafe_pickle,
-                          revision=revision)
+                          revision=revision, strategy=strategy, step=step)
     if (path is None) == (opts.arch is None):
         raise MsPortError("give a checkpoint path or an architecture (arch=...), not both")
     if opts.arch is not None and opts.revision is not None:
@@ -70,12 +76,13 @@ def inspect(
         return InspectReport(f"arch:{opts.arch}", "architecture",
                              [i for i in infos if not pattern or pattern.search(i.name)],
                              len(infos), filter=opts.filter)
-    source = read_source(path, **opts.reading())
+    source = read_source(path, **opts.reading(), **opts.cluster())
     tensors = [t for t in source if not pattern or pattern.search(t.name)]
     return InspectReport(source.path, source.format, tensors, len(source),
                          unwrapped=source.unwrapped, stripped=source.stripped,
                          skipped=source.skipped, metadata=source.metadata, filter=opts.filter,
-                         config=_config_summary(source), hub=source.hub)
+                         config=_config_summary(source), hub=source.hub,
+                         cluster=source.cluster, training_state=source.training_state)
 
 
 #: config.json keys worth a line in inspect (what a conversion takes from it)
@@ -335,6 +342,8 @@ def verify(
     ms_options: dict[str, Any] | None = None,
     mode: str = "auto",
     revision: str | None = None,
+    strategy: str | Path | None = None,
+    step: str | None = None,
 ) -> Any:
     """Is the conversion right? Compare every tensor, then every layer and output.
 
@@ -366,6 +375,10 @@ def verify(
             :func:`plan`). For a Hugging Face language model, ``ms_model`` alone is enough:
             the PyTorch side is built with transformers from the config, and inputs default
             to 16 token ids drawn from the vocabulary.
+        strategy / step: for a distributed training output as ``checkpoint`` (a folder
+            of ``rank_N/`` folders, or the folder holding ``checkpoint/``): its strategy
+            file or folder (default: ``strategy/`` beside ``checkpoint/``) and the save
+            (``STEP`` or ``EPOCH_STEP``; default the latest).
 
     On a CPU, call :func:`ms_port.prefer_fast_cpu_kernels` before anything runs MindSpore
     in the process (the CLI does): on an AVX-512 CPU MindSpore's convolutions otherwise
@@ -389,7 +402,7 @@ def verify(
         input_dtype=input_dtype, input_range=input_range, dtype=dtype, device=device,
         torch_device=torch_device, ms_device=ms_device, noise_floor=noise_floor, key=key,
         unsafe_pickle=unsafe_pickle, report=report, force=force, config=config,
-        ms_options=ms_options, mode=mode, revision=revision)
+        ms_options=ms_options, mode=mode, revision=revision, strategy=strategy, step=step)
     return run(source, checkpoint, options, progress)
 
 
@@ -412,11 +425,15 @@ def export(
     config: str | Path | dict[str, Any] | None = None,
     max_shard_size: str | int | None = None,
     ms_options: dict[str, Any] | None = None,
+    strategy: str | Path | None = None,
+    step: str | None = None,
 ) -> Any:
     """Convert a MindSpore checkpoint back to PyTorch, through the conversion plan inverted.
 
     Args:
-        checkpoint: the MindSpore ``.ckpt`` (or safetensors) file.
+        checkpoint: the MindSpore ``.ckpt`` (or safetensors) file, or a distributed
+            training output (a folder of ``rank_N/`` folders, or the folder holding
+            ``checkpoint/``): its slices joined, its training state left out.
         output: the ``.pth`` or ``.safetensors`` file to write.
         arch / torch_model / target: exactly one PyTorch side: an architecture's
             reference network, a ``module:callable`` (or module, or class) building one,
@@ -436,6 +453,8 @@ def export(
         ms_options: the options of a known ``ms_model`` family the checkpoint was
             converted with, where its names do not show them
             (``{"use_interleaved_weight_layout_mlp": False}``).
+        strategy / step: a training output's strategy file or folder (default:
+            ``strategy/`` beside ``checkpoint/``) and save (default the latest).
 
     Returns:
         An :class:`~ms_port.match.inversion.ExportReport` (``ok``, ``plan``, ``written``);
@@ -452,7 +471,7 @@ def export(
         output=output, arch=arch, torch_model=torch_model, target=target, ms_model=ms_model,
         mapping=mapping, format=format, dtype=dtype, force=force, dry_run=dry_run,
         allow_missing=allow_missing, allow_unused=allow_unused, config=config,
-        max_shard_size=max_shard_size, ms_options=ms_options)
+        max_shard_size=max_shard_size, ms_options=ms_options, strategy=strategy, step=step)
     if output is None and not dry_run:
         raise TargetError("no output given; pass -o FILE (output=...) or --dry-run")
     cfg, cfg_path, fmt = _export_format(opts)
@@ -512,6 +531,8 @@ def diff(
     key: str | None = None,
     unsafe_pickle: bool = False,
     revision: str | None = None,
+    strategy: str | Path | None = None,
+    step: str | None = None,
 ) -> Any:
     """Compare two checkpoints tensor by tensor, and say what each differing one holds.
 
@@ -540,12 +561,14 @@ def diff(
         (False, [('layer3.2.bn2.moving_mean', 'layer3.2.bn2.running_var')])
     """
     from .check.tensors import compare_by_name, compare_through_plan
+    from .read.distributed import find_training_output
     from .read.hub import is_hub_id
-    from .read.sources import detect_format
+    from .read.sources import MINDSPORE_FORMATS, detect_format
     from .read.targets import from_infos
 
     opts = DiffOptions(arch=arch, ms_model=ms_model, mapping=mapping, key=key,
-                       unsafe_pickle=unsafe_pickle, revision=revision)
+                       unsafe_pickle=unsafe_pickle, revision=revision, strategy=strategy,
+                       step=step)
     ids = [p for p in (a, b) if is_hub_id(p)]
     if opts.revision is not None and not ids:
         raise MsPortError(f"revision= (--revision) is for a Hugging Face id, and neither "
@@ -556,12 +579,19 @@ def diff(
             return path
         if path in ids:  # a Hugging Face model: never a MindSpore checkpoint
             return read_source(path, **opts.reading())
+        if find_training_output(Path(path)) is not None:  # names are kept as saved
+            return read_source(path, strip_prefixes=False, **opts.cluster())
         if detect_format(path) == "mindspore-ckpt":  # names are kept exactly as saved
             return read_source(path, strip_prefixes=False)
         return read_source(path, key=opts.key, unsafe_pickle=opts.unsafe_pickle)
 
+    if (opts.strategy, opts.step) != (None, None) and not any(
+            find_training_output(Path(p)) for p in (a, b) if p not in ids):
+        raise MsPortError(f"--strategy and --step are for a distributed training output (a "
+                          f"folder of rank_N/ folders), and neither {a} nor {b} is one — "
+                          "drop them")
     src_a, src_b = read(a), read(b)
-    ms_a, ms_b = (s.format == "mindspore-ckpt" for s in (src_a, src_b))
+    ms_a, ms_b = (s.format in MINDSPORE_FORMATS for s in (src_a, src_b))
     if ms_a == ms_b:
         given = [n for n in ("arch", "ms_model", "mapping")
                  if getattr(opts, n) not in (None, [], ())]

@@ -86,6 +86,17 @@ def _source_options(f: Any) -> Any:
     return f
 
 
+def _cluster_options(f: Any) -> Any:
+    """How a distributed training output (a folder of rank_N/ folders) is read."""
+    f = click.option("--strategy", metavar="FILE|DIR",
+                     help="A training output's strategy: a file, or a folder of per-rank or "
+                          "per-stage files (default: strategy/ beside checkpoint/).")(f)
+    f = click.option("--step", metavar="STEP",
+                     help="A training output's save to read, STEP or EPOCH_STEP (default: "
+                          "the latest by epoch and step).")(f)
+    return f
+
+
 def _model_options(f: Any) -> Any:
     """What a language-model conversion needs beside the weights."""
     f = click.option("--config", "config", metavar="config.json",
@@ -117,21 +128,25 @@ def _options(pairs: tuple[str, ...]) -> dict[str, str]:
               help="Rows shown in the table.")
 @click.option("--all", "show_all", is_flag=True, help="Show every row.")
 @_source_options
+@_cluster_options
 def inspect(file: str | None, arch: str | None, as_json: bool, pattern: str | None,
             limit: int, show_all: bool, key: str | None, unsafe_pickle: bool,
-            revision: str | None) -> None:
+            revision: str | None, strategy: str | None, step: str | None) -> None:
     """Show what a checkpoint holds (.pth/.pt/.bin, .safetensors, .ckpt).
 
     FILE may also be a sharded set's *.safetensors.index.json or a Hugging Face model
-    directory, or a Hugging Face id (org/name, see --revision). With --arch instead of
-    FILE, lists the tensors a built-in architecture expects.
+    directory, or a Hugging Face id (org/name, see --revision), or a distributed training
+    output (a folder of rank_N/ folders: its whole tensors, its parallel layout and its
+    training state apart). With --arch instead of FILE, lists the tensors a built-in
+    architecture expects.
     """
     from . import api
 
     if (file is None) == (arch is None):
         raise click.UsageError("give a FILE or --arch NAME (not both)")
     report = api.inspect(file, arch=arch, filter=pattern, key=key,
-                         unsafe_pickle=unsafe_pickle, revision=revision)
+                         unsafe_pickle=unsafe_pickle, revision=revision, strategy=strategy,
+                         step=step)
     if as_json:
         _emit_json(report.to_dict())
         return
@@ -304,6 +319,7 @@ def convert(source: str, arch: str | None, template: str | None, ms_model: str |
                    "in the available memory.")
 @_model_options
 @_source_options
+@_cluster_options
 def verify(source: str, checkpoint: str, arch: str | None, torch_model: str | None,
            ms_model: str | None, maps: tuple[str, ...], tol: float, input_file: str | None,
            input_shapes: tuple[str, ...], input_dtypes: tuple[str, ...],
@@ -311,7 +327,8 @@ def verify(source: str, checkpoint: str, arch: str | None, torch_model: str | No
            torch_device: str | None, ms_device: str | None, no_noise_floor: bool,
            report_path: str | None, force: bool, show: str, as_json: bool, quiet: bool,
            mode: str, key: str | None, unsafe_pickle: bool, config: str | None,
-           ms_options: tuple[str, ...], revision: str | None) -> None:
+           ms_options: tuple[str, ...], revision: str | None, strategy: str | None,
+           step: str | None) -> None:
     """Is the conversion right? Run PyTorch (with SOURCE) and MindSpore (with CHECKPOINT)
     on the same inputs and compare every tensor, layer and output.
 
@@ -324,7 +341,8 @@ def verify(source: str, checkpoint: str, arch: str | None, torch_model: str | No
     For a Hugging Face language model (a model directory, or a file beside its
     config.json), --ms-model alone is enough (e.g. mindformers:llama): the PyTorch side is
     built with transformers from the config, and the inputs are token ids. SOURCE
-    may be a Hugging Face id (org/name, see --revision).
+    may be a Hugging Face id (org/name, see --revision); CHECKPOINT a distributed training
+    output (see --strategy).
     """
     from . import api
     from .check.devices import prefer_fast_cpu_kernels
@@ -356,7 +374,7 @@ def verify(source: str, checkpoint: str, arch: str | None, torch_model: str | No
                         ms_device=ms_device, noise_floor=not no_noise_floor, key=key,
                         unsafe_pickle=unsafe_pickle, progress=steps, report=report_path,
                         force=force, config=config, ms_options=_options(ms_options) or None,
-                        revision=revision)
+                        revision=revision, strategy=strategy, step=step)
     _finish(report, as_json=as_json, show=show)
 
 
@@ -395,13 +413,18 @@ def verify(source: str, checkpoint: str, arch: str | None, torch_model: str | No
 @click.option("--ms-option", "ms_options", multiple=True, metavar="KEY=VALUE",
               help="Option of a known --ms-model family the checkpoint was converted with, "
                    "repeatable (mindformers:qwen3: use_interleaved_weight_layout_mlp=false).")
+@_cluster_options
 def export(checkpoint: str, arch: str | None, torch_model: str | None, template: str | None,
            ms_model: str | None, output: str | None, maps: tuple[str, ...], fmt: str | None,
            dtype: str | None, force: bool, dry_run: bool, allow_missing: bool,
            allow_unused: bool, show: str, as_json: bool, quiet: bool, config: str | None,
-           max_shard_size: str | None, ms_options: tuple[str, ...]) -> None:
+           max_shard_size: str | None, ms_options: tuple[str, ...], strategy: str | None,
+           step: str | None) -> None:
     """Convert a MindSpore CHECKPOINT back to PyTorch (.pth or .safetensors), or to a
     Hugging Face model directory (--config; fused tensors split, a tied head kept tied).
+    CHECKPOINT may be a distributed training output (a folder of rank_N/ folders, or the
+    one holding checkpoint/ and strategy/): its slices are joined, its training state left
+    out.
 
     The conversion's own rules and mapping tables, inverted: every rename swaps sides
     and every transform is undone. BatchNorm's num_batches_tracked is restored as 0.
@@ -423,7 +446,8 @@ def export(checkpoint: str, arch: str | None, torch_model: str | None, template:
                             force=force, dry_run=dry_run, allow_missing=allow_missing,
                             allow_unused=allow_unused, progress=progress, config=config,
                             max_shard_size=max_shard_size,
-                            ms_options=_options(ms_options) or None)
+                            ms_options=_options(ms_options) or None, strategy=strategy,
+                            step=step)
     finally:
         stop()
     _finish(report, as_json=as_json, show=show)
@@ -501,9 +525,10 @@ def archs(as_json: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @click.option("--all", "show_all", is_flag=True, help="List identical tensors too.")
 @_source_options
+@_cluster_options
 def diff(a: str, b: str, arch: str | None, ms_model: str | None, maps: tuple[str, ...],
          as_json: bool, show_all: bool, key: str | None, unsafe_pickle: bool,
-         revision: str | None) -> None:
+         revision: str | None, strategy: str | None, step: str | None) -> None:
     """Compare the tensors of A and B, and name what each differing one holds.
 
     A .pth (or .safetensors) and a .ckpt, in either order, are compared through the
@@ -516,7 +541,8 @@ def diff(a: str, b: str, arch: str | None, ms_model: str | None, maps: tuple[str
     if arch is not None and ms_model is not None:
         raise click.UsageError("give --arch or --ms-model, not both")
     report = api.diff(a, b, arch=arch, ms_model=ms_model, mapping=list(maps), key=key,
-                      unsafe_pickle=unsafe_pickle, revision=revision)
+                      unsafe_pickle=unsafe_pickle, revision=revision, strategy=strategy,
+                      step=step)
     _finish(report, as_json=as_json, show="all" if show_all else "summary")
 
 

@@ -46,7 +46,22 @@ class SourceOptions(_Options):
 
 
 @dataclass(frozen=True)
-class InspectOptions(SourceOptions):
+class ClusterOptions(_Options):
+    """How a distributed training output is read (a folder of ``rank_N/`` folders): shared
+    by every command that reads a MindSpore checkpoint (``--strategy``, ``--step``)."""
+
+    strategy: Any = _opt(None, "a training output's strategy file or folder (default: "
+                               "strategy/ beside checkpoint/)")
+    step: str | None = _opt(None, "a training output's save to read: STEP or EPOCH_STEP "
+                                  "(default: the latest)")
+
+    def cluster(self) -> dict[str, Any]:
+        """The reader's keywords for a training output."""
+        return {"strategy": self.strategy, "step": self.step}
+
+
+@dataclass(frozen=True)
+class InspectOptions(ClusterOptions, SourceOptions):
     """What ``inspect`` lists (see :func:`ms_port.inspect`)."""
 
     arch: str | None = _opt(None, "instead of a file, a registered architecture")
@@ -54,7 +69,7 @@ class InspectOptions(SourceOptions):
 
 
 @dataclass(frozen=True)
-class DiffOptions(SourceOptions):
+class DiffOptions(ClusterOptions, SourceOptions):
     """What ``diff`` compares through (see :func:`ms_port.diff`)."""
 
     arch: str | None = _opt(None, "the MindSpore side: a registered architecture")
@@ -91,7 +106,7 @@ class ConvertOptions(SourceOptions):
 
 
 @dataclass(frozen=True)
-class ExportOptions(_Options):
+class ExportOptions(ClusterOptions):
     """What ``export`` writes back to PyTorch (see :func:`ms_port.export`)."""
 
     output: Any = _opt(None, "the .pth or .safetensors file (or model directory) to write")
@@ -115,7 +130,7 @@ class ExportOptions(_Options):
 
 
 @dataclass(frozen=True)
-class VerifyOptions(SourceOptions):
+class VerifyOptions(ClusterOptions, SourceOptions):
     """What ``verify`` compares and how (see :func:`ms_port.verify`)."""
 
     arch: str | None = _opt(None, "a registered architecture: both networks")
@@ -145,5 +160,5 @@ class VerifyOptions(SourceOptions):
 
 
 
-__all__ = ["ConvertOptions", "DiffOptions", "ExportOptions", "InspectOptions",
+__all__ = ["ClusterOptions", "ConvertOptions", "DiffOptions", "ExportOptions", "InspectOptions",
            "SourceOptions", "VerifyOptions"]

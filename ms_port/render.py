@@ -72,6 +72,7 @@ def _inspect(r: Any, *, limit: int | None, show: str) -> Any:
         shown = {k: v for k, v in r.config.items() if k != "path"}
         lines.append(f"config: {r.config['path']}: "
                      + ", ".join(f"{k}={_short(v)}" for k, v in shown.items()))
+    lines += _cluster_lines(r)
     parts.append(Text(visible("\n".join(lines), newlines=True)))
     if r.skipped:
         skipped = Table(title="skipped (not tensors)", title_justify="left")
@@ -216,6 +217,34 @@ def _problem_parts(plan: Any, limit: int | None) -> list[Any]:
     if len(shown) < len(problems):
         parts.append(Text(f"… {len(problems) - len(shown)} more (--show all, or --json)"))
     return parts
+
+
+def _cluster_lines(r: Any) -> list[str]:
+    """A training output's layout: devices, grids, stages, saves, ranks, its training
+    state apart."""
+    c = getattr(r, "cluster", None)
+    if c is None:
+        return []
+    grids = "; ".join(f"{'×'.join(map(str, g))} ({n} parameters)" for g, n in c.grids[:3])
+    lines = [f"parallel: {c.devices} devices in {c.stages} pipeline stage"
+             f"{'s' * (c.stages > 1)}; grids {grids or 'none (all replicated)'}",
+             f"saves: {len(c.saves)} found, read {c.save}" + (
+                 f" (others: {', '.join(c.saves[1:4])}{', …' if len(c.saves) > 4 else ''})"
+                 if len(c.saves) > 1 else ""),
+             f"ranks: {c.ranks_read} read" + (f", missing {c.missing_ranks[:8]}"
+                                              if c.missing_ranks else "")
+             + (f"; {c.single_copies} slices saved on one rank only (remove_redundancy)"
+                if c.single_copies else ""),
+             f"strategy: {c.strategy[0]}" + (f" (+{len(c.strategy) - 1} files)"
+                                              if len(c.strategy) > 1 else "")
+             if c.strategy else "strategy: none (every tensor read as replicated)"]
+    state = getattr(r, "training_state", [])
+    if state:
+        nbytes = sum(t.nbytes for t in state)
+        shown = ", ".join(t.name for t in state[:3])
+        lines.append(f"training state (apart, not weights): {len(state)} tensors, "
+                     f"{_size(nbytes)}: {shown}{', …' if len(state) > 3 else ''}")
+    return lines + [f"note: {n}" for n in c.notes]
 
 
 def _num(x: float | None, spec: str = ".2e") -> str:

@@ -42,6 +42,11 @@ class InspectReport(Renderable):
     #: a Hugging Face model's config.json: its path and the keys a conversion uses
     config: dict[str, Any] = field(default_factory=dict)
     hub: HubRef | None = None
+    #: a distributed training output's parallel layout
+    #: (:class:`~ms_port.read.distributed.ClusterLayout`), and its training state
+    #: (optimizer moments, counters) at their whole shapes, listed apart
+    cluster: Any = None
+    training_state: list[TensorInfo] = field(default_factory=list)
 
     @property
     def parameters(self) -> int:
@@ -65,6 +70,8 @@ class InspectReport(Renderable):
             "skipped": [s.to_dict() for s in self.skipped], "metadata": self.metadata,
             "filter": self.filter, "config": self.config,
             "hub": self.hub.to_dict() if self.hub else None,
+            "cluster": self.cluster.to_dict() if self.cluster is not None else None,
+            "training_state": [t.to_dict() for t in self.training_state],
         }
 
     def __repr__(self) -> str:

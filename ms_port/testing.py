@@ -6,6 +6,8 @@ import copy
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 
 def seeded_torch_model(arch: str, *, seed: int = 0, perturb_bn: bool = True,
                        bn_from_data: bool = False, bn_input_shape: tuple[int, ...] | None = None,
@@ -172,3 +174,114 @@ def tiny_hf_lm(kind: str, path: str | Path, *, tied: bool = False, dtype: str = 
     kwargs = {"max_shard_size": shard} if shard else {}
     model.save_pretrained(path, **kwargs)
     return path
+
+
+def training_output(root: str | Path, arrays: dict[str, Any], layouts: dict[str, tuple],
+                    *, stages: dict[str, int] | None = None, saves: tuple = ((1, 10),),
+                    fmt: str = "ckpt", remove_redundancy: bool = False,
+                    prefix: str = "llama") -> Path:
+    """A distributed training output as MindFormers lays it out, sliced by MindSpore's own
+    ``transform_checkpoints`` from the whole ``arrays`` (numpy, float32/float16/bfloat16):
+    ``root/checkpoint/rank_{i}/{prefix}_rank_{i}-{epoch}_{step}.{fmt}`` and
+    ``root/strategy/ckpt_strategy_rank_{i}.ckpt`` (MindSpore's protobuf).
+
+    Args:
+        layouts: name -> ``(dev_matrix, tensor_map)`` or ``(dev_matrix, tensor_map,
+            opt_shard_size, opt_shard_step)``; a tensor map entry may be a list of axes
+            (the layout form). A name without a layout is replicated.
+        stages: name -> pipeline stage (default 0); every stage has the same grid.
+        saves: (epoch, step) of each save; an earlier save holds other values (the arrays
+            negated), so reading the wrong one shows.
+        remove_redundancy: keep each slice on the first rank holding it only.
+
+    Returns:
+        ``root``.
+    """
+    import shutil
+
+    import mindspore as ms
+    from mindspore.train import node_strategy_pb2
+
+    root = Path(root)
+    stages = stages or {}
+    count = max(stages.values(), default=0) + 1
+    work = root / ".work"
+    for stage in range(count):
+        names = [n for n in arrays if stages.get(n, 0) == stage]
+        sm = node_strategy_pb2.ParallelStrategyMap(current_stage=stage)
+        devices = 1
+        for name in names:
+            if name not in layouts:
+                continue
+            dev, tmap, *opt = layouts[name]
+            devices = int(np.prod(dev))
+            item = sm.parallel_layout_item.add(param_name=name)
+            lay = item.parallel_layouts
+            lay.dev_matrix.add().dim.extend(dev)
+            if any(isinstance(t, (list, tuple)) for t in tmap):
+                for t in tmap:
+                    lay.tensor_map.add().dim.extend(t if isinstance(t, (list, tuple)) else [t])
+            else:
+                lay.tensor_map.add().dim.extend(tmap)
+            lay.param_split_shape.add()
+            lay.indices_offset.add()
+            lay.field = 0
+            lay.opt_weight_shard_size, lay.opt_weight_shard_step = [*opt, 0, 0][:2]
+        strategy = work / f"strategy_{stage}.ckpt"
+        strategy.parent.mkdir(parents=True, exist_ok=True)
+        strategy.write_bytes(sm.SerializeToString())
+        for k, (epoch, step) in enumerate(saves):
+            sign = 1 if k == len(saves) - 1 else -1
+            full = work / f"full_{stage}_{k}" / "rank_0"
+            full.mkdir(parents=True)
+            ms.save_checkpoint([{"name": n, "data": _ms_tensor(arrays[n], sign)} for n in names],
+                               str(full / "whole.ckpt"))
+            sliced = work / f"sliced_{stage}_{k}"
+            ms.transform_checkpoints(str(full.parent), str(sliced), "part", None, str(strategy))
+            first = stage * devices
+            for local in range(devices):
+                rank = first + local
+                got = next((sliced / f"rank_{local}").glob("*.ckpt"))
+                dest = root / "checkpoint" / f"rank_{rank}"
+                dest.mkdir(parents=True, exist_ok=True)
+                name = dest / f"{prefix}_rank_{rank}-{epoch}_{step}.{fmt}"
+                params = ms.load_checkpoint(str(got))
+                if remove_redundancy:
+                    params = {n: p for n, p in params.items()
+                              if _first_holder(layouts.get(n), local)}
+                ms.save_checkpoint(params, str(name), format="safetensors" if fmt ==
+                                   "safetensors" else "ckpt")
+                (root / "strategy").mkdir(exist_ok=True)
+                shutil.copyfile(strategy, root / "strategy" / f"ckpt_strategy_rank_{rank}.ckpt")
+    shutil.rmtree(work)
+    return root
+
+
+def _ms_tensor(array: Any, sign: int) -> Any:
+    import mindspore as ms
+
+    from .read.tensors import dtype_name
+
+    name = dtype_name(array.dtype)
+    if name not in ("float32", "float16", "bfloat16"):  # counters: as they are
+        return ms.Tensor(array)
+    dtype = {"bfloat16": ms.bfloat16, "float16": ms.float16}.get(name, ms.float32)
+    return ms.Tensor(np.asarray(array, dtype=np.float32) * sign, dtype)
+
+
+def _first_holder(layout: tuple | None, local: int) -> bool:
+    """Whether stage-local rank ``local`` is the first holding its slice (for
+    remove_redundancy): the same box on no lower rank."""
+    if layout is None:
+        return local == 0
+    from .read.strategy import ParamLayout
+
+    dev, tmap, *opt = layout
+    lay = ParamLayout("", tuple(dev), tuple(tuple(a for a in (t if isinstance(t, (list, tuple))
+                                                              else [t]) if a != -1)
+                                            for t in tmap), *[*opt, 0, 0][:2])
+    shape = tuple(8 * n for n in lay.parts) or ()
+    if shape:
+        shape = (shape[0] * max(lay.opt_parts, 1), *shape[1:])
+    mine = lay.box(local, shape)
+    return all(lay.box(k, shape) != mine for k in range(local))

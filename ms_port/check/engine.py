@@ -28,7 +28,8 @@ import numpy as np
 from ..errors import ForwardUnavailable, MsPortError
 from ..match.plan import Plan, make_plan
 from ..options import VerifyOptions
-from ..read.sources import Source, read_source
+from ..read.distributed import find_training_output
+from ..read.sources import MINDSPORE_FORMATS, Source, read_source
 from ..read.targets import from_cell
 from ..resolve import family_fits, read_with_config, resolve_mapping
 from ..write.writers import check_not_input, check_output, write_text
@@ -139,9 +140,14 @@ def _read_both(source: str | Path, checkpoint: str | Path,
     def torch_side(path: str | Path) -> Source:
         return read_with_config(path, config=opts.config, **opts.reading())
 
+    def ms_side(path: str | Path) -> Source:
+        return read_source(path, strip_prefixes=False, **opts.cluster())
+
+    if find_training_output(Path(source)) is not None:  # given the other way round
+        return torch_side(checkpoint), ms_side(source), True
     src = torch_side(source)
-    ckpt = read_source(checkpoint, strip_prefixes=False)
-    if src.format == "mindspore-ckpt" and ckpt.format != "mindspore-ckpt":
+    ckpt = ms_side(checkpoint)
+    if src.format in MINDSPORE_FORMATS and ckpt.format not in MINDSPORE_FORMATS:
         return torch_side(checkpoint), read_source(source, strip_prefixes=False), True
     return src, ckpt, False
 

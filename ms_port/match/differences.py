@@ -24,6 +24,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
+from ..read.sources import MINDSPORE_FORMATS
 from ..read.tensors import format_shape
 from .align import rows, unit_of
 
@@ -54,7 +55,7 @@ SHOWN = 3
 
 def _sides(plan: Any) -> tuple[str, str]:
     """What to call the source's and the target's framework."""
-    if plan.source.format == "mindspore-ckpt":  # export: MindSpore to PyTorch
+    if plan.source.format in MINDSPORE_FORMATS:  # export: MindSpore to PyTorch
         return "MindSpore", "PyTorch"
     return "PyTorch", "MindSpore"
 

@@ -241,6 +241,22 @@ def _group_parts(m: Match, torch_side: Source, dtype: str) -> dict[str, Match]:
     return found
 
 
+def cluster_notes(ckpt: Source) -> list[str]:
+    """What a distributed training output's reading did: the save, the ranks joined, the
+    training state left out."""
+    c = ckpt.cluster
+    if c is None:
+        return []
+    notes = [f"a training output of {c.devices} devices ({c.stages} stage"
+             f"{'s' * (c.stages > 1)}): slices of {c.ranks_read} ranks joined, {c.save}"]
+    state = ckpt.training_state
+    if state:
+        gib = sum(t.nbytes for t in state) / 2**30
+        notes.append(f"left out {len(state)} training-state tensors ({gib:.2f} GiB: optimizer "
+                     f"moments, step counters, loss scale), e.g. {state[0].name}")
+    return notes + list(c.notes)
+
+
 def export_plan(checkpoint: str | Path, opts: ExportOptions,
                 config: dict[str, Any] | None = None, config_path: str | None = None) -> Plan:
     """The inverted plan for :func:`ms_port.export` (see the module docstring); ``config``
@@ -252,7 +268,7 @@ def export_plan(checkpoint: str | Path, opts: ExportOptions,
     target, mapping, dtype = opts.target, opts.mapping, opts.dtype
     allow_missing, allow_unused = opts.allow_missing, opts.allow_unused
 
-    ckpt = read_source(checkpoint, strip_prefixes=False)
+    ckpt = read_source(checkpoint, strip_prefixes=False, **opts.cluster())
     torch_side, _ = _torch_side(arch, torch_model, target, config, config_path)
     family = ms_model if isinstance(ms_model, str) and ms_model in FAMILIES else None
     if family is None and ms_model is None and arch is None:
@@ -278,6 +294,7 @@ def export_plan(checkpoint: str | Path, opts: ExportOptions,
                         layered(mapping, base=base, config=torch_side.config, target=ms_side),
                         allow_missing=allow_unused, allow_unused=allow_missing)
     plan = invert_plan(forward, ckpt, torch_side)
+    plan.notes += cluster_notes(ckpt)
     if dtype is not None:
         from .entries import cast_dtype
 

@@ -226,7 +226,7 @@ def _assemble(folder: Path, plan: Strategy | None, readers: dict[int, dict[str, 
     state: list[TensorInfo] = []
     lost: list[str] = []
     for name, held in holders.items():
-        lay = _layout_of(plan, name)
+        lay = _layout_of(plan, name, held, holders)
         info = (_replicated(folder, name, held) if lay is None
                 else _sliced(folder, name, lay, held, plan, files, lost, layout))
         if info is None:
@@ -254,14 +254,21 @@ def _grids(plan: Strategy | None) -> list[tuple[tuple[int, ...], int]]:
     return sorted(count.items(), key=lambda kv: -kv[1])
 
 
-def _layout_of(plan: Strategy | None, name: str) -> ParamLayout | None:
+def _layout_of(plan: Strategy | None, name: str, held: list[_Holder],
+               holders: dict[str, list[_Holder]]) -> ParamLayout | None:
+    """The strategy's layout of ``name``; for an optimizer moment the strategy does not
+    name, its parameter's, where each rank holds it at its parameter's slice shape (a
+    moment held whole on every rank is replicated)."""
     if plan is None:
         return None
     if name in plan.layouts:
         return plan.layouts[name]
-    for prefix in TRAINING_STATE_PREFIXES:  # an optimizer moment: its parameter's layout
-        if name.startswith(prefix) and name[len(prefix):] in plan.layouts:
-            return plan.layouts[name[len(prefix):]]
+    for prefix in TRAINING_STATE_PREFIXES:
+        param = name[len(prefix):] if name.startswith(prefix) else None
+        if param in plan.layouts:
+            slices = {h.rank: h.info.shape for h in holders.get(param, [])}
+            if all(slices.get(h.rank) == h.info.shape for h in held):
+                return plan.layouts[param]
     return None
 
 

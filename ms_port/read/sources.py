@@ -57,6 +57,9 @@ CONTAINER_KEYS = (
 #: wrapper prefixes stripped when every tensor name carries them (DDP, torch.compile)
 WRAPPER_PREFIXES = ("module.", "_orig_mod.")
 
+#: the formats that hold MindSpore's names: a ``.ckpt``, and a distributed training output
+MINDSPORE_FORMATS = frozenset({"mindspore-ckpt", "mindspore-distributed"})
+
 SAFETENSORS_DTYPES = {
     "F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16",
     "I64": "int64", "I32": "int32", "I16": "int16", "I8": "int8",

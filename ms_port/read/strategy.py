@@ -355,6 +355,13 @@ def _checked(path: Path, name: str, stage: int, raw: dict[str, Any]) -> ParamLay
                 if len(rows) != parts or any(r < 0 or r > (1 << 40) for r in rows):
                     raise ValueError(f"param_split_shape of {len(rows)} sizes for {parts} "
                                      "slices")
+                first = tmap[0] if tmap else ()
+                per_row = parts // math.prod(dev[len(dev) - 1 - a] for a in first)
+                for k in range(0, parts, per_row):  # slices of one row band: one height
+                    if len(set(rows[k:k + per_row])) > 1:
+                        raise ValueError(f"param_split_shape {rows[:16]} gives slices of one "
+                                         "row band different heights: they would overlap or "
+                                         "leave holes")
                 split_rows = tuple(rows)
         size, step, fld = (raw["opt_weight_shard_size"], raw["opt_weight_shard_step"],
                            raw["field"])

@@ -1,0 +1,290 @@
+"""A distributed training output read as one checkpoint (ms_port.read.distributed).
+
+Fixtures are sliced by MindSpore's own ``transform_checkpoints`` from whole arrays, with
+strategies written with MindSpore's own protobuf message class and laid out as
+MindFormers sets them (tensor parallel on a projection's rows or columns, data-parallel
+replicas, the optimizer shard, two pipeline stages, remove_redundancy, bfloat16,
+safetensors), and then named as MindFormers names them
+(``checkpoint/rank_{i}/{prefix}_rank_{i}-{epoch}_{step}.ckpt``, ``strategy/``). What is
+read back must be the whole arrays, bit for bit; each refusal is one line naming what
+is wrong.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+pytest.importorskip("mindspore")
+
+import ms_port
+from ms_port.cli import main
+from ms_port.errors import SourceError
+from ms_port.read.sources import read_source
+from ms_port.read.strategy import ParamLayout, read_strategy
+from ms_port.testing import rewrite_checkpoint, training_output
+
+RNG = np.random.default_rng(0)
+#: a data-parallel 2 × model-parallel 2 grid, as MindFormers sets it for a projection
+GRID = [2, 2]
+ARRAYS = {
+    "model.q.weight": RNG.standard_normal((8, 12)).astype(np.float32),   # column parallel
+    "model.o.weight": RNG.standard_normal((12, 8)).astype(np.float32),   # row parallel
+    "model.norm.weight": RNG.standard_normal((12,)).astype(np.float32),  # replicated
+    "model.emb.weight": RNG.standard_normal((16, 6)).astype(np.float32),  # both axes
+    "model.ffn.weight": RNG.standard_normal((8, 4)).astype(np.float32),  # + optimizer shard
+    "model.gate.weight": RNG.standard_normal((8, 8)).astype(np.float32),  # layout form
+    "adam_m.model.q.weight": RNG.standard_normal((8, 12)).astype(np.float32),
+    "global_step": np.array([7], dtype=np.int32),
+}
+LAYOUTS = {
+    "model.q.weight": (GRID, [0, -1]),
+    "model.o.weight": (GRID, [-1, 0]),
+    "model.emb.weight": (GRID, [1, 0]),
+    "model.ffn.weight": (GRID, [0, -1], 2, 2),
+    "model.gate.weight": (GRID, [[1, 0], -1]),
+}
+
+
+@pytest.fixture(scope="module")
+def output(tmp_path_factory) -> Path:
+    """One stage of 4 devices, two saves (epoch 1 steps 9 and 10: 9 holds other values)."""
+    return training_output(tmp_path_factory.mktemp("out"), ARRAYS, LAYOUTS,
+                           saves=((1, 9), (1, 10)))
+
+
+@pytest.fixture(scope="module")
+def staged(tmp_path_factory) -> Path:
+    """Two pipeline stages of 4 devices, bfloat16, safetensors, remove_redundancy."""
+    arrays = {n: (a.astype(ml_dtypes.bfloat16) if a.dtype == np.float32 else a)
+              for n, a in ARRAYS.items()}
+    return training_output(tmp_path_factory.mktemp("staged"), arrays, LAYOUTS,
+                           stages={"model.o.weight": 1, "model.gate.weight": 1},
+                           fmt="safetensors", remove_redundancy=True)
+
+
+def _whole(source) -> dict[str, np.ndarray]:
+    return {i.name: i.load() for i in [*source, *source.training_state]}
+
+
+def test_every_layout_reads_back_whole_and_bit_exact(output):
+    source = read_source(output)
+    got = _whole(source)
+    assert set(got) == set(ARRAYS)
+    for name, array in ARRAYS.items():
+        assert got[name].dtype == array.dtype and np.array_equal(got[name], array), name
+    assert source.format == "mindspore-distributed"
+    assert source.cluster.devices == 4 and source.cluster.save == "epoch 1, step 10"
+
+
+def test_matches_mindsporees_own_merge(output, tmp_path):
+    """MindSpore's transform_checkpoints back to one .ckpt (its .ckpt output, which is
+    right) holds what ms-port joins."""
+    import mindspore as ms
+
+    single = tmp_path / "src"
+    for rank in range(4):  # the newest save only: MindSpore takes the lexically last file
+        (single / f"rank_{rank}").mkdir(parents=True)
+        shutil.copy(output / "checkpoint" / f"rank_{rank}" / f"llama_rank_{rank}-1_10.ckpt",
+                    single / f"rank_{rank}")
+    ms.transform_checkpoints(str(single), str(tmp_path / "merged"), "m", str(
+        output / "strategy" / "ckpt_strategy_rank_0.ckpt"), None)
+    merged = read_source(next((tmp_path / "merged" / "rank_0").glob("*.ckpt")),
+                         strip_prefixes=False)
+    ours = read_source(output)
+    for name in ("model.q.weight", "model.o.weight", "model.emb.weight", "model.gate.weight"):
+        assert np.array_equal(merged[name].load(), ours[name].load()), name
+
+
+def test_pipeline_stages_bfloat16_safetensors_and_remove_redundancy(staged):
+    source = read_source(staged)
+    got = _whole(source)
+    for name, array in ARRAYS.items():
+        want = array.astype(ml_dtypes.bfloat16) if array.dtype == np.float32 else array
+        assert got[name].dtype == want.dtype and np.array_equal(got[name], want), name
+    assert source.cluster.stages == 2 and source.cluster.devices == 8
+    assert source.cluster.single_copies > 0  # each replica set saved once
+
+
+def test_the_latest_save_by_number_and_another_on_request(output):
+    # lexically "-1_9" sorts after "-1_10": the latest by number is step 10
+    assert np.array_equal(read_source(output)["model.q.weight"].load(),
+                          ARRAYS["model.q.weight"])
+    older = read_source(output, step="9")
+    assert np.array_equal(older["model.q.weight"].load(), -ARRAYS["model.q.weight"])
+    assert older.cluster.save == "epoch 1, step 9"
+    assert read_source(output, step="1_10").cluster.save == "epoch 1, step 10"
+    with pytest.raises(SourceError, match=r"--step '?11'? names no save.*1_10, 1_9"):
+        read_source(output, step="11")
+
+
+def test_the_checkpoint_folder_and_a_given_strategy_read_alike(output, tmp_path):
+    moved = tmp_path / "elsewhere"
+    shutil.copytree(output / "strategy", moved)
+    a = read_source(output / "checkpoint", strategy=moved)
+    b = read_source(output, strategy=moved / "ckpt_strategy_rank_2.ckpt")
+    for name in ARRAYS:
+        if name in a:
+            assert np.array_equal(a[name].load(), b[name].load())
+
+
+def _copy(output: Path, tmp_path: Path) -> Path:
+    dst = tmp_path / "copy"
+    shutil.copytree(output, dst)
+    return dst
+
+
+def test_a_missing_rank_with_a_unique_slice_is_one_line(output, tmp_path):
+    out = _copy(output, tmp_path)
+    shutil.rmtree(out / "checkpoint" / "rank_3")
+    with pytest.raises(SourceError) as err:
+        read_source(out)
+    text = str(err.value)
+    assert "\n" not in text and "rank 3" in text and "rank_3/" in text
+    assert "is held by rank(s)" in text and "copy it back" in text
+
+
+def test_a_missing_pure_replica_is_a_note(tmp_path):
+    # data parallel only: ranks 0 and 1 hold the same tensors
+    out = training_output(tmp_path / "dp", {"w": ARRAYS["model.q.weight"]},
+                          {"w": ([2], [-1, -1])})
+    shutil.rmtree(out / "checkpoint" / "rank_1")
+    source = read_source(out)
+    assert np.array_equal(source["w"].load(), ARRAYS["model.q.weight"])
+    assert source.cluster.missing_ranks == [1]
+    assert any("rank(s) 1 missing" in n and "replica" in n for n in source.cluster.notes)
+
+
+def test_a_hole_left_by_remove_redundancy_is_refused(staged, tmp_path):
+    out = _copy(staged, tmp_path)
+    # the one copy of the row-parallel slice rank 4 held (stage 1: ranks 4-7)
+    target = next((out / "checkpoint" / "rank_4").glob("*.safetensors"))
+    from safetensors.numpy import load_file, save_file
+
+    held = {k: v for k, v in load_file(target).items() if k != "model.o.weight"}
+    save_file(held, target)
+    with pytest.raises(SourceError, match=r"model\.o\.weight.*held by rank\(s\) 4, 6 only, "
+                                          r"and ranks 4, 6 hold no copy"):
+        read_source(out)
+
+
+def test_a_slice_of_another_shape_than_its_layout_gives_is_refused(output, tmp_path):
+    out = _copy(output, tmp_path)
+    # rank 1 holds rows where the strategy splits columns (the others as it says)
+    f = next((out / "checkpoint" / "rank_1").glob("*-1_10.ckpt"))
+    rewrite_checkpoint(f, f, lambda a: a.__setitem__("model.o.weight",
+                                                     ARRAYS["model.o.weight"][6:]))
+    with pytest.raises(SourceError, match=r"rank 1 holds 'model\.o\.weight' as 6×8 float32, "
+                                          r"its layout \(grid \[2, 2\], tensor map \[-1, 0\]\) "
+                                          r"gives 12×4 float32 of the whole 12×8"):
+        read_source(out)
+
+
+def _strategy(tmp_path: Path, **layout) -> Path:
+    from mindspore.train import node_strategy_pb2
+
+    sm = node_strategy_pb2.ParallelStrategyMap(current_stage=0)
+    item = sm.parallel_layout_item.add(param_name="w")
+    lay = item.parallel_layouts
+    lay.dev_matrix.add().dim.extend(layout.get("dev", [2]))
+    lay.tensor_map.add().dim.extend(layout.get("tmap", [0, -1]))
+    lay.param_split_shape.add().dim.extend(layout.get("split", []))
+    lay.field = 0
+    lay.opt_weight_shard_size = layout.get("opt_size", 0)
+    lay.opt_weight_shard_step = layout.get("opt_step", 0)
+    path = tmp_path / "s.ckpt"
+    path.write_bytes(sm.SerializeToString())
+    return path
+
+
+@pytest.mark.parametrize(("layout", "message"), [
+    ({"dev": [1000, 1000, 1000]}, "a device matrix of 1,000,000,000 devices"),
+    ({"dev": [2], "tmap": [3, -1]}, "outside the device matrix's 1 axes"),
+    ({"dev": [2, 2], "tmap": [0, 0]}, "splits two dimensions over one device axis"),
+    ({"dev": [2, 2], "tmap": [1, 0], "split": [3, 5, 4, 4]}, "overlap or leave holes"),
+    ({"dev": [2, 2], "tmap": [1, 0], "split": [3, 5]}, "2 sizes for 4 slices"),
+    ({"dev": [2, 2], "tmap": [0, -1], "opt_size": 3, "opt_step": 2},
+     "does not divide|not a product"),
+    ({"dev": [2, 0]}, "device matrix"),
+])
+def test_a_hostile_strategy_is_one_line(tmp_path, layout, message):
+    with pytest.raises(SourceError, match=message) as err:
+        read_strategy([_strategy(tmp_path, **layout)])
+    assert "\n" not in str(err.value) and "impossible" in str(err.value)
+
+
+def test_a_file_that_is_no_strategy_is_refused(tmp_path):
+    junk = tmp_path / "s.ckpt"
+    junk.write_bytes(b"\xff\xff\xff\xff not a protobuf")
+    with pytest.raises(SourceError, match="not a MindSpore strategy file"):
+        read_strategy([junk])
+    (tmp_path / "s.json").write_text(json.dumps([1, 2]))
+    with pytest.raises(SourceError, match="parallel_layout_item"):
+        read_strategy([tmp_path / "s.json"])
+
+
+def test_the_json_form_and_uneven_rows(tmp_path):
+    """An uneven split (param_split_shape): slices of 3 and 5 rows, written by hand with
+    MindSpore's save_checkpoint."""
+    import mindspore as ms
+
+    whole = ARRAYS["model.q.weight"]
+    root = tmp_path / "uneven"
+    for rank, rows in ((0, slice(0, 3)), (1, slice(3, 8))):
+        (root / "checkpoint" / f"rank_{rank}").mkdir(parents=True)
+        ms.save_checkpoint([{"name": "w", "data": ms.Tensor(whole[rows])}],
+                           str(root / "checkpoint" / f"rank_{rank}" / "net.ckpt"))
+    (root / "strategy").mkdir()
+    (root / "strategy" / "strategy.json").write_text(json.dumps({"parallel_layout_item": {
+        "w": {"dev_matrix": [2], "tensor_map": [0, -1], "param_split_shape": [3, 5],
+              "field": 0, "opt_weight_shard_step": 0, "opt_weight_shard_size": 0}}}))
+    assert np.array_equal(read_source(root)["w"].load(), whole)
+
+
+def test_layout_boxes_follow_mindspore():
+    """The optimizer shard's group as MindSpore builds it: the unsplit grid dimensions
+    from the innermost, the last taken in part."""
+    lay = ParamLayout("w", (2, 2, 2), ((1,), ()), opt_size=2, opt_step=1)
+    # dimension 1 (axis 1) splits rows; axes 0 and 2 replicate: the shard takes axis 0
+    boxes = [lay.box(r, (8, 4)) for r in range(8)]
+    assert boxes[0] == ((0, 2), (0, 4)) and boxes[1] == ((2, 4), (0, 4))
+    assert boxes[2] == ((4, 6), (0, 4)) and boxes[4] == boxes[0]
+    assert len(set(boxes)) == 4
+
+
+def test_inspect_shows_the_layout_and_the_training_state_apart(output):
+    result = CliRunner().invoke(main, ["inspect", str(output)], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    assert "parallel: 4 devices in 1 pipeline stage; grids 2×2 (5 parameters)" in result.output
+    assert "saves: 2 found, read epoch 1, step 10 (others: epoch 1, step 9)" in result.output
+    assert "training state (apart, not weights): 2 tensors" in result.output
+    assert "adam_m.model.q.weight" not in result.output.split("training state")[0]
+    data = json.loads(CliRunner().invoke(main, ["inspect", str(output), "--json"]).output)
+    assert data["cluster"]["devices"] == 4 and len(data["training_state"]) == 2
+    assert {t["name"] for t in data["training_state"]} == {"adam_m.model.q.weight",
+                                                            "global_step"}
+
+
+def test_strategy_on_one_file_is_bad_input(output, tmp_path):
+    one = next((output / "checkpoint" / "rank_0").glob("*-1_10.ckpt"))
+    result = CliRunner().invoke(main, ["inspect", str(one), "--strategy", str(
+        output / "strategy")])
+    assert result.exit_code == 2 and "for a distributed training output" in result.output
+
+
+def test_diff_the_training_output_against_the_whole_checkpoint(output, tmp_path):
+    import mindspore as ms
+
+    whole = tmp_path / "whole.ckpt"
+    ms.save_checkpoint([{"name": n, "data": ms.Tensor(a)} for n, a in ARRAYS.items()
+                        if n.startswith("model.")], str(whole))
+    same = ms_port.diff(output, whole)
+    assert same.ok, [d.describe() for d in same.problems]
+    older = ms_port.diff(output, whole, step="1_9")
+    assert not older.ok and len(older.problems) == 6
