@@ -13,7 +13,7 @@ from rich.text import Text
 
 from .read.fp8 import describe
 from .read.tensors import format_shape
-from .text import visible
+from .text import size_text, visible
 
 
 def escape(text: object) -> str:
@@ -26,11 +26,7 @@ def _text(text: object, **style: str) -> Text:
 
 
 def _size(n: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return str(n)
+    return size_text(n)
 
 
 def render(report: Any, *, limit: int | None = None, show: str = "summary") -> Any:

@@ -20,4 +20,13 @@ def visible(text: object, *, newlines: bool = False) -> str:
     return str(text).translate(_INVISIBLE_KEEP_NL if newlines else _INVISIBLE)
 
 
-__all__ = ["visible"]
+__all__ = ["size_text", "visible"]
+
+
+def size_text(n: float) -> str:
+    """Bytes as a reader says them: ``512 B``, ``1.5 KiB``, ``2.3 GiB``."""
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)

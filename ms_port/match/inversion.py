@@ -25,6 +25,7 @@ from ..read.sources import Source, read_source
 from ..read.targets import Target, TargetTensor, from_arch, from_cell, from_infos, instantiate
 from ..read.tensors import TensorInfo
 from ..reports import ConversionReport
+from ..text import size_text
 from .layouts import Layout
 from .mapping import layered
 from .plan import Conflict, Dropped, Match, Missing, Plan, Unused, make_plan
@@ -251,8 +252,8 @@ def cluster_notes(ckpt: Source) -> list[str]:
              f"{'s' * (c.stages > 1)}): slices of {c.ranks_read} ranks joined, {c.save}"]
     state = ckpt.training_state
     if state:
-        gib = sum(t.nbytes for t in state) / 2**30
-        notes.append(f"left out {len(state)} training-state tensors ({gib:.2f} GiB: optimizer "
+        held = size_text(sum(t.nbytes for t in state))
+        notes.append(f"left out {len(state)} training-state tensors ({held}: optimizer "
                      f"moments, step counters, loss scale), e.g. {state[0].name}")
     return notes + list(c.notes)
 
