@@ -352,3 +352,70 @@ def test_a_cluster_output_verifies_whole_and_by_layers(llm):
         assert report.verdict == "PASS", (mode, report.message)
     older = ms_port.verify(hf, out, ms_model="mindformers:llama", step="90")
     assert older.verdict == "FAIL"  # the older save holds other (negated) weights
+
+
+# -- checkpoint 2.0 (MindFormers' iteration_* folders) ----------------------------------
+
+
+@pytest.fixture(scope="module")
+def ckpt2(tmp_path_factory) -> Path:
+    """Saves made by MindFormers' own save code (tests/ckpt2_maker.py: 4 simulated ranks
+    on a 2 × 2 grid, remove_redundancy off and on, and one device), iterations 3 and 5."""
+    pytest.importorskip("mindformers")
+    import subprocess
+    import sys
+
+    out = tmp_path_factory.mktemp("ckpt2")
+    maker = Path(__file__).with_name("ckpt2_maker.py")
+    for iteration in ("3", "5"):
+        done = subprocess.run([sys.executable, str(maker), str(out / iteration), "--iteration",
+                               iteration], capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-3000:]
+    for kind in ("plain", "dedup", "single"):  # iteration 3 beside 5, as keep_max_num keeps
+        shutil.copytree(out / "3" / kind / "iteration_00000003",
+                        out / "5" / kind / "iteration_00000003")
+    return out
+
+
+def _reference(root: Path) -> dict[str, np.ndarray]:
+    dtypes = json.loads((root / "reference" / "dtypes.json").read_text())
+    return {name: np.load(root / "reference" / f"{name}.npy").astype(
+        ml_dtypes.bfloat16 if dtype == "bfloat16" else dtype) for name, dtype in dtypes.items()}
+
+
+@pytest.mark.parametrize("kind", ["plain", "dedup", "single"])
+def test_checkpoint_2_reads_back_whole(ckpt2, kind):
+    want = _reference(ckpt2 / "5")
+    source = read_source(ckpt2 / "5" / kind)
+    got = {i.name: i.load() for i in [*source, *source.training_state]}
+    for name, array in want.items():
+        assert got[name].dtype == array.dtype and np.array_equal(got[name], array), name
+    assert {i.name for i in source} == {n for n in want if not n.startswith(("adam_", "global"))}
+    assert source.cluster.save == "iteration 5"  # the tracker's, beside iteration 3
+    assert read_source(ckpt2 / "5" / kind, step="3").cluster.save == "iteration 3"
+
+
+def test_checkpoint_2_from_the_iteration_folder_and_its_refusals(ckpt2, tmp_path):
+    folder = ckpt2 / "5" / "plain" / "iteration_00000005"
+    assert read_source(folder).cluster.save == "iteration 5"
+    with pytest.raises(SourceError, match="names no iteration; found iteration 5, iteration 3"):
+        read_source(ckpt2 / "5" / "plain", step="4")
+    broken = tmp_path / "iteration_00000005"
+    shutil.copytree(folder, broken)
+    (broken / "model-0000003-0000004.safetensors").unlink()
+    with pytest.raises(SourceError, match=r"held by model-0000003-0000004\.safetensors \(rank 3\), "
+                                          r"which is missing"):
+        read_source(broken)
+    shutil.copy(folder / "model-0000003-0000004.safetensors", broken)
+    meta = json.loads((broken / "metadata.json").read_text())
+    key = next(iter(meta["storage_data"]))
+    meta["storage_data"][key][0]["file_name"] = "../model-0000000-0000004.safetensors"
+    (broken / "metadata.json").write_text(json.dumps(meta))
+    with pytest.raises(SourceError, match="not a file name in the folder"):
+        read_source(broken)
+    meta = json.loads((folder / "metadata.json").read_text())
+    meta["state_dict_metadata"]["net.w_row"]["axis_fragmentations"] = [4, 2]
+    (broken / "metadata.json").write_text(json.dumps(meta))
+    with pytest.raises(SourceError, match=r"piece 1 of 'net\.w_row' \(\[4, 2\] pieces\) is held "
+                                          "by no file|holds it as"):
+        read_source(broken)

@@ -86,14 +86,18 @@ class ClusterLayout:
 
 
 def find_training_output(path: Path) -> Path | None:
-    """The folder of rank folders ``path`` names (itself, or its ``checkpoint/``), if any."""
+    """The folder of rank folders ``path`` names (itself, or its ``checkpoint/``), or its
+    checkpoint-2.0 root (:mod:`ms_port.read.iteration`), if any."""
+    from .iteration import find_iterations
+
     if not path.is_dir():
         return None
     for folder in (path, path / "checkpoint"):
         if folder.is_dir() and any(_RANK.match(p.name) and p.is_dir()
                                    for p in folder.iterdir()):
             return folder
-    return None
+    found = find_iterations(path)
+    return found[0] if found else None
 
 
 def read_distributed(path: str | Path, *, strategy: str | Path | None = None,
@@ -110,9 +114,16 @@ def read_distributed(path: str | Path, *, strategy: str | Path | None = None,
         SourceError: no rank folders, no strategy where ranks differ, a slice missing,
             a slice of another shape than its layout gives, or an impossible strategy.
     """
+    from .iteration import find_iterations
     from .sources import Source
 
     path = Path(path)
+    if find_iterations(path) is not None:
+        if strategy is not None:
+            raise SourceError(f"{path}: a checkpoint-2.0 save (iteration_* folders) carries "
+                              "its layout in metadata.json; --strategy is for rank_N/ folders "
+                              "— drop it", path=path)
+        return _read_iterations(path, step)
     folder = find_training_output(path)
     if folder is None:
         raise SourceError(f"{path}: no rank_N/ folders here or in {path / 'checkpoint'}; "
@@ -129,6 +140,33 @@ def read_distributed(path: str | Path, *, strategy: str | Path | None = None,
     source.training_state = state
     source.cluster = layout
     return source
+
+
+def _read_iterations(path: Path, step: str | None) -> Any:
+    """A checkpoint-2.0 save (:mod:`ms_port.read.iteration`) as one Source."""
+    from .iteration import find_iterations, pick_iteration, read_iteration
+    from .sources import Source
+
+    root, found = find_iterations(path)
+    folder, labels = pick_iteration(root, found, step)
+    tensors, common = read_iteration(folder)
+    weights = {n: i for n, i in tensors.items() if not is_training_state(n)}
+    files = sorted(p.name for p in folder.glob("*.safetensors"))
+    totals = {int(m.group(1)) for m in (re.search(r"-(\d{7})\.safetensors$", f)
+                                        for f in files) if m}
+    layout = ClusterLayout(str(folder), [], max(totals, default=1), 1, [], labels,
+                           f"iteration {int(_ITERATION_NUMBER.search(folder.name).group(1))}",
+                           sum("model-" in f for f in files) or len(files))
+    if common:
+        layout.notes.append("common.json: " + ", ".join(f"{k}={v}" for k, v in
+                                                         list(common.items())[:6]))
+    source = Source(str(folder), "mindspore-distributed", weights)
+    source.training_state = [i for n, i in tensors.items() if is_training_state(n)]
+    source.cluster = layout
+    return source
+
+
+_ITERATION_NUMBER = re.compile(r"(\d+)$")
 
 
 def _pick_save(ranks: dict[int, Path], step: str | None,
