@@ -185,6 +185,7 @@ def convert(
     max_shard_size: str | int | None = None,
     revision: str | None = None,
     model_config: str | Path | None = None,
+    strategy: str | Path | None = None,
 ) -> ConversionReport:
     """Convert a PyTorch checkpoint into a MindSpore one, proving every byte.
 
@@ -215,6 +216,10 @@ def convert(
             YAML here (``model.model_config`` computed from config.json, ``load_checkpoint``
             the output; see :mod:`ms_port.write.model_config`), after the checkpoint, under
             the same rules (``force``); a dry run checks it and writes nothing.
+        strategy: a parallel strategy file or folder (MindSpore's, as training writes
+            it): ``output`` is then a folder of ``rank_N/`` files, each holding exactly the
+            slices that rank holds, with the strategy copied beside
+            (:mod:`ms_port.write.ranks`).
 
     Returns:
         A :class:`~ms_port.reports.ConversionReport`; ``ok`` is False and nothing is
@@ -231,7 +236,8 @@ def convert(
         allow_missing=allow_missing, allow_unused=allow_unused,
         allow_shape_match=allow_shape_match, check_finite=check_finite, crc=crc, key=key,
         unsafe_pickle=unsafe_pickle, align=align, config=config, ms_options=ms_options,
-        max_shard_size=max_shard_size, revision=revision, model_config=model_config)
+        max_shard_size=max_shard_size, revision=revision, model_config=model_config,
+        strategy=strategy)
     _check_outputs(source, opts)
     p = plan(source, arch=arch, target=target, ms_model=ms_model, mapping=mapping,
              allow_missing=allow_missing, allow_unused=allow_unused,
@@ -266,7 +272,9 @@ def _check_outputs(source: Any, opts: ConvertOptions) -> None:
     inputs = [source if isinstance(source, (str, Path)) else getattr(source, "path", None),
               opts.target if isinstance(opts.target, (str, Path)) else None]
     if opts.output is not None and not opts.dry_run:
-        if opts.max_shard_size is not None:
+        if opts.strategy is not None:
+            _check_ranks(opts)
+        elif opts.max_shard_size is not None:
             from .write.directory import check_directory, parse_size
 
             parse_size(opts.max_shard_size)
@@ -285,6 +293,22 @@ def _check_outputs(source: Any, opts: ConvertOptions) -> None:
                            inputs=tuple(inputs), outputs=(opts.output, opts.save_map))
 
 
+def _check_ranks(opts: ConvertOptions) -> None:
+    """Per-rank output (``strategy``): a ckpt per rank, with nothing else asked of it."""
+    from .write.ranks import check_ranks_output, strategy_files
+
+    asked = [flag for flag, given in (("--max-shard-size", opts.max_shard_size is not None),
+                                      ("--format safetensors", opts.format != "ckpt"),
+                                      ("--crc", opts.crc),
+                                      ("--model-config", opts.model_config is not None))
+             if given]
+    if asked:
+        raise MsPortError(f"--strategy writes one .ckpt per rank; {', '.join(asked)} does not "
+                          "apply to it — drop it")
+    strategy_files(opts.strategy)
+    check_ranks_output(opts.output, force=opts.force)
+
+
 def _mindformers_yaml(p: Plan, opts: ConvertOptions) -> Any:
     """MindFormers' YAML for the converted checkpoint (``model_config``)."""
     from .read.targets import family_options
@@ -299,7 +323,12 @@ def _mindformers_yaml(p: Plan, opts: ConvertOptions) -> Any:
 
 
 def _write(p: Plan, opts: ConvertOptions, progress: Progress | None) -> Any:
-    """The plan written: one file, or safetensors shards with their name map."""
+    """The plan written: one file, safetensors shards with their name map, or the slices
+    of every rank of a strategy."""
+    if opts.strategy is not None:
+        from .write.ranks import write_ranks
+
+        return write_ranks(p, opts.output, opts.strategy, force=opts.force, progress=progress)
     if opts.max_shard_size is not None:
         from .write.directory import write_directory
 

@@ -218,6 +218,10 @@ def _progress_bar(enabled: bool):
 @click.option("--max-shard-size", metavar="SIZE",
               help="Write -o DIR as MindSpore safetensors shards of at most SIZE (2GB, "
                    "500MB) plus param_name_map.json (name -> shard).")
+@click.option("--strategy", metavar="FILE|DIR",
+              help="Write -o DIR as the per-rank slices this parallel strategy gives "
+                   "(rank_N/ files and the strategy beside), as a cluster's training reads "
+                   "them.")
 @click.option("--model-config", "model_config", metavar="FILE.yaml",
               help="With --ms-model mindformers:llama: also write MindFormers' YAML "
                    "(model_config computed from config.json, load_checkpoint: the output; "
@@ -236,7 +240,7 @@ def convert(source: str, arch: str | None, template: str | None, ms_model: str |
             crc: bool, show: str, as_json: bool, quiet: bool, key: str | None,
             unsafe_pickle: bool, config: str | None, ms_options: tuple[str, ...],
             max_shard_size: str | None, revision: str | None,
-            model_config: str | None) -> None:
+            model_config: str | None, strategy: str | None) -> None:
     """Convert a PyTorch checkpoint SOURCE into a MindSpore checkpoint.
 
     Every target tensor is matched (mapping table, exact name, built-in rule, then the
@@ -261,7 +265,8 @@ def convert(source: str, arch: str | None, template: str | None, ms_model: str |
             allow_shape_match=allow_shape_match, check_finite=check_finite, crc=crc,
             key=key, unsafe_pickle=unsafe_pickle, progress=progress, align=not no_align,
             config=config, ms_options=_options(ms_options) or None,
-            max_shard_size=max_shard_size, revision=revision, model_config=model_config)
+            max_shard_size=max_shard_size, revision=revision, model_config=model_config,
+            strategy=strategy)
     finally:
         stop()
     _finish(report, as_json=as_json, show=show)

@@ -101,6 +101,8 @@ class ConvertOptions(SourceOptions):
     config: Any = _opt(None, "the model's config.json (or a dict)")
     ms_options: dict[str, Any] | None = _opt(None, "a known family's options", "--ms-option")
     max_shard_size: Any = _opt(None, "write shards of at most this size (2GB)")
+    strategy: Any = _opt(None, "write the per-rank slices this strategy gives: the output "
+                               "is a folder of rank_N/")
     model_config: Any = _opt(None, "also write MindFormers' YAML here")
 
 

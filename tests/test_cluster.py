@@ -419,3 +419,60 @@ def test_checkpoint_2_from_the_iteration_folder_and_its_refusals(ckpt2, tmp_path
     with pytest.raises(SourceError, match=r"piece 1 of 'net\.w_row' \(\[4, 2\] pieces\) is held "
                                           "by no file|holds it as"):
         read_source(broken)
+
+
+# -- the other way: per-rank slices for a strategy ---------------------------------------
+
+
+def test_convert_writes_each_rank_its_slices_as_mindspore_reads_them(llm, tmp_path):
+    import mindspore as ms
+
+    hf, ckpt, out = llm
+    ranks = tmp_path / "ranks"
+    result = CliRunner().invoke(main, [
+        "convert", str(hf), "--ms-model", "mindformers:llama", "--strategy",
+        str(out / "strategy"), "-o", str(ranks)], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    assert "4 rank files, ckpt, with the strategy" in result.output
+    assert sorted(p.name for p in ranks.iterdir()) == [*(f"rank_{i}" for i in range(4)),
+                                                       "strategy"]
+    whole = read_source(ckpt, strip_prefixes=False)
+    # MindSpore's own merge of the rank files (transform_checkpoints, .ckpt output)
+    ms.transform_checkpoints(str(ranks), str(tmp_path / "merged"), "m", str(
+        ranks / "strategy" / "ckpt_strategy_rank_0.ckpt"), None)
+    merged = read_source(next((tmp_path / "merged" / "rank_0").glob("*.ckpt")),
+                         strip_prefixes=False)
+    back = read_source(ranks)
+    assert set(merged.tensors) == set(whole.tensors) == set(back.tensors)
+    for info in whole:
+        assert np.array_equal(merged[info.name].load(), info.load()), info.name
+        assert np.array_equal(back[info.name].load(), info.load()), info.name
+    # each rank holds exactly its slices: a column-parallel q is a quarter of the rows
+    q = "model.layers.0.attention.wq.weight"
+    rank1 = read_source(next((ranks / "rank_1").glob("*.ckpt")), strip_prefixes=False)
+    assert rank1[q].shape == (whole[q].shape[0] // 4, whole[q].shape[1])
+    again = CliRunner().invoke(main, [
+        "convert", str(hf), "--ms-model", "mindformers:llama", "--strategy",
+        str(out / "strategy"), "-o", str(ranks)])
+    assert again.exit_code == 2 and "pass --force" in again.output
+
+
+def test_a_strategy_that_cannot_cut_the_network_is_refused_before_writing(llm, tmp_path):
+    from mindspore.train import node_strategy_pb2
+
+    hf, _ckpt, _out = llm
+    sm = node_strategy_pb2.ParallelStrategyMap(current_stage=0)
+    lay = sm.parallel_layout_item.add(
+        param_name="model.layers.0.attention.wq.weight").parallel_layouts
+    lay.dev_matrix.add().dim.extend([3])  # 64 rows do not split in 3
+    lay.tensor_map.add().dim.extend([0, -1])
+    lay.param_split_shape.add()
+    lay.field, lay.opt_weight_shard_size, lay.opt_weight_shard_step = 0, 0, 0
+    (tmp_path / "s.ckpt").write_bytes(sm.SerializeToString())
+    result = CliRunner().invoke(main, [
+        "convert", str(hf), "--ms-model", "mindformers:llama", "--strategy",
+        str(tmp_path / "s.ckpt"), "-o", str(tmp_path / "ranks")])
+    assert result.exit_code == 2, result.output
+    assert "the strategy does not fit this network" in result.output
+    assert "cannot cut it" in result.output and not (tmp_path / "ranks").exists()
+    assert [p.name for p in tmp_path.iterdir()] == ["s.ckpt"]  # no half-written folder
