@@ -28,7 +28,7 @@ import numpy as np
 from ..errors import ForwardUnavailable, MsPortError
 from ..match.plan import Plan, make_plan
 from ..options import VerifyOptions
-from ..read.distributed import find_training_output
+from ..read.distributed import cluster_notes, find_training_output
 from ..read.sources import MINDSPORE_FORMATS, Source, read_source
 from ..read.targets import from_cell
 from ..resolve import family_fits, read_with_config, resolve_mapping
@@ -124,6 +124,7 @@ def verify(source: str | Path, checkpoint: str | Path, options: VerifyOptions,
     result = _dispatch(request, entry, language)
     if swapped:
         result.notes.append(f"{checkpoint} is the MindSpore side, {source} the PyTorch side")
+    result.notes += cluster_notes(ckpt)
     if zoo_shape is not None:
         result.notes.append(f"inputs of {'×'.join(map(str, zoo_shape[0]))}: {zoo_shape[1]} "
                             "(--input-shape for another)")

@@ -21,11 +21,11 @@ import numpy as np
 
 from ..errors import TargetError
 from ..options import ExportOptions
+from ..read.distributed import cluster_notes
 from ..read.sources import Source, read_source
 from ..read.targets import Target, TargetTensor, from_arch, from_cell, from_infos, instantiate
 from ..read.tensors import TensorInfo
 from ..reports import ConversionReport
-from ..text import size_text
 from .layouts import Layout
 from .mapping import layered
 from .plan import Conflict, Dropped, Match, Missing, Plan, Unused, make_plan
@@ -49,19 +49,30 @@ class ExportReport(ConversionReport):
 
 
 def _from_config(config: dict[str, Any], where: str) -> tuple[Source, str]:
-    """A Hugging Face model's names, shapes and dtypes from its config, built on the meta
-    device (no weights allocated); a tied weight is listed once, as transformers saves it."""
+    """A Hugging Face model's names, shapes and dtypes from its config: computed where the
+    family's layout is plain (:mod:`ms_port.archs.hf_layout`), else built with transformers
+    on the meta device (no weights allocated); a tied weight is listed once, as
+    transformers saves it."""
+    from ..archs.hf_layout import hf_tensors
+    from ..read.sources import _TORCH_DTYPE_NAMES
+
+    dtype = config.get("dtype") or config.get("torch_dtype") or "float32"
+    if dtype not in _TORCH_DTYPE_NAMES.values():
+        dtype = "float32"
+    computed = hf_tensors(config)
+    if computed is not None:
+        cls, shapes = computed
+        what = f"transformers {cls} ({where})"
+        return Source(what, "torch-module", {n: TensorInfo(n, s, dtype)
+                                             for n, s in shapes.items()},
+                      config=config, config_path=where), what
     import torch
 
     from ..check.language import torch_from_config
     from ..check.networks import tied_names
-    from ..read.sources import _TORCH_DTYPE_NAMES
 
     with torch.device("meta"):
         module = torch_from_config(config, where)
-    dtype = config.get("dtype") or config.get("torch_dtype") or "float32"
-    if dtype not in _TORCH_DTYPE_NAMES.values():
-        dtype = "float32"
     tied = tied_names(module)
     infos: dict[str, TensorInfo] = {}
     for name, tensor in module.state_dict().items():
@@ -240,22 +251,6 @@ def _group_parts(m: Match, torch_side: Source, dtype: str) -> dict[str, Match]:
                                 layout=layout, part=i, before=before,
                                 rows=(g * rows, (g + 1) * rows))
     return found
-
-
-def cluster_notes(ckpt: Source) -> list[str]:
-    """What a distributed training output's reading did: the save, the ranks joined, the
-    training state left out."""
-    c = ckpt.cluster
-    if c is None:
-        return []
-    notes = [f"a training output of {c.devices} devices ({c.stages} stage"
-             f"{'s' * (c.stages > 1)}): slices of {c.ranks_read} ranks joined, {c.save}"]
-    state = ckpt.training_state
-    if state:
-        held = size_text(sum(t.nbytes for t in state))
-        notes.append(f"left out {len(state)} training-state tensors ({held}: optimizer "
-                     f"moments, step counters, loss scale), e.g. {state[0].name}")
-    return notes + list(c.notes)
 
 
 def export_plan(checkpoint: str | Path, opts: ExportOptions,

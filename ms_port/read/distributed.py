@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import SourceError, shown
+from ..text import size_text
 from .strategy import ParamLayout, Strategy, read_strategy
 from .tensors import TensorInfo, numpy_dtype
 
@@ -83,6 +84,22 @@ class ClusterLayout:
                 "saves": self.saves, "save": self.save, "ranks_read": self.ranks_read,
                 "missing_ranks": self.missing_ranks, "single_copies": self.single_copies,
                 "notes": self.notes}
+
+
+def cluster_notes(ckpt: Any) -> list[str]:
+    """What a distributed training output's reading did: the save, the ranks joined, the
+    training state left out."""
+    c = ckpt.cluster
+    if c is None:
+        return []
+    notes = [f"a training output of {c.devices} devices ({c.stages} stage"
+             f"{'s' * (c.stages > 1)}): slices of {c.ranks_read} ranks joined, {c.save}"]
+    state = ckpt.training_state
+    if state:
+        held = size_text(sum(t.nbytes for t in state))
+        notes.append(f"left out {len(state)} training-state tensors ({held}: optimizer "
+                     f"moments, step counters, loss scale), e.g. {state[0].name}")
+    return notes + list(c.notes)
 
 
 def find_training_output(path: Path) -> Path | None:
@@ -402,6 +419,7 @@ __all__ = [
     "TRAINING_STATE_NAMES",
     "TRAINING_STATE_PREFIXES",
     "ClusterLayout",
+    "cluster_notes",
     "find_training_output",
     "is_training_state",
     "read_distributed",
