@@ -476,3 +476,19 @@ def test_a_strategy_that_cannot_cut_the_network_is_refused_before_writing(llm, t
     assert "the strategy does not fit this network" in result.output
     assert "cannot cut it" in result.output and not (tmp_path / "ranks").exists()
     assert [p.name for p in tmp_path.iterdir()] == ["s.ckpt"]  # no half-written folder
+
+
+def test_the_way_back_imports_neither_mindspore_nor_torch(llm, tmp_path):
+    """Reading a training output and exporting it to a Hugging Face directory (a computed
+    family) needs no framework: a process that does it has imported neither."""
+    import subprocess
+    import sys
+
+    hf, _ckpt, out = llm
+    code = ("import sys, ms_port; r = ms_port.export(sys.argv[1], ms_model='mindformers:llama',"
+            " config=sys.argv[2], output=sys.argv[3]); assert r.ok, r.message; "
+            "print(sorted(m for m in ('mindspore', 'torch', 'transformers') if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", code, str(out), str(hf / "config.json"),
+                           str(tmp_path / "back")], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "[]"
