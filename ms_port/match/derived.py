@@ -39,10 +39,22 @@ def _rope_inv_freq(config: dict[str, Any]) -> np.ndarray:
     return inv_freq(read_rope(config), _head_dim(config))
 
 
+def _glm_inv_freq(config: dict[str, Any]) -> np.ndarray:
+    """GLM-4's remote code (``modeling_chatglm.py``) stores ``rotary_pos_emb.inv_freq`` over
+    ``kv_channels / 2`` dimensions with base 10000 whatever ``rope_ratio`` says; its forward
+    computes its own frequencies with ``10000 × rope_ratio`` and never reads the buffer."""
+    heads = int(config["num_attention_heads"])
+    dim = int(config.get("kv_channels") or int(config["hidden_size"]) // heads) // 2
+    return (1.0 / (10000.0 ** (np.arange(0, dim, 2, dtype=np.float64) / dim))).astype(
+        np.float32)
+
+
 #: the names a table's ``derived: [{value: NAME}]`` may give
 DERIVED = {
     "rope_inv_freq": Derived(_rope_inv_freq, "rope_theta and head_dim (hidden_size / "
                              "num_attention_heads), with rope_scaling where set"),
+    "glm_inv_freq": Derived(_glm_inv_freq, "kv_channels / 2 dimensions, base 10000 (the "
+                            "remote code's stored buffer ignores rope_ratio)"),
 }
 
 

@@ -343,7 +343,8 @@ def from_factory(spec: str, **kwargs: Any) -> Target:
 FAMILIES = {"mindformers:llama": "ms_port.archs.mindformers",
             "mindformers:qwen3": "ms_port.archs.parallel_core",
             "mindformers:qwen3_moe": "ms_port.archs.parallel_core_moe",
-            "mindformers:deepseek3": "ms_port.archs.parallel_core_deepseek"}
+            "mindformers:deepseek3": "ms_port.archs.parallel_core_deepseek",
+            "mindformers:glm4": "ms_port.archs.glm"}
 
 
 #: the MindFormers 2.1 network each family builds, for ``ms-port archs``
@@ -352,6 +353,7 @@ FAMILY_NETWORKS = {
     "mindformers:qwen3": "TrainingQwen3ForCausalLM",
     "mindformers:qwen3_moe": "TrainingQwen3MoeForCausalLM",
     "mindformers:deepseek3": "TrainingDeepseekV3ForCausalLM",
+    "mindformers:glm4": "ChatGLM2ForConditionalGeneration (legacy)",
 }
 
 #: the model zoos a ``PREFIX:NAME`` names, each side, with what it calls

@@ -1,0 +1,175 @@
+"""MindFormers' ``ChatGLM2ForConditionalGeneration`` (legacy; GLM-4-9B's training network)
+as a target, from either Hugging Face layout's ``config.json``.
+
+GLM-4-9B is published in two layouts:
+
+- the ``-hf`` repos, transformers' ``glm`` model (``GlmForCausalLM``): ``hidden_size``,
+  ``num_hidden_layers``, ``num_key_value_heads``, ``head_dim``, ``intermediate_size``,
+  ``vocab_size``, ``attention_bias``, ``partial_rotary_factor`` 0.5, ``rope_theta``;
+- the original remote-code repo (``model_type: chatglm``): ``num_layers``,
+  ``multi_query_group_num``, ``kv_channels``, ``ffn_hidden_size``, ``padded_vocab_size``,
+  ``add_qkv_bias``, ``add_bias_linear``, ``rope_ratio``.
+
+MindFormers' network (MindFormers 2.1, ``configs/glm4/finetune_glm4_9b.yaml``) names its
+parameters ``transformer.embedding.embedding_weight``,
+``transformer.encoder.layers.N.{input_layernorm, self_attention.query_key_value,
+self_attention.dense, post_attention_layernorm, mlp.dense_h_to_4h, mlp.dense_4h_to_h}``,
+``transformer.encoder.final_layernorm``, ``transformer.output_layer``.
+``query_key_value`` is plain ``[q; k; v]`` and ``dense_h_to_4h`` ``[gate; up]`` halves; with
+``qkv_concat: false`` the network holds ``wq``/``wk``/``wv``, with ``mlp_concat: false``
+``dense_left`` (gate) and ``dense_right`` (up). It also declares each layer's paged
+attention KV cache (``…infer_attention.paged_attention_mgr.{key,value}_cache``, zeros,
+not trained) even with ``use_past`` off. The names and shapes are computed here without
+importing MindFormers; ``tests/test_glm.py`` holds them against the real network.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import TargetError, shown
+from ..read.targets import Target, TargetTensor
+from .config_values import read_bool, read_float, read_int, read_layers
+
+FAMILY = "mindformers:glm4"
+#: MindFormers' defaults for the paged attention cache the network declares
+NUM_BLOCKS, BLOCK_SIZE = 128, 16
+
+
+@dataclass(frozen=True)
+class GlmSizes:
+    """What ChatGLM2Config needs, read from either layout's config."""
+
+    layout: str  # "hf" (transformers' glm) or "remote" (model_type chatglm)
+    vocab: int
+    hidden: int
+    layers: int
+    heads: int
+    kv_groups: int
+    head_dim: int
+    ffn: int
+    eps: float
+    qkv_bias: bool
+    dense_bias: bool
+    rope_ratio: float
+    tied: bool
+
+
+def glm_sizes(config: dict[str, Any]) -> GlmSizes:
+    """Read the sizes from either layout's config; refuse what the network cannot hold."""
+    model_type = config.get("model_type")
+    if model_type == "glm":
+        heads = read_int(config, "num_attention_heads")
+        hidden = read_int(config, "hidden_size")
+        partial = config.get("partial_rotary_factor", 0.5)
+        if partial != 0.5:
+            raise TargetError(f"config.json: partial_rotary_factor {shown(partial)}; MindFormers' "
+                              "ChatGLM2 rotates half of each head (0.5)")
+        theta = read_float(config, "rope_theta", 10000.0)
+        sizes = GlmSizes(
+            "hf", read_int(config, "vocab_size"), hidden, read_layers(config), heads,
+            read_int(config, "num_key_value_heads", heads),
+            read_int(config, "head_dim", max(1, hidden // heads)),
+            read_int(config, "intermediate_size"), read_float(config, "rms_norm_eps", 1e-5),
+            read_bool(config, "attention_bias", True), False, theta / 10000.0,
+            read_bool(config, "tie_word_embeddings", False))
+    elif model_type == "chatglm":
+        heads = read_int(config, "num_attention_heads")
+        hidden = read_int(config, "hidden_size")
+        layers = read_int(config, "num_layers")
+        if layers > 1024:
+            raise TargetError(f"config.json: num_layers {layers} is more than any published "
+                              "model; check the config")
+        groups = (read_int(config, "multi_query_group_num")
+                  if read_bool(config, "multi_query_attention", False) else heads)
+        bias = read_bool(config, "add_bias_linear", False)
+        sizes = GlmSizes(
+            "remote", read_int(config, "padded_vocab_size"), hidden, layers, heads, groups,
+            read_int(config, "kv_channels", max(1, hidden // heads)),
+            read_int(config, "ffn_hidden_size"), read_float(config, "layernorm_epsilon", 1e-5),
+            read_bool(config, "add_qkv_bias", False) or bias, bias,
+            read_float(config, "rope_ratio", 1.0),
+            read_bool(config, "tie_word_embeddings", False))
+        if not read_bool(config, "rmsnorm", True):
+            raise TargetError("config.json: rmsnorm is false; MindFormers' ChatGLM2 for GLM-4 "
+                              "is built with RMSNorm")
+    else:
+        raise TargetError(f"config.json: model_type {shown(model_type)}; {FAMILY} takes "
+                          "GLM-4-9B's configs: 'glm' (the -hf repos) or 'chatglm' (the "
+                          "original remote-code repo). GLM-4-0414 ('glm4') is another network")
+    if sizes.heads % sizes.kv_groups:
+        raise TargetError(f"config.json: {sizes.heads} heads in {sizes.kv_groups} KV groups; "
+                          "the heads must divide into the groups")
+    return sizes
+
+
+def glm_tensors(sizes: GlmSizes, *, qkv_concat: bool = True,
+                mlp_concat: bool = True) -> list[TargetTensor]:
+    """The network's parameters in its own order (``parameters_and_names``)."""
+    h = sizes.hidden
+    q, kv = sizes.heads * sizes.head_dim, sizes.kv_groups * sizes.head_dim
+    out: list[TargetTensor] = []
+
+    def add(name: str, shape: tuple[int, ...], layer: str) -> None:
+        out.append(TargetTensor(name, shape, "float32", layer, (layer,)))
+
+    add("transformer.embedding.embedding_weight", (sizes.vocab, h), "VocabEmbedding")
+    for i in range(sizes.layers):
+        p = f"transformer.encoder.layers.{i}"
+        add(f"{p}.input_layernorm.weight", (h,), "LlamaRMSNorm")
+        attn = f"{p}.self_attention"
+        parts = ([("query_key_value", q + 2 * kv)] if qkv_concat else
+                 [("wq", q), ("wk", kv), ("wv", kv)])
+        for name, rows in parts:
+            add(f"{attn}.{name}.weight", (rows, h), "Linear")
+            if sizes.qkv_bias:
+                add(f"{attn}.{name}.bias", (rows,), "Linear")
+        add(f"{attn}.dense.weight", (h, q), "Linear")
+        if sizes.dense_bias:
+            add(f"{attn}.dense.bias", (h,), "Linear")
+        cache = (NUM_BLOCKS, BLOCK_SIZE, sizes.kv_groups, sizes.head_dim)
+        for name in ("key_cache", "value_cache"):
+            add(f"{attn}.infer_attention.paged_attention_mgr.{name}", cache, "PagedAttentionMgr")
+        add(f"{p}.post_attention_layernorm.weight", (h,), "LlamaRMSNorm")
+        if mlp_concat:
+            add(f"{p}.mlp.dense_h_to_4h.weight", (2 * sizes.ffn, h), "Linear")
+        else:
+            add(f"{p}.mlp.dense_left.weight", (sizes.ffn, h), "Linear")
+            add(f"{p}.mlp.dense_right.weight", (sizes.ffn, h), "Linear")
+        if sizes.dense_bias:
+            for name, rows in ((("dense_h_to_4h", 2 * sizes.ffn),) if mlp_concat else
+                               (("dense_left", sizes.ffn), ("dense_right", sizes.ffn))):
+                add(f"{p}.mlp.{name}.bias", (rows,), "Linear")
+        add(f"{p}.mlp.dense_4h_to_h.weight", (h, sizes.ffn), "Linear")
+        if sizes.dense_bias:
+            add(f"{p}.mlp.dense_4h_to_h.bias", (h,), "Linear")
+    add("transformer.encoder.final_layernorm.weight", (h,), "LlamaRMSNorm")
+    add("transformer.output_layer.weight", (sizes.vocab, h), "Linear")
+    return out
+
+
+#: options ``mindformers:glm4`` takes (``--ms-option KEY=VALUE``): the network's settings
+#: that change its layout (MindFormers' defaults: both true)
+OPTIONS = {"qkv_concat": bool, "mlp_concat": bool, "seq_length": int}
+#: the layouts a checkpoint of this family may have, to recognise one by its names
+VARIANTS = tuple({"qkv_concat": q, "mlp_concat": m} for q in (True, False)
+                 for m in (True, False))
+
+
+def target(config: dict[str, Any], *, qkv_concat: bool = True,
+           mlp_concat: bool = True) -> Target:
+    """The target's names and shapes from either layout's config, without MindFormers."""
+    sizes = glm_sizes(config)
+    tensors = glm_tensors(sizes, qkv_concat=qkv_concat, mlp_concat=mlp_concat)
+    variant = ", ".join([("fused" if qkv_concat else "separate") + " qkv",
+                         ("fused" if mlp_concat else "separate") + " gate/up"])
+    notes = [f"the network's rotary base is 10000 × rope_ratio = {10000 * sizes.rope_ratio:g} "
+             f"over head_dim / 2 = {sizes.head_dim // 2} dimensions"] if sizes.rope_ratio != 1 \
+        else []
+    return Target("family", f"{FAMILY} ({variant})", {t.name: t for t in tensors},
+                  family=FAMILY, notes=notes,
+                  settings={"qkv_concat": qkv_concat, "mlp_concat": mlp_concat})
+
+
+__all__ = ["FAMILY", "OPTIONS", "VARIANTS", "GlmSizes", "glm_sizes", "glm_tensors", "target"]

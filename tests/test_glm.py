@@ -1,0 +1,192 @@
+"""GLM-4-9B into MindFormers' ChatGLM2 (mindformers:glm4), from both Hugging Face layouts.
+
+A tiny seeded ``GlmForCausalLM`` (transformers' glm: the ``-hf`` repos) and the same
+weights in the original remote-code layout (``model_type: chatglm``; ``query_key_value``
+and ``dense_h_to_4h`` fused, the derived ``rotary_pos_emb.inv_freq``) convert with no
+mapping file into each of the network's four layouts (``qkv_concat``, ``mlp_concat``),
+to the same bytes; the computed names and shapes are the real network's; the export back
+to the ``-hf`` layout is bit-exact.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("transformers")
+pytest.importorskip("mindspore")
+
+import ms_port
+from ms_port.errors import MsPortError
+from ms_port.read.sources import read_source
+
+VARIANTS = [(q, m) for q in (True, False) for m in (True, False)]
+SIZES = {"vocab": 128, "hidden": 64, "ffn": 96, "layers": 2, "heads": 4, "groups": 2,
+         "head_dim": 16}
+
+
+def _hf(root: Path) -> Path:
+    import torch
+    import transformers
+
+    cfg = transformers.GlmConfig(
+        vocab_size=SIZES["vocab"], hidden_size=SIZES["hidden"],
+        intermediate_size=SIZES["ffn"], num_hidden_layers=SIZES["layers"],
+        num_attention_heads=SIZES["heads"], num_key_value_heads=SIZES["groups"],
+        head_dim=SIZES["head_dim"], pad_token_id=0, eos_token_id=1)
+    torch.manual_seed(0)
+    model = transformers.GlmForCausalLM(cfg)
+    with torch.no_grad():
+        for name, param in model.named_parameters():  # norms off 1, biases off 0
+            param.copy_(torch.randn(param.shape) * 0.1 + name.endswith("norm.weight"))
+    model.save_pretrained(root / "hf")
+    return root / "hf"
+
+
+def _remote(root: Path, hf: Path, inv_freq_base: float = 10000.0) -> Path:
+    """The same weights as the original repo holds them (remote code's names)."""
+    from safetensors.numpy import load_file, save_file
+
+    sd = load_file(hf / "model.safetensors")
+    out = {"transformer.embedding.word_embeddings.weight": sd["model.embed_tokens.weight"],
+           "transformer.encoder.final_layernorm.weight": sd["model.norm.weight"],
+           "transformer.output_layer.weight": sd["lm_head.weight"]}
+    for i in range(SIZES["layers"]):
+        p, t = f"model.layers.{i}.", f"transformer.encoder.layers.{i}."
+        for norm in ("input_layernorm", "post_attention_layernorm"):
+            out[f"{t}{norm}.weight"] = sd[f"{p}{norm}.weight"]
+        for kind in ("weight", "bias"):
+            out[f"{t}self_attention.query_key_value.{kind}"] = np.concatenate(
+                [sd[f"{p}self_attn.{x}_proj.{kind}"] for x in "qkv"])
+        out[f"{t}self_attention.dense.weight"] = sd[f"{p}self_attn.o_proj.weight"]
+        out[f"{t}mlp.dense_h_to_4h.weight"] = sd[f"{p}mlp.gate_up_proj.weight"]
+        out[f"{t}mlp.dense_4h_to_h.weight"] = sd[f"{p}mlp.down_proj.weight"]
+    dim = SIZES["head_dim"] // 2
+    out["transformer.rotary_pos_emb.inv_freq"] = (
+        1.0 / inv_freq_base ** (np.arange(0, dim, 2, dtype=np.float32) / dim)).astype(np.float32)
+    folder = root / f"remote-{inv_freq_base:g}"
+    folder.mkdir()
+    save_file(out, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    (folder / "config.json").write_text(json.dumps({
+        "model_type": "chatglm", "architectures": ["ChatGLMModel"],
+        "num_layers": SIZES["layers"], "padded_vocab_size": SIZES["vocab"],
+        "hidden_size": SIZES["hidden"], "ffn_hidden_size": SIZES["ffn"],
+        "kv_channels": SIZES["head_dim"], "num_attention_heads": SIZES["heads"],
+        "multi_query_attention": True, "multi_query_group_num": SIZES["groups"],
+        "add_qkv_bias": True, "add_bias_linear": False, "layernorm_epsilon": 1e-5,
+        "rmsnorm": True, "rope_ratio": 1, "seq_length": 64}))
+    return folder
+
+
+@pytest.fixture(scope="module")
+def glm(tmp_path_factory):
+    root = tmp_path_factory.mktemp("glm")
+    hf = _hf(root)
+    return root, hf, _remote(root, hf)
+
+
+def _options(q: bool, m: bool) -> dict:
+    return {"qkv_concat": q, "mlp_concat": m}
+
+
+@pytest.mark.parametrize(("qkv", "mlp"), VARIANTS)
+def test_both_layouts_convert_with_no_mapping_file_to_the_same_bytes(glm, qkv, mlp):
+    root, hf, remote = glm
+    outs = {}
+    for name, src in (("hf", hf), ("remote", remote)):
+        report = ms_port.convert(src, ms_model="mindformers:glm4", ms_options=_options(qkv, mlp),
+                                 output=root / f"{name}-{qkv}-{mlp}.ckpt")
+        assert report.ok, report.message
+        assert report.plan.counts["initialised"] == 2 * SIZES["layers"]  # the KV caches
+        assert report.plan.counts["fallback"] == 0
+        outs[name] = read_source(root / f"{name}-{qkv}-{mlp}.ckpt", strip_prefixes=False)
+    a, b = outs["hf"], outs["remote"]
+    assert list(a.tensors) == list(b.tensors)
+    for n in a.tensors:
+        assert np.array_equal(a[n].load(), b[n].load()), n
+    from safetensors.numpy import load_file
+
+    sd = load_file(hf / "model.safetensors")
+    layer = "transformer.encoder.layers.1."
+    if qkv:  # plain [q; k; v], not grouped per KV head
+        assert np.array_equal(a[layer + "self_attention.query_key_value.weight"].load(),
+                              np.concatenate([sd[f"model.layers.1.self_attn.{x}_proj.weight"]
+                                              for x in "qkv"]))
+    if mlp:  # [gate; up] halves, as GlmForCausalLM's gate_up_proj holds them
+        assert np.array_equal(a[layer + "mlp.dense_h_to_4h.weight"].load(),
+                              sd["model.layers.1.mlp.gate_up_proj.weight"])
+    else:
+        half = SIZES["ffn"]
+        assert np.array_equal(a[layer + "mlp.dense_left.weight"].load(),
+                              sd["model.layers.1.mlp.gate_up_proj.weight"][:half])
+    cache = a[layer + "self_attention.infer_attention.paged_attention_mgr.key_cache"].load()
+    assert cache.shape == (128, 16, SIZES["groups"], SIZES["head_dim"]) and not cache.any()
+
+
+@pytest.mark.parametrize(("qkv", "mlp"), VARIANTS)
+def test_export_back_to_the_hf_layout_is_bit_exact(glm, qkv, mlp):
+    from safetensors.numpy import load_file
+
+    root, hf, _unused = glm
+    ckpt = root / f"x-{qkv}-{mlp}.ckpt"
+    assert ms_port.convert(hf, ms_model="mindformers:glm4", ms_options=_options(qkv, mlp),
+                           output=ckpt).ok
+    back = root / f"back-{qkv}-{mlp}"
+    report = ms_port.export(ckpt, config=hf / "config.json", output=back)  # recognised
+    assert report.ok, report.message
+    want, got = load_file(hf / "model.safetensors"), load_file(back / "model.safetensors")
+    assert want.keys() == got.keys()
+    for name in want:
+        assert np.array_equal(want[name], got[name]), name
+
+
+def test_the_remote_inv_freq_is_checked_against_its_config(glm, tmp_path):
+    _root, hf, _unused = glm
+    # the remote code stores the buffer with base 10000 whatever rope_ratio says; a buffer
+    # computed another way is another model's
+    other = _remote(tmp_path, hf, inv_freq_base=500000.0)
+    with pytest.raises(MsPortError, match=r"'transformer\.rotary_pos_emb\.inv_freq' is not "
+                                          r"what config\.json implies .*base 10000"):
+        ms_port.convert(other, ms_model="mindformers:glm4", output=tmp_path / "o.ckpt")
+    assert not (tmp_path / "o.ckpt").exists()
+
+
+def test_a_config_of_another_network_is_refused_by_name(tmp_path):
+    config = {"model_type": "glm4", "architectures": ["Glm4ForCausalLM"], "hidden_size": 64,
+              "num_hidden_layers": 1, "num_attention_heads": 4, "vocab_size": 8,
+              "intermediate_size": 8}
+    from ms_port.read.targets import from_family
+
+    with pytest.raises(MsPortError, match="GLM-4-0414 \\('glm4'\\) is another network"):
+        from_family("mindformers:glm4", config)
+
+
+@pytest.mark.parametrize(("qkv", "mlp"), VARIANTS)
+def test_the_computed_names_and_shapes_are_the_real_networks(qkv, mlp, tmp_path, monkeypatch):
+    pytest.importorskip("mindformers")
+    from ms_port.archs.mindformers import contained
+    from ms_port.read.targets import from_family
+
+    config = {"model_type": "glm", "architectures": ["GlmForCausalLM"],
+              "vocab_size": SIZES["vocab"], "hidden_size": SIZES["hidden"],
+              "intermediate_size": SIZES["ffn"], "num_hidden_layers": SIZES["layers"],
+              "num_attention_heads": SIZES["heads"], "num_key_value_heads": SIZES["groups"],
+              "head_dim": SIZES["head_dim"], "attention_bias": True}
+    computed = from_family("mindformers:glm4", config, _options(qkv, mlp))
+    with contained():
+        import mindspore as ms
+        from mindformers.models.glm2 import ChatGLM2Config, ChatGLM2ForConditionalGeneration
+
+        ms.set_context(mode=ms.PYNATIVE_MODE, device_target="CPU")
+        net = ChatGLM2ForConditionalGeneration(ChatGLM2Config(
+            num_layers=SIZES["layers"], padded_vocab_size=SIZES["vocab"],
+            hidden_size=SIZES["hidden"], ffn_hidden_size=SIZES["ffn"],
+            kv_channels=SIZES["head_dim"], num_attention_heads=SIZES["heads"],
+            multi_query_group_num=SIZES["groups"], seq_length=16, qkv_concat=qkv,
+            mlp_concat=mlp, use_flash_attention=False, param_init_type="float32",
+            compute_dtype="float32", add_qkv_bias=True, add_bias_linear=False))
+    real = [(p.name, tuple(p.shape)) for _, p in net.parameters_and_names()]
+    assert real == [(t.name, t.shape) for t in computed.tensors.values()]
