@@ -353,7 +353,7 @@ FAMILY_NETWORKS = {
     "mindformers:qwen3": "TrainingQwen3ForCausalLM",
     "mindformers:qwen3_moe": "TrainingQwen3MoeForCausalLM",
     "mindformers:deepseek3": "TrainingDeepseekV3ForCausalLM",
-    "mindformers:glm4": "ChatGLM2ForConditionalGeneration (legacy)",
+    "mindformers:glm4": "ChatGLM2ForConditionalGeneration",
 }
 
 #: the model zoos a ``PREFIX:NAME`` names, each side, with what it calls
