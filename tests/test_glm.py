@@ -190,3 +190,54 @@ def test_the_computed_names_and_shapes_are_the_real_networks(qkv, mlp, tmp_path,
             compute_dtype="float32", add_qkv_bias=True, add_bias_linear=False))
     real = [(p.name, tuple(p.shape)) for _, p in net.parameters_and_names()]
     assert real == [(t.name, t.shape) for t in computed.tensors.values()]
+
+
+@pytest.mark.parametrize(("qkv", "mlp"), [(True, True), (False, False)])
+def test_verify_passes_against_transformers_with_the_stand_ins_said(glm, qkv, mlp):
+    pytest.importorskip("mindformers")
+    root, hf, _unused = glm
+    ckpt = root / f"v-{qkv}-{mlp}.ckpt"
+    assert ms_port.convert(hf, ms_model="mindformers:glm4", ms_options=_options(qkv, mlp),
+                           output=ckpt).ok
+    report = ms_port.verify(hf, ckpt, ms_model="mindformers:glm4",
+                            ms_options=_options(qkv, mlp))
+    assert report.verdict == "PASS", report.message
+    assert report.error < 1e-5
+    assert any("CPU stand-ins (3)" in n and "uint8 mask" in n for n in report.notes)
+
+
+def _grouped(whole: np.ndarray) -> np.ndarray:
+    """[q; k; v] regrouped per KV group, as the parallel_core networks hold it."""
+    q_rows = SIZES["heads"] * SIZES["head_dim"]
+    kv_rows = SIZES["groups"] * SIZES["head_dim"]
+    q, k, v = np.split(whole, [q_rows, q_rows + kv_rows])
+    per = SIZES["heads"] // SIZES["groups"] * SIZES["head_dim"]
+    d = SIZES["head_dim"]
+    return np.concatenate([np.concatenate([q[g * per:(g + 1) * per], k[g * d:(g + 1) * d],
+                                           v[g * d:(g + 1) * d]]) for g in range(SIZES["groups"])])
+
+
+@pytest.mark.parametrize(("wrong", "tensor"), [
+    ("grouped", "transformer.encoder.layers.1.self_attention.query_key_value.weight"),
+    ("swapped", "transformer.encoder.layers.0.mlp.dense_h_to_4h.weight"),
+])
+def test_a_grouped_qkv_or_swapped_gate_up_fails_naming_the_tensor(glm, wrong, tensor):
+    pytest.importorskip("mindformers")
+    from ms_port.testing import rewrite_checkpoint
+
+    root, hf, _unused = glm
+    good = root / "good.ckpt"
+    if not good.exists():
+        assert ms_port.convert(hf, ms_model="mindformers:glm4", output=good).ok
+
+    def edit(arrays: dict) -> None:
+        if wrong == "grouped":
+            arrays[tensor] = _grouped(arrays[tensor])
+        else:
+            gate, up = np.split(arrays[tensor], 2)
+            arrays[tensor] = np.concatenate([up, gate])
+
+    bad = rewrite_checkpoint(good, root / f"{wrong}.ckpt", edit)
+    report = ms_port.verify(hf, bad, ms_model="mindformers:glm4")
+    assert report.verdict == "FAIL"
+    assert tensor in report.message

@@ -172,4 +172,85 @@ def target(config: dict[str, Any], *, qkv_concat: bool = True,
                   settings={"qkv_concat": qkv_concat, "mlp_concat": mlp_concat})
 
 
-__all__ = ["FAMILY", "OPTIONS", "VARIANTS", "GlmSizes", "glm_sizes", "glm_tensors", "target"]
+#: what MindFormers' ChatGLM2 lacks on a CPU, and what stands in (said in verify's report)
+STANDINS = (
+    "RMSNorm: the fused RmsNorm kernel has no CPU kernel; MindFormers' own unfused path "
+    "(square, mean, rsqrt) is built instead, with the Cast only the fused branch creates",
+    "attention mask: uint8 mask × -10000 wraps to +240 on a CPU; the mask is cast to "
+    "float32 before the multiply",
+    "attention: FlashAttentionScore has no CPU kernel; built with use_flash_attention: "
+    "false (MindFormers' CoreAttention, 1/√d applied by apply_query_key_layer_scaling)",
+)
+
+
+def glm_config(config: dict[str, Any], *, qkv_concat: bool = True, mlp_concat: bool = True,
+               seq_length: int = 128) -> Any:
+    """MindFormers' ``ChatGLM2Config`` for CPU float32 inference of this model."""
+    from .mindformers import contained
+
+    sizes = glm_sizes(config)
+    with contained():
+        try:
+            from mindformers.models.glm2 import ChatGLM2Config
+        except ImportError:
+            raise TargetError(f"{FAMILY} needs MindFormers to build the network: pip install "
+                              "--no-deps mindformers==2.1.0 (see docs/development.md)") from None
+        return ChatGLM2Config(
+            batch_size=1, num_layers=sizes.layers, padded_vocab_size=sizes.vocab,
+            hidden_size=sizes.hidden, ffn_hidden_size=sizes.ffn, kv_channels=sizes.head_dim,
+            num_attention_heads=sizes.heads, multi_query_attention=True,
+            multi_query_group_num=sizes.kv_groups, seq_length=seq_length,
+            layernorm_epsilon=sizes.eps, rope_ratio=sizes.rope_ratio, rmsnorm=True,
+            add_qkv_bias=sizes.qkv_bias, add_bias_linear=sizes.dense_bias,
+            apply_query_key_layer_scaling=True, qkv_concat=qkv_concat, mlp_concat=mlp_concat,
+            use_past=False, use_flash_attention=False, param_init_type="float32",
+            compute_dtype="float32", layernorm_compute_type="float32",
+            rotary_dtype="float32", residual_dtype="float32", hidden_dropout=0.0,
+            attention_dropout=0.0)
+
+
+def build(config: dict[str, Any], *, qkv_concat: bool = True, mlp_concat: bool = True,
+          seq_length: int = 128) -> Any:
+    """The real MindFormers network with the CPU stand-ins (:data:`STANDINS`), in eval
+    mode (verify's MindSpore side); ``net.ms_port_notes`` lists the stand-ins."""
+    from .mindformers import contained
+
+    cfg = glm_config(config, qkv_concat=qkv_concat, mlp_concat=mlp_concat,
+                     seq_length=seq_length)
+    with contained():
+        from mindformers.models.glm2 import (
+            ChatGLM2ForConditionalGeneration,
+            glm2_modules,
+            glm2_transformer,
+        )
+        from mindspore import ops
+        from mindspore.ops import operations as P
+
+        fused = glm2_modules.check_rmsnorm_big_kernel_valid
+        glm2_modules.check_rmsnorm_big_kernel_valid = lambda: False
+        try:
+            net = ChatGLM2ForConditionalGeneration(cfg)
+        finally:
+            glm2_modules.check_rmsnorm_big_kernel_valid = fused
+    for _, cell in net.cells_and_names():
+        if isinstance(cell, glm2_modules.ChatGLM2RMSNorm) and not hasattr(cell, "cast"):
+            cell.cast = P.Cast()
+        if isinstance(cell, glm2_transformer.CoreAttention):
+            cell.mul_mask = _float_mask(P.Mul(), ops)
+    net.set_train(False)
+    net.ms_port_notes = [f"MindSpore ran MindFormers' ChatGLM2 with CPU stand-ins "
+                         f"({len(STANDINS)}): " + "; ".join(STANDINS)]
+    return net
+
+
+def _float_mask(mul: Any, ops: Any) -> Any:
+    import mindspore as ms
+
+    def multiply(mask: Any, value: Any) -> Any:
+        return mul(ops.cast(mask, ms.float32), value)
+
+    return multiply
+
+
+__all__ = ["FAMILY", "OPTIONS", "STANDINS", "VARIANTS", "GlmSizes", "build", "glm_config",
+           "glm_sizes", "glm_tensors", "target"]

@@ -384,7 +384,7 @@ def whole(request: Request, entry: Any, torch_model: Any, ms_model: Any) -> Any:
                         ms_device=request.ms_device, correspondence=correspondence,
                         noise_floor=opts.noise_floor, tensor_diff=tensors,
                         progress=request.progress)
-    result.notes += declared
+    result.notes += declared + list(getattr(mnet, "ms_port_notes", []))
     if unused:
         result.notes.append(f"{len(unused)} checkpoint entries unused by the network: "
                             f"{', '.join(unused[:3])}")
