@@ -316,10 +316,18 @@ def _mindformers_yaml(p: Plan, opts: ConvertOptions) -> Any:
 
     if not opts.dry_run:  # the files found beside the source are inputs too
         check_not_input(opts.model_config, p.source.path, p.source.config_path)
+    where = {"origin": str(p.source.config_path), "checkpoint": opts.output,
+             "checkpoint_format": ("safetensors" if opts.max_shard_size is not None
+                                   else opts.format)}
+    if opts.ms_model == "mindformers:glm4":
+        from .write.model_config_glm import glm4_yaml
+
+        chosen = family_options(opts.ms_model, opts.ms_options)
+        return glm4_yaml(p.source.config, qkv_concat=chosen.get("qkv_concat", True),
+                         mlp_concat=chosen.get("mlp_concat", True), **where)
     return mindformers_yaml(
-        p.source.config, origin=str(p.source.config_path), checkpoint=opts.output,
-        qkv_concat=family_options(FAMILY, opts.ms_options).get("qkv_concat", False),
-        checkpoint_format="safetensors" if opts.max_shard_size is not None else opts.format)
+        p.source.config, qkv_concat=family_options(FAMILY, opts.ms_options).get(
+            "qkv_concat", False), **where)
 
 
 def _write(p: Plan, opts: ConvertOptions, progress: Progress | None) -> Any:

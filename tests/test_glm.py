@@ -76,7 +76,7 @@ def _remote(root: Path, hf: Path, inv_freq_base: float = 10000.0) -> Path:
         "hidden_size": SIZES["hidden"], "ffn_hidden_size": SIZES["ffn"],
         "kv_channels": SIZES["head_dim"], "num_attention_heads": SIZES["heads"],
         "multi_query_attention": True, "multi_query_group_num": SIZES["groups"],
-        "add_qkv_bias": True, "add_bias_linear": False, "layernorm_epsilon": 1e-5,
+        "add_qkv_bias": True, "add_bias_linear": False, "layernorm_epsilon": 1.5625e-07,
         "rmsnorm": True, "rope_ratio": 1, "seq_length": 64}))
     return folder
 
@@ -241,3 +241,48 @@ def test_a_grouped_qkv_or_swapped_gate_up_fails_naming_the_tensor(glm, wrong, te
     report = ms_port.verify(hf, bad, ms_model="mindformers:glm4")
     assert report.verdict == "FAIL"
     assert tensor in report.message
+
+
+@pytest.mark.parametrize("layout", ["hf", "remote"])
+def test_model_config_builds_the_network_that_computes_transformers_logits(glm, layout):
+    """--model-config's model_config (with the run settings ms-port tests with) builds
+    MindFormers' ChatGLM2 that, loaded with the converted .ckpt, computes transformers'
+    GlmForCausalLM's logits, from either layout's config."""
+    pytest.importorskip("mindformers")
+    import torch
+    import transformers
+    import yaml
+
+    from ms_port.archs.glm import build_from
+    from ms_port.archs.mindformers import contained
+
+    root, hf, remote = glm
+    src = hf if layout == "hf" else remote
+    ckpt, conf = root / f"mc-{layout}.ckpt", root / f"mc-{layout}.yaml"
+    report = ms_port.convert(src, ms_model="mindformers:glm4", output=ckpt, model_config=conf)
+    assert report.ok and report.model_config.readback == "identical"
+    doc = yaml.safe_load(conf.read_text())
+    assert doc["model"]["arch"] == {"type": "ChatGLM2ForConditionalGeneration"}
+    assert doc["load_checkpoint"] == str(ckpt.absolute())
+    model_config = {k: v for k, v in doc["model"]["model_config"].items() if k != "type"}
+    assert model_config["apply_query_key_layer_scaling"] is True
+    assert model_config["kv_channels"] == SIZES["head_dim"]
+    ids = (np.arange(16) * 37 % SIZES["vocab"]).reshape(1, 16)
+    with contained():
+        import mindspore as ms
+        from mindformers.models.glm2 import ChatGLM2Config
+
+        ms.set_context(mode=ms.PYNATIVE_MODE, device_target="CPU")
+        net = build_from(ChatGLM2Config(**model_config, seq_length=16, use_past=False,
+                                        use_flash_attention=False, compute_dtype="float32",
+                                        param_init_type="float32",
+                                        layernorm_compute_type="float32",
+                                        rotary_dtype="float32"))
+        missing, _ = ms.load_param_into_net(net, ms.load_checkpoint(str(ckpt)))
+        assert not missing
+        logits = net(ms.Tensor(ids, ms.int32))[0].asnumpy()
+    reference = transformers.GlmForCausalLM.from_pretrained(hf, attn_implementation="eager")
+    with torch.no_grad():
+        want = reference.eval()(torch.tensor(ids)).logits.numpy()
+    error = np.linalg.norm(logits - want) / np.linalg.norm(want)
+    assert error < 1e-5, error

@@ -213,10 +213,15 @@ def build(config: dict[str, Any], *, qkv_concat: bool = True, mlp_concat: bool =
           seq_length: int = 128) -> Any:
     """The real MindFormers network with the CPU stand-ins (:data:`STANDINS`), in eval
     mode (verify's MindSpore side); ``net.ms_port_notes`` lists the stand-ins."""
+
+    return build_from(glm_config(config, qkv_concat=qkv_concat, mlp_concat=mlp_concat,
+                                 seq_length=seq_length))
+
+
+def build_from(cfg: Any) -> Any:
+    """``ChatGLM2ForConditionalGeneration(cfg)`` with the CPU stand-ins, in eval mode."""
     from .mindformers import contained
 
-    cfg = glm_config(config, qkv_concat=qkv_concat, mlp_concat=mlp_concat,
-                     seq_length=seq_length)
     with contained():
         from mindformers.models.glm2 import (
             ChatGLM2ForConditionalGeneration,
@@ -252,5 +257,6 @@ def _float_mask(mul: Any, ops: Any) -> Any:
     return multiply
 
 
-__all__ = ["FAMILY", "OPTIONS", "STANDINS", "VARIANTS", "GlmSizes", "build", "glm_config",
+__all__ = ["FAMILY", "OPTIONS", "STANDINS", "VARIANTS", "GlmSizes", "build", "build_from",
+           "glm_config",
            "glm_sizes", "glm_tensors", "target"]

@@ -30,8 +30,10 @@ from ..errors import TargetError, WriteError, shown
 from ..text import visible
 from .writers import check_not_input, check_output, write_text
 
-#: the only target whose configuration ms-port knows
+#: the target of :func:`mindformers_yaml`
 FAMILY = "mindformers:llama"
+#: the targets whose configuration ms-port writes (GLM-4: :mod:`.model_config_glm`)
+YAML_FAMILIES = ("mindformers:llama", "mindformers:glm4")
 #: id range a token id may take in config.json (MindSpore's int32 token ids)
 _ID_RANGE = (-(2**31), 2**31 - 1)
 #: the run settings' example input length, when config.json allows more
@@ -59,6 +61,8 @@ class MindFormersYaml:
     text: str
     model_config: dict[str, Any]
     notes: list[str] = field(default_factory=list)
+    #: ``model.arch.type``
+    arch: str = "LlamaForCausalLM"
 
 
 @dataclass(frozen=True)
@@ -338,7 +342,7 @@ def _check(text: str, built: MindFormersYaml, *, where: str, path: Any = None) -
         doc = yaml.safe_load(text)
         model = doc["model"]
         ok = model["model_config"] == built.model_config and model["arch"] == {
-            "type": "LlamaForCausalLM"}
+            "type": built.arch}
     except (yaml.YAMLError, KeyError, TypeError):
         ok = False
     if not ok:
@@ -356,12 +360,12 @@ def check_model_config(path: str | Path, *, ms_model: Any, arch: str | None = No
     Raises:
         TargetError, OutputExistsError, WriteError.
     """
-    if ms_model != FAMILY:
+    if ms_model not in YAML_FAMILIES:
         given = (f"--arch {arch}" if arch else f"--target {template}" if template is not None
                  else f"--ms-model {ms_model}" if isinstance(ms_model, str) else "a Cell")
-        raise TargetError(f"--model-config writes MindFormers' LlamaConfig, for --ms-model "
-                          f"{FAMILY} only (this conversion's target: {visible(given)}); "
-                          "drop --model-config", path=path)
+        raise TargetError(f"--model-config writes MindFormers' model configuration for "
+                          f"--ms-model {' or '.join(YAML_FAMILIES)} only (this conversion's "
+                          f"target: {visible(given)}); drop --model-config", path=path)
     if dry_run:
         return
     check_output(path, force=force)
@@ -388,5 +392,5 @@ def write_model_config(path: str | Path, built: MindFormersYaml, *,
                            replaced=existed and force)
 
 
-__all__ = ["FAMILY", "MindFormersYaml", "ModelConfigFile", "check_model_config",
+__all__ = ["FAMILY", "YAML_FAMILIES", "MindFormersYaml", "ModelConfigFile", "check_model_config",
            "mindformers_yaml", "write_model_config"]
