@@ -286,3 +286,21 @@ def test_model_config_builds_the_network_that_computes_transformers_logits(glm, 
         want = reference.eval()(torch.tensor(ids)).logits.numpy()
     error = np.linalg.norm(logits - want) / np.linalg.norm(want)
     assert error < 1e-5, error
+
+
+def test_verify_by_layers_passes_and_fails_where_the_whole_does(glm):
+    pytest.importorskip("mindformers")
+    from ms_port.testing import rewrite_checkpoint
+
+    root, hf, _unused = glm
+    good = root / "layers.ckpt"
+    assert ms_port.convert(hf, ms_model="mindformers:glm4", output=good).ok
+    report = ms_port.verify(hf, good, ms_model="mindformers:glm4", mode="layers")
+    assert report.verdict == "PASS" and report.mode == "layers", report.message
+    assert report.error < 1e-5 and any("CPU stand-ins" in n for n in report.notes)
+    tensor = "transformer.encoder.layers.1.self_attention.query_key_value.weight"
+    bad = rewrite_checkpoint(good, root / "layers-bad.ckpt",
+                             lambda a: a.__setitem__(tensor, _grouped(a[tensor])))
+    failed = ms_port.verify(hf, bad, ms_model="mindformers:glm4", mode="layers")
+    assert failed.verdict == "FAIL" and tensor in failed.message
+    assert "transformer.encoder.layers.1" in failed.first_divergence.describe()

@@ -172,6 +172,9 @@ def target(config: dict[str, Any], *, qkv_concat: bool = True,
                   settings={"qkv_concat": qkv_concat, "mlp_concat": mlp_concat})
 
 
+#: the blocks, for verify one block at a time (imported only then)
+BLOCKS = "ms_port.archs.glm_blocks:glm_blocks"
+
 #: what MindFormers' ChatGLM2 lacks on a CPU, and what stands in (said in verify's report)
 STANDINS = (
     "RMSNorm: the fused RmsNorm kernel has no CPU kernel; MindFormers' own unfused path "

@@ -1,0 +1,126 @@
+"""``mindformers:glm4`` block by block: the pieces verify builds one at a time.
+
+GLM-4 is an embedding, N decoder layers and a head (final norm and output layer) on both
+sides: transformers' ``GlmForCausalLM`` (the PyTorch side, :class:`HuggingFaceSide`) and
+MindFormers' ``ChatGLM2ForConditionalGeneration`` with its CPU stand-ins
+(:func:`~ms_port.archs.glm.build_from`). Each is built once with one decoder layer and no
+weights; each piece's tensors are put in, run and taken out again, as for LLaMA
+(:mod:`ms_port.archs.llama_blocks`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+
+from ..errors import TargetError
+from .glm import glm_config, glm_sizes
+from .llama_blocks import LOCAL, HuggingFaceSide, Piece
+
+#: the MindSpore decoder layer every layer runs as
+MS_LOCAL = "transformer.encoder.layers.0"
+
+
+@dataclass(frozen=True)
+class GlmPiece(Piece):
+    """A piece whose MindSpore layer is recorded under MindFormers' own prefix."""
+
+    ms_prefix: str | None = None
+
+    def rename(self, path: str) -> str:
+        if self.ms_prefix and (path == MS_LOCAL or path.startswith(MS_LOCAL + ".")):
+            return self.ms_prefix + path[len(MS_LOCAL):]
+        return super().rename(path)
+
+
+class GlmBlocks(HuggingFaceSide):
+    """The pieces of a GLM-4 and of MindFormers' ChatGLM2 built from the same config."""
+
+    family = "mindformers:glm4"
+
+    def __init__(self, config: dict[str, Any], build_torch: Callable[[dict[str, Any]], Any], *,
+                 qkv_concat: bool = True, mlp_concat: bool = True, seq_length: int = 16) -> None:
+        super().__init__(config, build_torch)
+        self.sizes = glm_sizes(config)
+        if self.sizes.layout != "hf":
+            raise TargetError("verify builds the PyTorch side with transformers, which has no "
+                              "class for GLM-4's remote-code layout; verify the -hf layout's "
+                              "checkpoint (the same bytes), or pass --torch-model")
+        self.layouts = {"qkv_concat": qkv_concat, "mlp_concat": mlp_concat}
+        self.seq_length = seq_length
+        self.options = dict(self.layouts)
+        self.standins: list[str] = []
+
+    def pieces(self, source_names: set[str], checkpoint_names: set[str]) -> list[Piece]:
+        def under(names: set[str], prefix: str, local: str) -> dict[str, str]:
+            return {local + n[len(prefix):]: n for n in sorted(names)
+                    if n.startswith(prefix + ".")}
+
+        found: list[Piece] = [GlmPiece(
+            "embedding", "embedding", {"model.embed_tokens.weight": "model.embed_tokens.weight"},
+            {"transformer.embedding.embedding_weight": "transformer.embedding.embedding_weight"},
+            exact=True)]
+        for i in range(self.sizes.layers):
+            torch_prefix, ms_prefix = f"model.layers.{i}", f"transformer.encoder.layers.{i}"
+            found.append(GlmPiece(torch_prefix, "layer",
+                                  under(source_names, torch_prefix, LOCAL),
+                                  under(checkpoint_names, ms_prefix, MS_LOCAL), torch_prefix,
+                                  i, ms_prefix=ms_prefix))
+        head = ("model.embed_tokens.weight" if "lm_head.weight" not in source_names
+                else "lm_head.weight")
+        found.append(GlmPiece(
+            "head", "head", {"model.norm.weight": "model.norm.weight", "lm_head.weight": head},
+            {"transformer.encoder.final_layernorm.weight":
+             "transformer.encoder.final_layernorm.weight",
+             "transformer.output_layer.weight": "transformer.output_layer.weight"}))
+        return found
+
+    def ms_network(self, piece: Piece, tensors: dict[str, Any]) -> Any:
+        """ChatGLM2 with one decoder layer and the CPU stand-ins, built without weights,
+        holding the piece's tensors (float32); ``tensors`` is emptied as they load."""
+        import mindspore as ms
+
+        from ..read.targets import without_weights
+        from .glm import build_from
+
+        one = {**self.config, "num_hidden_layers": 1, "num_layers": 1}
+        cfg = glm_config(one, seq_length=self.seq_length, **self.layouts)
+        net = without_weights(lambda: build_from(cfg))
+        self.standins = net.ms_port_notes
+        own = {p.name: p for p in net.get_parameters()}
+        for name in list(tensors):
+            array = tensors.pop(name)
+            if name not in own or tuple(own[name].shape) != array.shape:
+                has = tuple(own[name].shape) if name in own else "no such parameter"
+                raise TargetError(f"{name} {array.shape} does not fit MindFormers' network "
+                                  f"({has}); convert again")
+            own[name].set_data(ms.Tensor(array))
+        return net
+
+    def ms_step(self, net: Any, piece: Piece, state: Any, ids: np.ndarray) -> Any:
+        import mindspore as ms
+
+        model = net.transformer
+        if piece.kind == "embedding":
+            return model.embedding(ms.Tensor(np.asarray(ids, dtype=np.int32))).astype(
+                ms.float32)
+        if piece.kind == "head":
+            return model.output_layer(model.encoder.final_layernorm(state)).astype(ms.float32)
+        length = ids.shape[1]
+        mask = model.get_masks(ids.shape[0], length).astype(ms.uint8)
+        return model.encoder.layers[0](state, mask, model.freqs_mgr(length))
+
+    def notes(self) -> list[str]:
+        return list(self.standins)
+
+
+def glm_blocks(config: dict[str, Any], build_torch: Any, *, qkv_concat: bool = True,
+               mlp_concat: bool = True, seq_length: int = 128) -> Any:
+    """The network's blocks, for verify one block at a time (:class:`GlmBlocks`)."""
+    return GlmBlocks(config, build_torch, qkv_concat=qkv_concat, mlp_concat=mlp_concat,
+                     seq_length=seq_length)
+
+
+__all__ = ["GlmBlocks", "GlmPiece", "glm_blocks"]
