@@ -28,7 +28,6 @@ import sys
 import warnings
 import zipfile
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -42,12 +41,13 @@ from .tensors import (
     MAX_RANK,
     PACKED_DTYPES,
     Skipped,
+    Source,
     TensorInfo,
     numpy_dtype,
 )
 
 if TYPE_CHECKING:
-    from .hub import HubRef
+    pass
 
 #: container keys unwrapped, most specific first (timm, Lightning, DeiT, MMEngine...)
 CONTAINER_KEYS = (
@@ -74,56 +74,6 @@ SAFETENSORS_STORED_DTYPES = {
     "F8_E5M2FNUZ": "float8_e5m2fnuz", "F8_E8M0": "float8_e8m0fnu",
     "F4": "float4_e2m1fn", "F6_E2M3": "float6_e2m3fn", "F6_E3M2": "float6_e3m2fn",
 }
-
-
-@dataclass
-class Source:
-    """The tensors of one checkpoint, in file order.
-
-    Attributes:
-        path: the file read (the index file for a sharded safetensors set).
-        format: ``torch-zip``, ``torch-legacy``, ``safetensors``, ``safetensors-sharded``,
-            ``torch-sharded``
-            or ``mindspore-ckpt``.
-        tensors: name -> :class:`~ms_port.read.tensors.TensorInfo`, in file order.
-        unwrapped: container keys descended into (``["state_dict"]``).
-        stripped: wrapper prefixes removed from every name (``["module."]``).
-        skipped: non-tensor entries, listed rather than silently dropped.
-        metadata: format metadata (safetensors ``__metadata__``), if any.
-    """
-
-    path: str
-    format: str
-    tensors: dict[str, TensorInfo]
-    unwrapped: list[str] = field(default_factory=list)
-    stripped: list[str] = field(default_factory=list)
-    skipped: list[Skipped] = field(default_factory=list)
-    metadata: dict[str, str] = field(default_factory=dict)
-    #: bytes on disk of every shard of a sharded set (0 for a single file)
-    shard_bytes: int = 0
-    #: the shard files of a sharded set (read as inputs: never written over)
-    shards: list[str] = field(default_factory=list)
-    #: the model's ``config.json`` (a Hugging Face directory), and where it was read
-    config: dict[str, Any] | None = None
-    config_path: str | None = None
-    #: the Hugging Face Hub id and commit ``path`` was resolved from, if it was one
-    hub: HubRef | None = None
-    #: a distributed training output's layout (:class:`~ms_port.read.distributed.
-    #: ClusterLayout`), and its training state (optimizer moments, counters), kept apart
-    cluster: Any = None
-    training_state: list[TensorInfo] = field(default_factory=list)
-
-    def __len__(self) -> int:
-        return len(self.tensors)
-
-    def __iter__(self):
-        return iter(self.tensors.values())
-
-    def __getitem__(self, name: str) -> TensorInfo:
-        return self.tensors[name]
-
-    def __contains__(self, name: object) -> bool:
-        return name in self.tensors
 
 
 # -- format detection ---------------------------------------------------------------

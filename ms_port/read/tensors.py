@@ -13,12 +13,15 @@ from __future__ import annotations
 import ctypes
 import math
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import ml_dtypes
 import numpy as np
 
 from .._libc import libc_function
+
+if TYPE_CHECKING:
+    from .hub import HubRef
 
 #: canonical dtype name -> numpy dtype
 NUMPY_DTYPES: dict[str, np.dtype] = {
@@ -187,3 +190,53 @@ class Skipped:
 
     def to_dict(self) -> dict:
         return {"name": self.name, "kind": self.kind, "reason": self.reason}
+
+
+@dataclass
+class Source:
+    """The tensors of one checkpoint, in file order.
+
+    Attributes:
+        path: the file read (the index file for a sharded safetensors set).
+        format: ``torch-zip``, ``torch-legacy``, ``safetensors``, ``safetensors-sharded``,
+            ``torch-sharded``
+            or ``mindspore-ckpt``.
+        tensors: name -> :class:`~ms_port.read.tensors.TensorInfo`, in file order.
+        unwrapped: container keys descended into (``["state_dict"]``).
+        stripped: wrapper prefixes removed from every name (``["module."]``).
+        skipped: non-tensor entries, listed rather than silently dropped.
+        metadata: format metadata (safetensors ``__metadata__``), if any.
+    """
+
+    path: str
+    format: str
+    tensors: dict[str, TensorInfo]
+    unwrapped: list[str] = field(default_factory=list)
+    stripped: list[str] = field(default_factory=list)
+    skipped: list[Skipped] = field(default_factory=list)
+    metadata: dict[str, str] = field(default_factory=dict)
+    #: bytes on disk of every shard of a sharded set (0 for a single file)
+    shard_bytes: int = 0
+    #: the shard files of a sharded set (read as inputs: never written over)
+    shards: list[str] = field(default_factory=list)
+    #: the model's ``config.json`` (a Hugging Face directory), and where it was read
+    config: dict[str, Any] | None = None
+    config_path: str | None = None
+    #: the Hugging Face Hub id and commit ``path`` was resolved from, if it was one
+    hub: HubRef | None = None
+    #: a distributed training output's layout (:class:`~ms_port.read.distributed.
+    #: ClusterLayout`), and its training state (optimizer moments, counters), kept apart
+    cluster: Any = None
+    training_state: list[TensorInfo] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.tensors)
+
+    def __iter__(self):
+        return iter(self.tensors.values())
+
+    def __getitem__(self, name: str) -> TensorInfo:
+        return self.tensors[name]
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.tensors
