@@ -26,14 +26,17 @@ import re
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
 from ..errors import SourceError, shown
 from ..text import size_text
 from .strategy import ParamLayout, Strategy, read_strategy
-from .tensors import TensorInfo, numpy_dtype
+from .tensors import Source, TensorInfo, numpy_dtype
+
+#: a file's tensors, names as saved (given by :func:`ms_port.read.sources.read_source`)
+FileReader = Callable[[Path], dict[str, TensorInfo]]
 
 #: the optimizer's per-parameter state, named ``{prefix}{parameter}``: laid out as its
 #: parameter where the strategy does not name it
@@ -117,12 +120,15 @@ def find_training_output(path: Path) -> Path | None:
     return found[0] if found else None
 
 
-def read_distributed(path: str | Path, *, strategy: str | Path | None = None,
-                     step: str | None = None) -> Any:
+def read_distributed(path: str | Path, read_file: FileReader, *,
+                     strategy: str | Path | None = None, step: str | None = None) -> Any:
     """The training output at ``path`` as one :class:`~ms_port.read.sources.Source`.
 
     Args:
         path: the training output folder, its ``checkpoint/`` folder (of ``rank_{i}/``).
+        read_file: one rank's (or one piece's) file -> its tensors, names kept as saved
+            (:func:`ms_port.read.sources.read_source` gives it: this module reads no file
+            format itself).
         strategy: the strategy file or folder (per-rank, per-stage or merged files);
             default: ``strategy/`` beside ``checkpoint/``.
         step: the save to read, ``STEP`` or ``EPOCH_STEP``; default the latest.
@@ -132,7 +138,6 @@ def read_distributed(path: str | Path, *, strategy: str | Path | None = None,
             a slice of another shape than its layout gives, or an impossible strategy.
     """
     from .iteration import find_iterations
-    from .sources import Source
 
     path = Path(path)
     if find_iterations(path) is not None:
@@ -140,7 +145,7 @@ def read_distributed(path: str | Path, *, strategy: str | Path | None = None,
             raise SourceError(f"{path}: a checkpoint-2.0 save (iteration_* folders) carries "
                               "its layout in metadata.json; --strategy is for rank_N/ folders "
                               "— drop it", path=path)
-        return _read_iterations(path, step)
+        return _read_iterations(path, step, read_file)
     folder = find_training_output(path)
     if folder is None:
         raise SourceError(f"{path}: no rank_N/ folders here or in {path / 'checkpoint'}; "
@@ -150,7 +155,7 @@ def read_distributed(path: str | Path, *, strategy: str | Path | None = None,
              if _RANK.match(p.name) and p.is_dir()}
     files, saves, chosen = _pick_save(ranks, step, folder)
     plan = _strategy_for(folder, strategy, ranks)
-    readers = {r: _read_rank(f) for r, f in files.items()}
+    readers = {r: read_file(f) for r, f in files.items()}
     tensors, state, layout = _assemble(folder, plan, readers, files)
     layout.saves, layout.save = saves, chosen
     source = Source(str(folder), "mindspore-distributed", tensors)
@@ -159,14 +164,13 @@ def read_distributed(path: str | Path, *, strategy: str | Path | None = None,
     return source
 
 
-def _read_iterations(path: Path, step: str | None) -> Any:
+def _read_iterations(path: Path, step: str | None, read_file: FileReader) -> Any:
     """A checkpoint-2.0 save (:mod:`ms_port.read.iteration`) as one Source."""
     from .iteration import find_iterations, pick_iteration, read_iteration
-    from .sources import Source
 
     root, found = find_iterations(path)
     folder, labels = pick_iteration(root, found, step)
-    tensors, common = read_iteration(folder)
+    tensors, common = read_iteration(folder, read_file)
     weights = {n: i for n, i in tensors.items() if not is_training_state(n)}
     files = sorted(p.name for p in folder.glob("*.safetensors"))
     totals = {int(m.group(1)) for m in (re.search(r"-(\d{7})\.safetensors$", f)
@@ -250,12 +254,6 @@ def _strategy_for(folder: Path, given: str | Path | None,
     if not paths:
         raise SourceError(f"{where}: no strategy file (.ckpt or .json) in it", path=where)
     return read_strategy(paths)
-
-
-def _read_rank(path: Path) -> dict[str, TensorInfo]:
-    from .sources import read_source
-
-    return dict(read_source(path, strip_prefixes=False, config=False).tensors)
 
 
 @dataclass

@@ -31,7 +31,7 @@ import json
 import math
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -81,17 +81,16 @@ def pick_iteration(root: Path, found: list[Path], step: str | None) -> tuple[Pat
     return numbers[max(numbers)], labels
 
 
-def read_iteration(folder: Path) -> tuple[dict[str, TensorInfo], dict[str, Any]]:
-    """Every tensor of one iteration folder, whole, and what ``common.json`` says."""
-    from .sources import read_source
-
+def read_iteration(folder: Path, read_file: Callable[[Path], dict[str, TensorInfo]]
+                   ) -> tuple[dict[str, TensorInfo], dict[str, Any]]:
+    """Every tensor of one iteration folder, whole, and what ``common.json`` says;
+    ``read_file`` reads one safetensors file's tensors."""
     files = {p.name: p for p in folder.iterdir()
              if p.is_file() and p.suffix == ".safetensors"}
     if not files:
         raise SourceError(f"{folder}: no .safetensors file in this iteration folder",
                           path=folder)
-    held = {name: read_source(p, strip_prefixes=False, config=False).tensors
-            for name, p in sorted(files.items())}
+    held = {name: read_file(p) for name, p in sorted(files.items())}
     meta_path = folder / "metadata.json"
     if not meta_path.exists():  # one device: every tensor whole, once
         return _whole(folder, held), _common(folder)

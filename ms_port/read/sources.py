@@ -219,7 +219,7 @@ def read_source(
         from .distributed import find_training_output, read_distributed
 
         if find_training_output(path) is not None:
-            return read_distributed(path, strategy=strategy, step=step)
+            return read_distributed(path, _file_tensors, strategy=strategy, step=step)
         path = resolve_directory(path)
     if strategy is not None or step is not None:
         raise SourceError(f"{path} is one checkpoint file; --strategy and --step are for a "
@@ -235,6 +235,11 @@ def read_source(
         source = dequantized_view(source)
     source.hub = hub
     return source
+
+
+def _file_tensors(path: Path) -> dict[str, TensorInfo]:
+    """One file's tensors, names as saved (a rank's or a piece's, for read/distributed.py)."""
+    return dict(read_source(path, strip_prefixes=False, config=False).tensors)
 
 
 def _read(path: Path, *, key: str | None, strip_prefixes: bool, unsafe_pickle: bool) -> Source:

@@ -222,9 +222,9 @@ def _digest(array: np.ndarray) -> str:
 
 def _read_back(work: Path, digests: dict[str, str]) -> None:
     from ..errors import ReadbackError
-    from ..read.distributed import read_distributed
+    from ..read.sources import read_source
 
-    back = read_distributed(work, strategy=work / "strategy")
+    back = read_source(work, strip_prefixes=False, strategy=work / "strategy")
     for name, digest in digests.items():
         info = back.tensors.get(name) or next(
             (t for t in back.training_state if t.name == name), None)
