@@ -10,8 +10,11 @@ are listed by their own names and loaded as stored, never converted silently.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import math
+import mmap
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -190,6 +193,41 @@ class Skipped:
 
     def to_dict(self) -> dict:
         return {"name": self.name, "kind": self.kind, "reason": self.reason}
+
+
+def _mapping_of(array: np.ndarray) -> np.memmap | None:
+    """The memory map ``array`` views, if it views one (a safetensors source's tensor)."""
+    while array is not None:
+        if isinstance(array, np.memmap) and getattr(array, "_mmap", None) is not None:
+            return array
+        array = array.base if isinstance(array.base, np.ndarray) else None
+    return None
+
+
+def released_chunks(array: np.ndarray, raw: np.ndarray, step: int) -> Iterator[np.ndarray]:
+    """``raw`` (``array``'s bytes) in chunks of ``step`` bytes. Where ``array`` views a
+    file's memory map, each chunk's pages leave this process two chunks after it was
+    handed out (they stay in the page cache; a reread only faults them back): a 1.2 GiB
+    embedding no longer counts whole in a writer's or a read-back's memory."""
+    mapped = _mapping_of(array)
+    mm = getattr(mapped, "_mmap", None)
+    if mm is None or not hasattr(mm, "madvise") or not hasattr(mmap, "MADV_DONTNEED"):
+        yield from (raw[i:i + step] for i in range(0, raw.size, step))
+        return
+    # where the array's first byte sits in the mapping (it starts at the offset rounded
+    # down to the allocation granularity)
+    first = (raw.__array_interface__["data"][0] - mapped.__array_interface__["data"][0]
+             + mapped.offset % mmap.ALLOCATIONGRANULARITY)
+    released = first - first % mmap.PAGESIZE
+    for i in range(0, raw.size, step):
+        yield raw[i:i + step]
+        upto = first + max(0, i - step)  # two chunks behind the one just handed out
+        upto -= upto % mmap.PAGESIZE
+        if upto > released:
+            with contextlib.suppress(OSError, ValueError):  # only memory is at stake
+                mm.madvise(mmap.MADV_DONTNEED, released, upto - released)
+            released = upto
+
 
 
 @dataclass

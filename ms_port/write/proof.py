@@ -28,7 +28,7 @@ from ..match.layouts import LayoutError
 from ..match.plan import Match, Plan
 from ..read.ckpt import CkptReader, tensor_bytes
 from ..read.sources import read_source, safetensors_layout
-from ..read.tensors import flat_bytes, same_bits
+from ..read.tensors import flat_bytes, released_chunks, same_bits
 
 Progress = Callable[[str, int, int], None]  # (phase, done_bytes, total_bytes)
 #: where a tensor's data lies in a file: ``(offset, nbytes)`` of each piece, in order
@@ -178,7 +178,8 @@ def _planned_bytes(plan: Plan, m: Match) -> Iterator[np.ndarray]:
     want = plan.expected(m)
     if tuple(want.shape) != tuple(m.shape):
         raise _NotPlanned
-    yield tensor_bytes(want)[2]  # as the files store it: little-endian
+    # as the files store it (little-endian); a mapped source's pages let go as compared
+    yield from released_chunks(want, tensor_bytes(want)[2], _RELEASE_BYTES)
 
 
 def _little_endian(array: np.ndarray) -> np.ndarray:

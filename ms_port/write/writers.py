@@ -31,7 +31,7 @@ from ..errors import NonFiniteError, OutputExistsError, WriteError
 from ..match.plan import Match, Plan
 from ..read.ckpt import WRITABLE_DTYPES, CkptWriter, tensor_bytes, write_all
 from ..read.sources import SAFETENSORS_DTYPES
-from ..read.tensors import FLOAT_DTYPES, itemsize, numpy_dtype
+from ..read.tensors import FLOAT_DTYPES, itemsize, numpy_dtype, released_chunks
 from .proof import Checks, Progress, readback
 
 FORMATS = ("ckpt", "safetensors", "pth")  # pth: export, MindSpore -> PyTorch
@@ -415,7 +415,7 @@ def _data(plan: Plan, m: Match, nonfinite: dict[str, int], chunker: ThreadPoolEx
         array = plan.expected(m)
         shape, dtype, raw = tensor_bytes(array)
         step = max(1, CHUNK_BYTES // array.dtype.itemsize) * array.dtype.itemsize  # whole values
-        chunks = (raw[i:i + step] for i in range(0, raw.size, step))
+        chunks = released_chunks(array, raw, step)
     scanned = _scanned(_counted_as(m), dtype, chunks, nonfinite)
     if m.nbytes <= CHUNK_BYTES:
         # one chunk: scanned here, a target ahead, rather than handed to the chunk worker
