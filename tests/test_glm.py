@@ -304,3 +304,28 @@ def test_verify_by_layers_passes_and_fails_where_the_whole_does(glm):
     failed = ms_port.verify(hf, bad, ms_model="mindformers:glm4", mode="layers")
     assert failed.verdict == "FAIL" and tensor in failed.message
     assert "transformer.encoder.layers.1" in failed.first_divergence.describe()
+
+
+def test_every_token_id_passes_and_a_wrong_conversion_still_fails(glm, tmp_path):
+    """The inputs users really feed: every id of the vocabulary (the pad id 0 among them,
+    which this network must not mask), 256 tokens."""
+    pytest.importorskip("mindformers")
+    from ms_port.testing import rewrite_checkpoint
+
+    root, hf, _unused = glm
+    ckpt = root / "every.ckpt"
+    assert ms_port.convert(hf, ms_model="mindformers:glm4", output=ckpt).ok
+    ids = np.arange(SIZES["vocab"], dtype=np.int64)
+    np.save(tmp_path / "ids.npy", np.concatenate([ids, ids[::-1]])[None])
+    args = {"ms_model": "mindformers:glm4", "inputs": tmp_path / "ids.npy"}
+    report = ms_port.verify(hf, ckpt, **args)
+    assert report.verdict == "PASS", report.message
+    assert report.inputs[0]["shape"] == [1, 256]
+    tensor = "transformer.encoder.layers.0.mlp.dense_h_to_4h.weight"
+
+    def swap(arrays: dict) -> None:
+        gate, up = np.split(arrays[tensor], 2)
+        arrays[tensor] = np.concatenate([up, gate])
+
+    failed = ms_port.verify(hf, rewrite_checkpoint(ckpt, root / "every-bad.ckpt", swap), **args)
+    assert failed.verdict == "FAIL" and tensor in failed.message

@@ -9,8 +9,8 @@ import pytest
 
 pytest.importorskip("transformers")
 
-from ms_port.archs import hf_layout  # noqa: E402
-from ms_port.match import inversion  # noqa: E402
+from ms_port.archs import hf_layout
+from ms_port.match import inversion
 
 BASE = {"hidden_size": 64, "intermediate_size": 96, "num_attention_heads": 8,
         "num_key_value_heads": 2, "num_hidden_layers": 2, "vocab_size": 128}

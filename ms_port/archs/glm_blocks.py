@@ -17,7 +17,7 @@ import numpy as np
 
 from ..errors import TargetError
 from .glm import glm_config, glm_sizes
-from .llama_blocks import LOCAL, HuggingFaceSide, Piece
+from .llama_blocks import LOCAL, HuggingFaceSide, Piece, load_piece
 
 #: the MindSpore decoder layer every layer runs as
 MS_LOCAL = "transformer.encoder.layers.0"
@@ -80,8 +80,6 @@ class GlmBlocks(HuggingFaceSide):
     def ms_network(self, piece: Piece, tensors: dict[str, Any]) -> Any:
         """ChatGLM2 with one decoder layer and the CPU stand-ins, built without weights,
         holding the piece's tensors (float32); ``tensors`` is emptied as they load."""
-        import mindspore as ms
-
         from ..read.targets import without_weights
         from .glm import build_from
 
@@ -89,15 +87,7 @@ class GlmBlocks(HuggingFaceSide):
         cfg = glm_config(one, seq_length=self.seq_length, **self.layouts)
         net = without_weights(lambda: build_from(cfg))
         self.standins = net.ms_port_notes
-        own = {p.name: p for p in net.get_parameters()}
-        for name in list(tensors):
-            array = tensors.pop(name)
-            if name not in own or tuple(own[name].shape) != array.shape:
-                has = tuple(own[name].shape) if name in own else "no such parameter"
-                raise TargetError(f"{name} {array.shape} does not fit MindFormers' network "
-                                  f"({has}); convert again")
-            own[name].set_data(ms.Tensor(array))
-        return net
+        return load_piece(net, tensors)
 
     def ms_step(self, net: Any, piece: Piece, state: Any, ids: np.ndarray) -> Any:
         import mindspore as ms

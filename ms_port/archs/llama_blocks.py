@@ -170,7 +170,6 @@ class LlamaBlocks(HuggingFaceSide):
     def ms_network(self, piece: Piece, tensors: dict[str, Any]) -> Any:
         """MindFormers' network with one decoder layer, built without weights, holding the
         piece's tensors (float32); ``tensors`` is emptied as they are loaded."""
-        import mindspore as ms
 
         from ..read.targets import without_weights
         from .mindformers import contained
@@ -186,15 +185,7 @@ class LlamaBlocks(HuggingFaceSide):
 
         net = without_weights(build)
         net.set_train(False)
-        own = {p.name: p for p in net.get_parameters()}
-        for name in list(tensors):  # one tensor at a time: each array let go once loaded
-            array = tensors.pop(name)
-            if name not in own or tuple(own[name].shape) != array.shape:
-                has = tuple(own[name].shape) if name in own else "no such parameter"
-                raise TargetError(f"{name} {array.shape} does not fit MindFormers' network "
-                                  f"({has}); convert again")
-            own[name].set_data(ms.Tensor(array))
-        return net
+        return load_piece(net, tensors)
 
     def ms_step(self, net: Any, piece: Piece, state: Any, ids: np.ndarray) -> Any:
         import mindspore as ms
@@ -210,6 +201,22 @@ class LlamaBlocks(HuggingFaceSide):
         return model.layers[0](state, freqs, model.casual_mask(tokens))
 
 
+def load_piece(net: Any, tensors: dict[str, Any]) -> Any:
+    """``net`` holding a piece's tensors (float32), each checked against its parameter;
+    ``tensors`` is emptied one tensor at a time, each array let go once loaded."""
+    import mindspore as ms
+
+    own = {p.name: p for p in net.get_parameters()}
+    for name in list(tensors):
+        array = tensors.pop(name)
+        if name not in own or tuple(own[name].shape) != array.shape:
+            has = tuple(own[name].shape) if name in own else "no such parameter"
+            raise TargetError(f"{name} {array.shape} does not fit MindFormers' network "
+                              f"({has}); convert again")
+        own[name].set_data(ms.Tensor(array))
+    return net
+
+
 def llama_blocks(config: dict[str, Any], build_torch: Any, *, qkv_concat: bool = False,
                  seq_length: int = 128) -> Any:
     """The network's blocks, for verify one block at a time
@@ -217,4 +224,4 @@ def llama_blocks(config: dict[str, Any], build_torch: Any, *, qkv_concat: bool =
     return LlamaBlocks(config, build_torch, qkv_concat=qkv_concat, seq_length=seq_length)
 
 
-__all__ = ["LOCAL", "HuggingFaceSide", "LlamaBlocks", "Piece", "llama_blocks"]
+__all__ = ["LOCAL", "HuggingFaceSide", "LlamaBlocks", "Piece", "llama_blocks", "load_piece"]

@@ -316,23 +316,33 @@ def _document(config: dict[str, Any], model_lines: list[str], where: Path | None
         "#   model_parallel: 1",
         "#   pipeline_stage: 1",
         "",
-        "trainer:",
-        *_dump("type", "CausalLanguageModelingTrainer", 2),
-        *_dump("model_name", config.get("model_type"), 2),
-        "",
-        "model:",
-        "  model_config:",
-        *_dump("type", "LlamaConfig", 4),
-        *model_lines,
-        "  arch:",
-        *_dump("type", "LlamaForCausalLM", 4),
-        "",
+        *model_document(config.get("model_type"), "LlamaConfig", "LlamaForCausalLM",
+                        model_lines),
         *_comment("yours: the tokenizer (MindFormers' processor), for predict, e.g."),
         "# processor:",
         "#   return_tensors: ms",
         "#   tokenizer:",
         "#     type: LlamaTokenizerFast   # or the one your model's MindFormers YAML names",
         "#     tokenizer_file: /path/to/tokenizer.json",
+    ]
+
+
+def model_document(model_name: Any, config_type: str, arch: str,
+                   model_lines: list[str]) -> list[str]:
+    """The ``trainer:`` and ``model:`` sections: ``model_config`` of ``config_type`` holding
+    ``model_lines``, and ``arch``."""
+    return [
+        "trainer:",
+        *_dump("type", "CausalLanguageModelingTrainer", 2),
+        *_dump("model_name", model_name, 2),
+        "",
+        "model:",
+        "  model_config:",
+        *_dump("type", config_type, 4),
+        *model_lines,
+        "  arch:",
+        *_dump("type", arch, 4),
+        "",
     ]
 
 
@@ -392,5 +402,13 @@ def write_model_config(path: str | Path, built: MindFormersYaml, *,
                            replaced=existed and force)
 
 
-__all__ = ["FAMILY", "YAML_FAMILIES", "MindFormersYaml", "ModelConfigFile", "check_model_config",
-           "mindformers_yaml", "write_model_config"]
+__all__ = [
+    "FAMILY",
+    "YAML_FAMILIES",
+    "MindFormersYaml",
+    "ModelConfigFile",
+    "check_model_config",
+    "mindformers_yaml",
+    "model_document",
+    "write_model_config",
+]

@@ -22,6 +22,7 @@ from .model_config import (
     _dump,
     _Section,
     _token_id,
+    model_document,
 )
 
 #: run settings: the user's (commented), with ms-port's tested CPU values
@@ -62,6 +63,8 @@ def glm4_yaml(config: dict[str, Any], *, qkv_concat: bool = True, mlp_concat: bo
                 "attention applies no 1/sqrt(head_dim)")
     section.put("qkv_concat", qkv_concat, note="the checkpoint's layout")
     section.put("mlp_concat", mlp_concat, note="the checkpoint's layout")
+    section.put("use_rearrange_rope", False, note="q/k rows in Hugging Face's order, as "
+                "converted (true would read them de-interleaved per head)")
     eos = _token_id(config, "eos_token_id", many=True)
     pad = _token_id(config, "pad_token_id")
     if eos is not None:
@@ -102,17 +105,8 @@ def _document(config: dict[str, Any], model_lines: list[str], where: Path | None
         *_dump("auto_trans_ckpt", False, note="one complete checkpoint; yours: true to split "
                                              "it across devices"),
         "",
-        "trainer:",
-        *_dump("type", "CausalLanguageModelingTrainer", 2),
-        *_dump("model_name", "glm4_9b", 2),
-        "",
-        "model:",
-        "  model_config:",
-        *_dump("type", "ChatGLM2Config", 4),
-        *model_lines,
-        "  arch:",
-        *_dump("type", "ChatGLM2ForConditionalGeneration", 4),
-        "",
+        *model_document("glm4_9b", "ChatGLM2Config", "ChatGLM2ForConditionalGeneration",
+                        model_lines),
         *_comment("yours: the tokenizer, e.g."),
         "# processor:",
         "#   tokenizer:",
