@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
 import shutil
 import statistics
 import subprocess
@@ -33,6 +32,7 @@ from pathlib import Path
 import numpy as np
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))  # the harness's modules (run.py)
 CACHE = HERE / ".cache" / "cluster"
 PY = sys.executable
 SIZES = {  # hidden, intermediate, heads, kv heads, vocab, layers
@@ -167,14 +167,11 @@ def training_output(folder: Path, whole: Path, moments: bool) -> Path:
 def settle(path: Path) -> None:
     """fsync what a run wrote and drop it from the page cache (untimed): the next run pays
     neither for its writeback nor for the memory it holds (cp does not fsync)."""
+    from run import settle as settle_file  # the harness's own, one file at a time
+
     for f in ([path] if path.is_file() else sorted(path.rglob("*")) if path.exists() else []):
         if f.is_file():
-            fd = os.open(f, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            finally:
-                os.close(fd)
+            settle_file(f)
 
 
 def _bytes(path: Path) -> int:

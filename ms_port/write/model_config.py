@@ -294,15 +294,9 @@ def _document(config: dict[str, Any], model_lines: list[str], where: Path | None
         *_dump("run_mode", "predict"),
         *_dump("use_legacy", True, note="LlamaForCausalLM is MindFormers' legacy model"),
     ]
-    if where is not None:
-        top += [*_dump("load_checkpoint", str(where), note="the converted checkpoint"),
-                *_dump("load_ckpt_format", checkpoint_format)]
-    else:
-        top += _comment("load_checkpoint: the converted checkpoint")
     return [
         *top,
-        *_dump("auto_trans_ckpt", False, note="one complete checkpoint; yours: true to split "
-                                             "it across devices"),
+        *checkpoint_lines(where, checkpoint_format),
         *_dump("use_parallel", False, note="yours: true with parallel_config below"),
         "",
         *_comment("yours: the device and parallelism (MindFormers' defaults: Ascend, one "
@@ -325,6 +319,16 @@ def _document(config: dict[str, Any], model_lines: list[str], where: Path | None
         "#     type: LlamaTokenizerFast   # or the one your model's MindFormers YAML names",
         "#     tokenizer_file: /path/to/tokenizer.json",
     ]
+
+
+def checkpoint_lines(where: Path | None, checkpoint_format: str) -> list[str]:
+    """``load_checkpoint`` (the converted checkpoint, where known), its format, and
+    ``auto_trans_ckpt``."""
+    lines = ([*_dump("load_checkpoint", str(where), note="the converted checkpoint"),
+              *_dump("load_ckpt_format", checkpoint_format)] if where is not None
+             else _comment("load_checkpoint: the converted checkpoint"))
+    return [*lines, *_dump("auto_trans_ckpt", False, note="one complete checkpoint; yours: "
+                                                         "true to split it across devices")]
 
 
 def model_document(model_name: Any, config_type: str, arch: str,

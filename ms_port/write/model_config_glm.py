@@ -22,6 +22,7 @@ from .model_config import (
     _dump,
     _Section,
     _token_id,
+    checkpoint_lines,
     model_document,
 )
 
@@ -95,15 +96,9 @@ def _document(config: dict[str, Any], model_lines: list[str], where: Path | None
                      "is yours to set (device, dtypes, lengths, parallelism, tokenizer)."),
            "", *_dump("seed", 0), *_dump("run_mode", "finetune"),
            *_dump("use_legacy", True, note="ChatGLM2 is MindFormers' legacy model")]
-    if where is not None:
-        top += [*_dump("load_checkpoint", str(where), note="the converted checkpoint"),
-                *_dump("load_ckpt_format", checkpoint_format)]
-    else:
-        top += _comment("load_checkpoint: the converted checkpoint")
     return [
         *top,
-        *_dump("auto_trans_ckpt", False, note="one complete checkpoint; yours: true to split "
-                                             "it across devices"),
+        *checkpoint_lines(where, checkpoint_format),
         "",
         *model_document("glm4_9b", "ChatGLM2Config", "ChatGLM2ForConditionalGeneration",
                         model_lines),
