@@ -329,3 +329,25 @@ def test_every_token_id_passes_and_a_wrong_conversion_still_fails(glm, tmp_path)
 
     failed = ms_port.verify(hf, rewrite_checkpoint(ckpt, root / "every-bad.ckpt", swap), **args)
     assert failed.verdict == "FAIL" and tensor in failed.message
+
+
+@pytest.mark.parametrize(("qkv", "mlp"), VARIANTS)
+def test_export_back_to_the_remote_layout_is_bit_exact(glm, qkv, mlp):
+    """With the remote code's config.json, export writes the original repo's names
+    (computed: transformers has no class for it), every tensor as that repo holds it; the
+    derived rotary_pos_emb.inv_freq is the remote code's to compute and is not written."""
+    from safetensors.numpy import load_file
+
+    root, hf, remote = glm
+    ckpt = root / f"r-{qkv}-{mlp}.ckpt"
+    assert ms_port.convert(hf, ms_model="mindformers:glm4", ms_options=_options(qkv, mlp),
+                           output=ckpt).ok
+    back = root / f"remote-back-{qkv}-{mlp}"
+    report = ms_port.export(ckpt, ms_model="mindformers:glm4", ms_options=_options(qkv, mlp),
+                            config=remote / "config.json", output=back)
+    assert report.ok, report.message
+    want, got = load_file(remote / "model.safetensors"), load_file(back / "model.safetensors")
+    assert set(want) - set(got) == {"transformer.rotary_pos_emb.inv_freq"}
+    assert set(got) <= set(want)
+    for name in got:
+        assert np.array_equal(want[name], got[name]), name
