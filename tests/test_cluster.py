@@ -492,3 +492,76 @@ def test_the_way_back_imports_neither_mindspore_nor_torch(llm, tmp_path):
                            str(tmp_path / "back")], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == "[]"
+
+
+# -- what an attack on the readers found (each was a traceback, wrong data or a blow-up) ---
+
+
+def test_several_ranks_without_a_strategy_are_refused_not_read_as_replicas(output, tmp_path):
+    out = _copy(output, tmp_path)
+    shutil.rmtree(out / "strategy")  # rank 0's slice would have been taken for the whole
+    with pytest.raises(SourceError, match="4 ranks and no strategy"):
+        read_source(out)
+
+
+def test_two_folders_of_one_rank_are_refused(output, tmp_path):
+    out = _copy(output, tmp_path)
+    shutil.copytree(out / "checkpoint" / "rank_1", out / "checkpoint" / "rank_01")
+    with pytest.raises(SourceError, match="rank_01/ and rank_1/ are both rank 1"):
+        read_source(out)
+
+
+@pytest.mark.parametrize(("layout", "message"), [
+    ({"dev_matrix": [2, 2], "tensor_map": [0, -1], "param_split_shape": [3, 5],
+      "opt_weight_shard_size": 2, "opt_weight_shard_step": 1},
+     "uneven rows \\(param_split_shape\\) with an optimizer shard"),
+])
+def test_uneven_rows_with_an_optimizer_shard_are_refused(tmp_path, layout, message):
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps({"parallel_layout_item": {"w": {"field": 0, **layout}}}))
+    with pytest.raises(SourceError, match=message):
+        read_strategy([path])
+
+
+def test_devices_over_all_stages_are_bounded(tmp_path):
+    items = {f"{s}-p{s}": {"dev_matrix": [65536], "tensor_map": [-1], "field": 0,
+                           "opt_weight_shard_size": 0, "opt_weight_shard_step": 0}
+             for s in range(4)}
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps({"parallel_layout_item": items}))
+    with pytest.raises(SourceError, match="262,144 devices over all stages"):
+        read_strategy([path])
+
+
+def test_odd_step_values_are_one_line(output):
+    for step in ("²", "9" * 5000, "1_x"):
+        with pytest.raises(SourceError, match="names no save"):
+            read_source(output, step=step)
+
+
+def test_checkpoint_2_hostile_metadata_is_one_line(ckpt2, tmp_path):
+    folder = ckpt2 / "5" / "plain" / "iteration_00000005"
+    broken = tmp_path / "iteration_00000005"
+    shutil.copytree(folder, broken)
+    meta = json.loads((folder / "metadata.json").read_text())
+    keys = [k for k in meta["storage_data"] if k.startswith("('net.w_row'")]
+    for key in keys:  # every piece pointed at one file: one piece would repeat
+        meta["storage_data"][key] = meta["storage_data"][keys[0]]
+    (broken / "metadata.json").write_text(json.dumps(meta))
+    with pytest.raises(SourceError, match=r"is named for pieces 0 and 1 of 'net\.w_row'"):
+        read_source(broken)
+    (broken / "metadata.json").write_text("[]")
+    with pytest.raises(SourceError, match="no state_dict_metadata"):
+        read_source(broken)
+    (broken / "metadata.json").unlink()
+    (broken / "metadata.json").mkdir()
+    with pytest.raises(SourceError, match="is not a file"):
+        read_source(broken)
+    shutil.rmtree(broken / "metadata.json")
+    meta = json.loads((folder / "metadata.json").read_text())
+    del meta["state_dict_metadata"]["net.bias"]
+    (broken / "metadata.json").write_text(json.dumps(meta))
+    source = read_source(broken)
+    assert "net.bias" not in source.tensors
+    assert any("does not describe, left out" in n and "net.bias" in n
+               for n in source.cluster.notes)

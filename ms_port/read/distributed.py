@@ -22,9 +22,11 @@ weights: ``Source.training_state``.
 
 from __future__ import annotations
 
+import math
 import re
 from collections import defaultdict
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 from typing import Any, Callable
 
@@ -151,10 +153,23 @@ def read_distributed(path: str | Path, read_file: FileReader, *,
         raise SourceError(f"{path}: no rank_N/ folders here or in {path / 'checkpoint'}; "
                           "pass the training output folder or its checkpoint/ folder",
                           path=path)
-    ranks = {int(_RANK.match(p.name).group(1)): p for p in folder.iterdir()
-             if _RANK.match(p.name) and p.is_dir()}
+    ranks: dict[int, Path] = {}
+    for found in sorted(folder.iterdir()):
+        m = _RANK.match(found.name)
+        if m is None or not found.is_dir():
+            continue
+        rank = int(m.group(1))
+        if rank in ranks:
+            raise SourceError(f"{folder}: {ranks[rank].name}/ and {found.name}/ are both rank "
+                              f"{rank}; keep one", path=folder)
+        ranks[rank] = found
     files, saves, chosen = _pick_save(ranks, step, folder)
     plan = _strategy_for(folder, strategy, ranks)
+    if plan is None and len(files) > 1:
+        raise SourceError(f"{folder}: {len(files)} ranks and no strategy (none in "
+                          f"{folder.parent / 'strategy'}): which slice each rank holds is "
+                          "not known; pass the strategy training wrote with --strategy",
+                          path=folder)
     readers = {r: read_file(f) for r, f in files.items()}
     tensors, state, layout = _assemble(folder, plan, readers, files)
     layout.saves, layout.save = saves, chosen
@@ -178,9 +193,12 @@ def _read_iterations(path: Path, step: str | None, read_file: FileReader) -> Any
     layout = ClusterLayout(str(folder), [], max(totals, default=1), 1, [], labels,
                            f"iteration {int(_ITERATION_NUMBER.search(folder.name).group(1))}",
                            sum("model-" in f for f in files) or len(files))
+    undescribed = common.pop("undescribed", None)
     if common:
         layout.notes.append("common.json: " + ", ".join(f"{k}={v}" for k, v in
                                                          list(common.items())[:6]))
+    if undescribed:
+        layout.notes.append(undescribed)
     source = Source(str(folder), "mindspore-distributed", weights)
     source.training_state = [i for n, i in tensors.items() if is_training_state(n)]
     source.cluster = layout
@@ -224,7 +242,7 @@ def _pick_save(ranks: dict[int, Path], step: str | None,
 
 
 def _asked(step: str, named: list[tuple[int, int]], folder: Path) -> tuple[int, int]:
-    m = re.fullmatch(r"(?:(\d+)_)?(\d+)", step.strip())
+    m = re.fullmatch(r"(?:([0-9]{1,12})_)?([0-9]{1,15})", step.strip(), re.ASCII)
     hits = [] if m is None else [k for k in named if k[1] == int(m.group(2))
                                  and (m.group(1) is None or k[0] == int(m.group(1)))]
     if len(hits) != 1:
@@ -240,7 +258,7 @@ def _strategy_for(folder: Path, given: str | Path | None,
     """The strategy given, else ``strategy/`` beside ``checkpoint/`` (or inside it)."""
     if given is not None:
         where = Path(given)
-        if not where.exists():
+        if not (where.is_file() or where.is_dir()):
             raise SourceError(f"--strategy {where}: no such file or folder", path=where)
     else:
         where = next((c for c in (folder.parent / "strategy", folder / "strategy")
@@ -355,9 +373,12 @@ def _sliced(folder: Path, name: str, lay: ParamLayout, held: list[_Holder],
                           f"({lay.describe()}); the strategy is not this checkpoint's",
                           path=folder)
     shape = lay.global_shape(first.shape)
-    cells: dict[tuple[tuple[int, int], ...], list[int]] = defaultdict(list)
-    for k in range(lay.devices):
-        cells[lay.box(k, shape)].append(first_rank + k)
+    local_cells = _cells(lay.grid(), shape)
+    if sum(math.prod(b - a for a, b in box) for box in local_cells) != math.prod(shape):
+        raise SourceError(f"{folder}: the slices {lay.describe()} gives {shown(name)} do not "
+                          f"tile its {_fmt_shape(shape)} exactly (they overlap or leave holes); "
+                          "the strategy is not this checkpoint's", path=folder)
+    cells = {box: [first_rank + k for k in ranks] for box, ranks in local_cells.items()}
     by_rank = {h.rank: h.info for h in local}
     chosen: list[tuple[tuple[tuple[int, int], ...], TensorInfo]] = []
     for box, ranks in cells.items():
@@ -383,6 +404,17 @@ def _sliced(folder: Path, name: str, lay: ParamLayout, held: list[_Holder],
             layout.single_copies += 1
         chosen.append((box, by_rank[holder]))
     return TensorInfo(name, shape, first.dtype, _joiner(shape, first.dtype, chosen))
+
+
+@lru_cache(maxsize=4096)
+def _cells(grid: ParamLayout, shape: tuple[int, ...]) -> dict[tuple[tuple[int, int], ...],
+                                                            tuple[int, ...]]:
+    """Each distinct box of the whole tensor, and the stage-local ranks holding it (one
+    computation per layout and shape, however many tensors share them)."""
+    cells: dict[tuple[tuple[int, int], ...], list[int]] = defaultdict(list)
+    for k in range(grid.devices):
+        cells[grid.box(k, shape)].append(k)
+    return {box: tuple(ranks) for box, ranks in cells.items()}
 
 
 def _joiner(shape: tuple[int, ...], dtype: str,

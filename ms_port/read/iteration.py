@@ -69,10 +69,11 @@ def pick_iteration(root: Path, found: list[Path], step: str | None) -> tuple[Pat
     numbers = {int(_ITERATION.match(p.name).group(1)): p for p in found}
     labels = [f"iteration {n}" for n in sorted(numbers, reverse=True)]
     if step is not None:
-        if not step.strip().isdigit() or int(step) not in numbers:
+        given = step.strip()
+        if not re.fullmatch(r"[0-9]{1,12}", given, re.ASCII) or int(given) not in numbers:
             raise SourceError(f"{root}: --step {shown(step)} names no iteration; found "
                               f"{', '.join(labels[:8])}", path=root)
-        return numbers[int(step)], labels
+        return numbers[int(given)], labels
     tracker = root / TRACKER
     if len(found) > 1 and tracker.is_file():
         text = tracker.read_bytes()[:32].decode("ascii", "replace").strip()
@@ -96,18 +97,26 @@ def read_iteration(folder: Path, read_file: Callable[[Path], dict[str, TensorInf
         return _whole(folder, held), _common(folder)
     meta = _json(meta_path)
     tensors = {}
-    shapes = meta.get("state_dict_metadata")
-    storage = meta.get("storage_data")
+    shapes = meta.get("state_dict_metadata") if isinstance(meta, dict) else None
+    storage = meta.get("storage_data") if isinstance(meta, dict) else None
     if not isinstance(shapes, dict) or not isinstance(storage, dict):
         raise SourceError(f"{meta_path}: no state_dict_metadata/storage_data objects; not "
                           "MindFormers' checkpoint metadata", path=meta_path)
     where = _storage(meta_path, storage, files)
     for name, entry in shapes.items():
         tensors[name] = _tensor(meta_path, str(name), entry, where, held)
-    return tensors, _common(folder)
+    common = _common(folder)
+    left = sorted({n for infos in held.values() for n in infos} - set(tensors))
+    if left:  # a plain save's learning_rate, in every optimizer file
+        common["undescribed"] = (f"{len(left)} tensor name(s) in the files that metadata.json "
+                                 f"does not describe, left out: {', '.join(left[:3])}")
+    return tensors, common
 
 
 def _json(path: Path) -> Any:
+    if not path.is_file():
+        raise SourceError(f"{path} is not a file; a save's metadata is a JSON file",
+                          path=path)
     with open(path, "rb") as f:
         raw = f.read(MAX_METADATA_BYTES + 1)
     if len(raw) > MAX_METADATA_BYTES:
@@ -199,11 +208,17 @@ def _tensor(path: Path, name: str, entry: Any, where: dict[tuple[str, int], list
     local = tuple(s // f for s, f in zip(shape, frags))
     chosen = []
     dtype = None
+    seen: dict[str, int] = {}
     for k in range(pieces):
         files = where.get((name, k))
         if not files:
             raise SourceError(f"{path}: piece {k} of {shown(name)} ({list(frags)} pieces) is "
                               "held by no file; the save is incomplete", path=path)
+        if files[0] in seen:  # a file holds one slice of a tensor, under its name
+            raise SourceError(f"{path}: {files[0]} is named for pieces {seen[files[0]]} and "
+                              f"{k} of {shown(name)}; one file holds one piece of a tensor",
+                              path=path)
+        seen[files[0]] = k
         info = held[files[0]].get(name)
         if info is None or info.shape != local:
             got = "does not hold it" if info is None else f"holds it as {list(info.shape)}"

@@ -65,6 +65,11 @@ class ParamLayout:
     def devices(self) -> int:
         return math.prod(self.dev_matrix)
 
+    def grid(self) -> ParamLayout:
+        """This layout without its name and stage: what decides the boxes (a cache key)."""
+        return ParamLayout("", self.dev_matrix, self.tensor_map, self.opt_size, self.opt_step,
+                           self.split_rows, self.field_size)
+
     def axis_size(self, axis: int) -> int:
         return self.dev_matrix[len(self.dev_matrix) - 1 - axis]
 
@@ -97,32 +102,8 @@ class ParamLayout:
         taken): the grid dimensions the tensor is not split on, taken from the innermost
         until the shard size is reached (the last one may be taken in part: its inner
         part), as MindSpore builds the group. ``[]``: no optimizer shard."""
-        if self.opt_size == 0 or self.opt_step == 0:
-            return []
-        used = {len(self.dev_matrix) - 1 - a for axes in self.tensor_map for a in axes}
-        free = [d for d, v in enumerate(self.dev_matrix) if d not in used and v > 1]
-        want = self.opt_size if self.opt_size > 0 else math.prod(self.dev_matrix[d]
-                                                                 for d in free)
-        taken: list[tuple[int, int]] = []
-        for d in reversed(free):
-            if want == 1:
-                break
-            size = self.dev_matrix[d]
-            if want < size:
-                if size % want:
-                    raise ValueError(f"optimizer shard size {self.opt_size} does not divide "
-                                     f"the device grid's dimension of {size}")
-                size = want
-            elif want % size:
-                unsplit = [self.dev_matrix[i] for i in free]
-                raise ValueError(f"optimizer shard size {self.opt_size} is not a product of "
-                                 f"the unsplit device dimensions {unsplit}")
-            taken.insert(0, (d, size))
-            want //= size
-        if want != 1:
-            raise ValueError(f"optimizer shard size {self.opt_size} is larger than the "
-                             "devices the tensor is replicated on")
-        return taken
+        return list(_opt_group(self.dev_matrix, self.tensor_map, self.opt_size,
+                               self.opt_step))
 
     @property
     def opt_parts(self) -> int:
@@ -180,6 +161,36 @@ class ParamLayout:
         return f"grid {list(self.dev_matrix)}, tensor map [{maps}]{opt}"
 
 
+@lru_cache(maxsize=4096)
+def _opt_group(dev_matrix: tuple[int, ...], tensor_map: tuple[tuple[int, ...], ...],
+               opt_size: int, opt_step: int) -> tuple[tuple[int, int], ...]:
+    if opt_size == 0 or opt_step == 0:
+        return ()
+    used = {len(dev_matrix) - 1 - a for axes in tensor_map for a in axes}
+    free = [d for d, v in enumerate(dev_matrix) if d not in used and v > 1]
+    want = opt_size if opt_size > 0 else math.prod(dev_matrix[d] for d in free)
+    taken: list[tuple[int, int]] = []
+    for d in reversed(free):
+        if want == 1:
+            break
+        size = dev_matrix[d]
+        if want < size:
+            if size % want:
+                raise ValueError(f"optimizer shard size {opt_size} does not divide the "
+                                 f"device grid's dimension of {size}")
+            size = want
+        elif want % size:
+            unsplit = [dev_matrix[i] for i in free]
+            raise ValueError(f"optimizer shard size {opt_size} is not a product of the "
+                             f"unsplit device dimensions {unsplit}")
+        taken.insert(0, (d, size))
+        want //= size
+    if want != 1:
+        raise ValueError(f"optimizer shard size {opt_size} is larger than the devices the "
+                         "tensor is replicated on")
+    return tuple(taken)
+
+
 @dataclass
 class Strategy:
     """Every parameter's layout, over all pipeline stages."""
@@ -228,6 +239,9 @@ def read_strategy(paths: list[Path]) -> Strategy:
                                            and max(stage_devices) >= MAX_STAGES):
         raise SourceError(f"{paths[0]}: more than {MAX_STAGES} pipeline stages; refused",
                           path=paths[0])
+    if sum(stage_devices.values()) > MAX_DEVICES:
+        raise SourceError(f"{paths[0]}: {sum(stage_devices.values()):,} devices over all "
+                          f"stages (over {MAX_DEVICES:,}); refused", path=paths[0])
     return Strategy(layouts, stage_devices, [str(p) for p in paths])
 
 
@@ -372,6 +386,8 @@ def _checked(path: Path, name: str, stage: int, raw: dict[str, Any]) -> ParamLay
                 raise ValueError(f"{what} {shown(value)}")
         layout = ParamLayout(name, tuple(dev), tmap, size, step, split_rows, fld, stage)
         layout.opt_group()  # raises where the shard cannot be laid out
+        if split_rows and layout.opt_parts > 1:
+            raise ValueError("uneven rows (param_split_shape) with an optimizer shard")
         return layout
     except (ValueError, KeyError, TypeError) as exc:
         raise SourceError(f"{path}: the layout of {shown(name[:200])} is impossible ({exc}); "

@@ -70,7 +70,7 @@ class RanksResult:
 def strategy_files(given: str | Path) -> list[Path]:
     """The strategy's files: the one given, or those in the folder given."""
     where = Path(given)
-    if not where.exists():
+    if not (where.is_file() or where.is_dir()):
         raise WriteError(f"--strategy {where}: no such file or folder", path=where)
     files = ([where] if where.is_file() else
              sorted(p for p in where.iterdir() if p.is_file()
