@@ -565,3 +565,18 @@ def test_checkpoint_2_hostile_metadata_is_one_line(ckpt2, tmp_path):
     assert "net.bias" not in source.tensors
     assert any("does not describe, left out" in n and "net.bias" in n
                for n in source.cluster.notes)
+
+
+def test_more_rank_files_than_the_process_may_open_is_one_line(llm, tmp_path, monkeypatch):
+    """convert --strategy holds every rank's file open: past the hard limit on open files
+    it says so before writing (the writer itself was not attacked by the review)."""
+    import resource
+
+    hf, _ckpt, out = llm
+    monkeypatch.setattr(resource, "getrlimit", lambda _kind: (8, 16))
+    report = CliRunner().invoke(main, ["convert", str(hf), "--ms-model", "mindformers:llama",
+                                       "--strategy", str(out / "strategy"), "-o",
+                                       str(tmp_path / "ranks")])
+    assert report.exit_code == 2, report.output
+    assert "needs 68 open files; this process may hold 16" in report.output
+    assert not (tmp_path / "ranks").exists()

@@ -138,6 +138,21 @@ def _layouts(plan: Any, strategy: Strategy) -> tuple[dict[str, ParamLayout | Non
     return out, notes
 
 
+def _open_files_for(ranks: int) -> None:
+    """Every rank's file is written at once: make sure the process may hold them open
+    (raising its soft limit up to the hard one), or say so in one line before writing."""
+    import resource
+
+    need = ranks + 64  # the interpreter's own descriptors
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < need:
+        if hard == resource.RLIM_INFINITY or hard >= need:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (need, hard))
+        else:
+            raise WriteError(f"writing {ranks:,} rank files at once needs {need:,} open files; "
+                             f"this process may hold {hard:,} (ulimit -n): raise the limit")
+
+
 def _ranks_of(lay: ParamLayout | None, strategy: Strategy) -> range:
     if lay is None:
         return range(strategy.devices)
@@ -157,6 +172,7 @@ def write_ranks(plan: Any, output: str | Path, strategy: str | Path, *, force: b
     final = check_ranks_output(output, force=force)
     files = strategy_files(strategy)
     parsed = read_strategy(files)
+    _open_files_for(parsed.devices)
     layouts, notes = _layouts(plan, parsed)
     replaced = final.exists()
     work = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".ms-port-{os.getpid()}-"))
