@@ -47,22 +47,20 @@ def _ms_port() -> str:
 
 
 def measure(cmd: list[str], label: str) -> dict[str, float]:
-    out, err = CACHE / "stdout.txt", CACHE / "stderr.txt"
-    done = subprocess.run([PY, "-I", "-S", str(HERE / "_launch.py"), str(out), str(err), "--",
-                           *cmd], capture_output=True, text=True, check=True)
-    result = json.loads(done.stdout)
-    if result["rc"] != 0:
-        raise SystemExit(f"{label} failed: {err.read_text(errors='replace')[-3000:]}")
-    return {"wall": result["wall"], "rss": result["maxrss_mib"]}
+    """The harness's own measure (``run.measure``: a fresh process, its wall and peak RSS)."""
+    from run import measure as measure_run
+
+    done = measure_run(cmd, label)
+    return {"wall": done.wall, "rss": done.rss}
 
 
 def warm(paths: list[Path]) -> None:
-    for path in paths:
-        for f in ([path] if path.is_file() else sorted(path.rglob("*"))):
-            if f.is_file():
-                with open(f, "rb") as fh:
-                    while fh.read(64 << 20):
-                        pass
+    """The harness's own warm-up (``run.warm``), over the files of folders too."""
+    from run import warm as warm_files
+
+    warm_files([f for path in paths
+                for f in ([path] if path.is_file() else sorted(path.rglob("*")))
+                if f.is_file()])
 
 
 def hf_model(folder: Path, size: tuple[int, ...]) -> Path:

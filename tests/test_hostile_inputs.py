@@ -39,6 +39,27 @@ def test_billion_laughs_is_refused_before_expanding():
     assert time.perf_counter() - start < 2
 
 
+def test_both_yaml_parsers_refuse_aliases_and_read_tables_alike(monkeypatch):
+    """The tables are read with libyaml's safe loader where PyYAML has it: the pure-Python
+    one (its fallback, and the words of a syntax error) refuses the same aliases and reads
+    every shipped table to the same data."""
+    from importlib import resources
+
+    import yaml
+
+    from ms_port.match import mapping_yaml
+    from ms_port.match.mapping import builtin_mappings
+
+    for loader in {mapping_yaml._LOADER, yaml.SafeLoader}:
+        monkeypatch.setattr(mapping_yaml, "_LOADER", loader)
+        with pytest.raises(MappingError, match="anchors and aliases"):
+            parse_mapping(_laughs(), origin="laughs.yaml")
+    for name in builtin_mappings():
+        text = (resources.files("ms_port.mappings") / f"{name}.yaml").read_text()
+        assert (yaml.load(text, Loader=mapping_yaml._LOADER)
+                == yaml.load(text, Loader=yaml.SafeLoader)), name
+
+
 def test_mapping_file_size_is_capped(tmp_path):
     big = tmp_path / "big.yaml"
     with open(big, "w") as f:
