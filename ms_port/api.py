@@ -323,8 +323,8 @@ def _mindformers_yaml(p: Plan, opts: ConvertOptions) -> Any:
         from .write.model_config_glm import glm4_yaml
 
         chosen = family_options(opts.ms_model, opts.ms_options)
-        return glm4_yaml(p.source.config, qkv_concat=chosen.get("qkv_concat", True),
-                         mlp_concat=chosen.get("mlp_concat", True), **where)
+        return glm4_yaml(p.source.config, **{k: v for k, v in chosen.items()
+                                             if k != "seq_length"}, **where)
     return mindformers_yaml(
         p.source.config, qkv_concat=family_options(FAMILY, opts.ms_options).get(
             "qkv_concat", False), **where)

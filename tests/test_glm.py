@@ -26,6 +26,8 @@ from ms_port.read.sources import read_source
 VARIANTS = [(q, m) for q in (True, False) for m in (True, False)]
 SIZES = {"vocab": 128, "hidden": 64, "ffn": 96, "layers": 2, "heads": 4, "groups": 2,
          "head_dim": 16}
+#: MindFormers' use_rearrange_rope: each head's q and k rows as rotary halves
+REARRANGED = {"use_rearrange_rope": True}
 
 
 def _hf(root: Path) -> Path:
@@ -243,11 +245,11 @@ def test_a_grouped_qkv_or_swapped_gate_up_fails_naming_the_tensor(glm, wrong, te
     assert tensor in report.message
 
 
-@pytest.mark.parametrize("layout", ["hf", "remote"])
+@pytest.mark.parametrize("layout", ["hf", "remote", "rearranged"])
 def test_model_config_builds_the_network_that_computes_transformers_logits(glm, layout):
     """--model-config's model_config (with the run settings ms-port tests with) builds
     MindFormers' ChatGLM2 that, loaded with the converted .ckpt, computes transformers'
-    GlmForCausalLM's logits, from either layout's config."""
+    GlmForCausalLM's logits, from either layout's config, and with use_rearrange_rope."""
     pytest.importorskip("mindformers")
     import torch
     import transformers
@@ -257,9 +259,11 @@ def test_model_config_builds_the_network_that_computes_transformers_logits(glm, 
     from ms_port.archs.mindformers import contained
 
     root, hf, remote = glm
-    src = hf if layout == "hf" else remote
+    src = remote if layout == "remote" else hf
+    options = REARRANGED if layout == "rearranged" else {}
     ckpt, conf = root / f"mc-{layout}.ckpt", root / f"mc-{layout}.yaml"
-    report = ms_port.convert(src, ms_model="mindformers:glm4", output=ckpt, model_config=conf)
+    report = ms_port.convert(src, ms_model="mindformers:glm4", output=ckpt, model_config=conf,
+                             ms_options=options)
     assert report.ok and report.model_config.readback == "identical"
     doc = yaml.safe_load(conf.read_text())
     assert doc["model"]["arch"] == {"type": "ChatGLM2ForConditionalGeneration"}
@@ -267,6 +271,7 @@ def test_model_config_builds_the_network_that_computes_transformers_logits(glm, 
     model_config = {k: v for k, v in doc["model"]["model_config"].items() if k != "type"}
     assert model_config["apply_query_key_layer_scaling"] is True
     assert model_config["kv_channels"] == SIZES["head_dim"]
+    assert model_config["use_rearrange_rope"] is (layout == "rearranged")
     ids = (np.arange(16) * 37 % SIZES["vocab"]).reshape(1, 16)
     with contained():
         import mindspore as ms
@@ -351,3 +356,104 @@ def test_export_back_to_the_remote_layout_is_bit_exact(glm, qkv, mlp):
     assert set(got) <= set(want)
     for name in got:
         assert np.array_equal(want[name], got[name]), name
+
+
+# -- use_rearrange_rope: q and k rows of each head as rotary halves --------------------------
+
+def _mindformers_rearranged(hf: Path, qkv: bool) -> dict[str, np.ndarray]:
+    """q/k/v as MindFormers' own convert_weight.py lays them out with use_rearrange_rope:
+    its rearrange_w / rearrange_b on q and k, v as it is (the reference the table is held
+    to)."""
+    from safetensors.numpy import load_file
+
+    pytest.importorskip("mindformers")
+    from ms_port.archs.mindformers import contained
+
+    with contained():
+        from mindformers.models.glm2.convert_weight import rearrange_b, rearrange_w
+    sd, d = load_file(hf / "model.safetensors"), SIZES["head_dim"]
+    out = {}
+    for i in range(SIZES["layers"]):
+        p, t = f"model.layers.{i}.self_attn.", f"transformer.encoder.layers.{i}.self_attention."
+        for kind, rearrange in (("weight", rearrange_w), ("bias", rearrange_b)):
+            q, k, v = (sd[f"{p}{x}_proj.{kind}"] for x in "qkv")
+            q, k = rearrange(q, d), rearrange(k, d)
+            if qkv:
+                out[f"{t}query_key_value.{kind}"] = np.concatenate([q, k, v])
+            else:
+                out.update({f"{t}wq.{kind}": q, f"{t}wk.{kind}": k, f"{t}wv.{kind}": v})
+    return out
+
+
+@pytest.mark.parametrize("qkv", [True, False])
+def test_rearranged_rope_is_mindformers_own_layout_from_both_layouts(glm, qkv):
+    """--ms-option use_rearrange_rope=true writes q and k as MindFormers' converter does,
+    from the -hf layout in both qkv layouts and from the remote layout fused; the remote
+    layout split and rearranged is refused in one line, nothing written."""
+    root, hf, remote = glm
+    options = {"qkv_concat": qkv, **REARRANGED}
+    want = _mindformers_rearranged(hf, qkv)
+    ckpt = root / f"rr-{qkv}.ckpt"
+    assert ms_port.convert(hf, ms_model="mindformers:glm4", ms_options=options, output=ckpt).ok
+    got = read_source(ckpt)
+    for name, array in want.items():
+        assert np.array_equal(np.asarray(got.tensors[name].load()), array), name
+    from_remote = root / f"rr-remote-{qkv}.ckpt"
+    if qkv:
+        assert ms_port.convert(remote, ms_model="mindformers:glm4", ms_options=options,
+                               output=from_remote).ok
+        again = read_source(from_remote)
+        for name in got.tensors:
+            assert np.array_equal(np.asarray(again.tensors[name].load()),
+                                  np.asarray(got.tensors[name].load())), name
+    else:
+        with pytest.raises(MsPortError, match="qkv_concat=false and use_rearrange_rope=true"):
+            ms_port.convert(remote, ms_model="mindformers:glm4", ms_options=options,
+                            output=from_remote)
+        assert not from_remote.exists()
+
+
+@pytest.mark.parametrize("qkv", [True, False])
+def test_rearranged_rope_verifies_and_each_layout_fails_on_the_others_network(glm, qkv):
+    """MindFormers' network built with use_rearrange_rope (its ChatGLM2RotaryEmbedding,
+    one more stand-in said) computes transformers' logits from the rearranged checkpoint,
+    whole and by layers; the plain checkpoint on that network, or the rearranged one on the
+    plain network, FAILs naming q/k's tensor."""
+    pytest.importorskip("mindformers")
+    root, hf, _unused = glm
+    options = {"qkv_concat": qkv, **REARRANGED}
+    rearranged, plain = root / f"rrv-{qkv}.ckpt", root / f"rrv-plain-{qkv}.ckpt"
+    assert ms_port.convert(hf, ms_model="mindformers:glm4", ms_options=options,
+                           output=rearranged).ok
+    assert ms_port.convert(hf, ms_model="mindformers:glm4", ms_options={"qkv_concat": qkv},
+                           output=plain).ok
+    for mode in ("whole", "layers"):
+        report = ms_port.verify(hf, rearranged, ms_model="mindformers:glm4", ms_options=options,
+                                mode=mode)
+        assert report.verdict == "PASS", report.message
+        assert report.error < 1e-5
+    assert any("CPU stand-ins (4)" in n and "ops.matmul" in n for n in report.notes)
+    tensor = "query_key_value" if qkv else ".wq."
+    for ckpt, opts in ((plain, options), (rearranged, {"qkv_concat": qkv})):
+        report = ms_port.verify(hf, ckpt, ms_model="mindformers:glm4", ms_options=opts)
+        assert report.verdict == "FAIL"
+        assert tensor in report.message
+
+
+@pytest.mark.parametrize("qkv", [True, False])
+def test_rearranged_rope_exports_back_bit_exact(glm, qkv):
+    from safetensors.numpy import load_file
+
+    root, hf, remote = glm
+    options = {"qkv_concat": qkv, **REARRANGED}
+    ckpt = root / f"rre-{qkv}.ckpt"
+    assert ms_port.convert(hf, ms_model="mindformers:glm4", ms_options=options, output=ckpt).ok
+    for config in (hf, remote) if qkv else (hf,):
+        back = root / f"rre-back-{qkv}-{config.name}"
+        report = ms_port.export(ckpt, ms_model="mindformers:glm4", ms_options=options,
+                                config=config / "config.json", output=back)
+        assert report.ok, report.message
+        want, got = load_file(config / "model.safetensors"), load_file(back / "model.safetensors")
+        assert set(got) <= set(want) and len(want) - len(got) <= 1  # inv_freq: derived
+        for name in got:
+            assert np.array_equal(want[name], got[name]), name

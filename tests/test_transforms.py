@@ -6,7 +6,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from ms_port.match.transforms import TRANSPOSE_BLOCK, Transform
+from ms_port.match.transforms import TRANSPOSE_BLOCK, Transform, invert
 
 DTYPES = [ml_dtypes.bfloat16, ml_dtypes.float8_e4m3fn, np.float16, np.float32, np.int64,
           np.bool_]
@@ -34,3 +34,27 @@ def test_transpose_of_a_strided_view_reads_its_own_elements():
     view = base[::2, :, 1]  # neither contiguous nor starting at the base's first element
     got = Transform("transpose", [1, 0]).apply(view)
     assert got.tobytes() == np.ascontiguousarray(view.T).tobytes()
+
+
+@pytest.mark.parametrize("shape", [(48, 5), (48,)])
+def test_rope_halves_is_mindformers_rearrange_and_rope_pairs_undoes_it(shape):
+    """rope_halves [block, rows] reorders the first rows block by block, even rows then odd
+    ones (MindFormers' rearrange_w/rearrange_b written out), keeps the rest, and is undone
+    by its inverse; sizes that do not fit are refused."""
+    a = np.arange(int(np.prod(shape)), dtype=np.float32).reshape(shape)
+    t = Transform("rope_halves", [8, 32])
+    got = t.apply(a)
+    order = [h * 8 + j for h in range(4) for j in [*range(0, 8, 2), *range(1, 8, 2)]]
+    assert np.array_equal(got, np.concatenate([a[order], a[32:]]))
+    assert t.shape(shape) == shape
+    (back,) = invert((t,), shape)
+    assert back == Transform("rope_pairs", [8, 32])
+    assert np.array_equal(back.apply(got), a)
+    named = Transform("rope_halves", ["head_dim", "q_rows + kv_rows"])
+    assert named.names == ("head_dim", "q_rows + kv_rows")
+    assert named.resolved(lambda x: {"head_dim": 8}.get(x, 32)) == t
+    for bad in ([7, 28], [8, 36], [8, 56]):  # odd block, rows not whole blocks, too many
+        with pytest.raises(ValueError, match="cannot reorder"):
+            Transform("rope_halves", bad).shape(shape)
+    with pytest.raises(ValueError, match="bad argument"):
+        Transform("rope_halves", [8])

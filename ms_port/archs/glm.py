@@ -150,26 +150,41 @@ def glm_tensors(sizes: GlmSizes, *, qkv_concat: bool = True,
 
 
 #: options ``mindformers:glm4`` takes (``--ms-option KEY=VALUE``): the network's settings
-#: that change its layout (MindFormers' defaults: both true)
-OPTIONS = {"qkv_concat": bool, "mlp_concat": bool, "seq_length": int}
+#: that change its layout (MindFormers' defaults: both concats true, use_rearrange_rope
+#: false; with it true, each head's q and k rows hold the rotary pairs as halves)
+OPTIONS = {"qkv_concat": bool, "mlp_concat": bool, "use_rearrange_rope": bool,
+           "seq_length": int}
 #: the layouts a checkpoint of this family may have, to recognise one by its names
 VARIANTS = tuple({"qkv_concat": q, "mlp_concat": m} for q in (True, False)
                  for m in (True, False))
 
 
-def target(config: dict[str, Any], *, qkv_concat: bool = True,
-           mlp_concat: bool = True) -> Target:
+def target(config: dict[str, Any], *, qkv_concat: bool = True, mlp_concat: bool = True,
+           use_rearrange_rope: bool = False) -> Target:
     """The target's names and shapes from either layout's config, without MindFormers."""
     sizes = glm_sizes(config)
+    if use_rearrange_rope and not qkv_concat and sizes.layout == "remote":
+        raise TargetError(
+            "mindformers:glm4 with qkv_concat=false and use_rearrange_rope=true cannot be "
+            "filled from the remote-code layout: its query_key_value would be split and each "
+            "part's rows rearranged, which ms-port does not do yet; convert with qkv_concat="
+            "true (MindFormers' default, as in finetune_glm4_9b.yaml), or from the -hf "
+            "layout (transformers' glm names)")
     tensors = glm_tensors(sizes, qkv_concat=qkv_concat, mlp_concat=mlp_concat)
     variant = ", ".join([("fused" if qkv_concat else "separate") + " qkv",
-                         ("fused" if mlp_concat else "separate") + " gate/up"])
+                         ("fused" if mlp_concat else "separate") + " gate/up"]
+                        + (["rearranged rope"] if use_rearrange_rope else []))
     notes = [f"the network's rotary base is 10000 × rope_ratio = {10000 * sizes.rope_ratio:g} "
              f"over head_dim / 2 = {sizes.head_dim // 2} dimensions"] if sizes.rope_ratio != 1 \
         else []
+    if use_rearrange_rope:
+        notes.append("use_rearrange_rope: each head's q and k rows hold the rotary pairs as "
+                     "halves (even rows, then odd ones), as MindFormers' convert_weight.py "
+                     "lays them out; a network built with it false needs the plain layout")
     return Target("family", f"{FAMILY} ({variant})", {t.name: t for t in tensors},
                   family=FAMILY, notes=notes,
-                  settings={"qkv_concat": qkv_concat, "mlp_concat": mlp_concat})
+                  settings={"qkv_concat": qkv_concat, "mlp_concat": mlp_concat,
+                            "use_rearrange_rope": use_rearrange_rope})
 
 
 #: the blocks, for verify one block at a time (imported only then)
@@ -184,10 +199,14 @@ STANDINS = (
     "attention: FlashAttentionScore has no CPU kernel; built with use_flash_attention: "
     "false (MindFormers' CoreAttention, 1/√d applied by apply_query_key_layer_scaling)",
 )
+#: the stand-in a network built with use_rearrange_rope needs besides
+REARRANGED_STANDIN = (
+    "rotary embedding (use_rearrange_rope): BatchMatMul of each head by the 2-D swap mask "
+    "is refused on a CPU (no broadcast); ops.matmul, which broadcasts, stands in")
 
 
 def glm_config(config: dict[str, Any], *, qkv_concat: bool = True, mlp_concat: bool = True,
-               seq_length: int = 128) -> Any:
+               use_rearrange_rope: bool = False, seq_length: int = 128) -> Any:
     """MindFormers' ``ChatGLM2Config`` for CPU float32 inference of this model."""
     from .mindformers import contained
 
@@ -206,19 +225,20 @@ def glm_config(config: dict[str, Any], *, qkv_concat: bool = True, mlp_concat: b
             layernorm_epsilon=sizes.eps, rope_ratio=sizes.rope_ratio, rmsnorm=True,
             add_qkv_bias=sizes.qkv_bias, add_bias_linear=sizes.dense_bias,
             apply_query_key_layer_scaling=True, qkv_concat=qkv_concat, mlp_concat=mlp_concat,
-            use_past=False, use_flash_attention=False, param_init_type="float32",
+            use_rearrange_rope=use_rearrange_rope, use_past=False, use_flash_attention=False,
+            param_init_type="float32",
             compute_dtype="float32", layernorm_compute_type="float32",
             rotary_dtype="float32", residual_dtype="float32", hidden_dropout=0.0,
             attention_dropout=0.0)
 
 
 def build(config: dict[str, Any], *, qkv_concat: bool = True, mlp_concat: bool = True,
-          seq_length: int = 128) -> Any:
+          use_rearrange_rope: bool = False, seq_length: int = 128) -> Any:
     """The real MindFormers network with the CPU stand-ins (:data:`STANDINS`), in eval
     mode (verify's MindSpore side); ``net.ms_port_notes`` lists the stand-ins."""
 
     return build_from(glm_config(config, qkv_concat=qkv_concat, mlp_concat=mlp_concat,
-                                 seq_length=seq_length))
+                                 use_rearrange_rope=use_rearrange_rope, seq_length=seq_length))
 
 
 def build_from(cfg: Any) -> Any:
@@ -245,9 +265,12 @@ def build_from(cfg: Any) -> Any:
             cell.cast = P.Cast()
         if isinstance(cell, glm2_transformer.CoreAttention):
             cell.mul_mask = _float_mask(P.Mul(), ops)
+        if isinstance(cell, glm2_modules.ChatGLM2RotaryEmbedding):
+            cell.bmm_swap = cell.k_bmm_swap = ops.matmul
     net.set_train(False)
+    standins = STANDINS + ((REARRANGED_STANDIN,) if cfg.use_rearrange_rope else ())
     net.ms_port_notes = [f"MindSpore ran MindFormers' ChatGLM2 with CPU stand-ins "
-                         f"({len(STANDINS)}): " + "; ".join(STANDINS)]
+                         f"({len(standins)}): " + "; ".join(standins)]
     return net
 
 

@@ -41,14 +41,16 @@ class GlmBlocks(HuggingFaceSide):
     family = "mindformers:glm4"
 
     def __init__(self, config: dict[str, Any], build_torch: Callable[[dict[str, Any]], Any], *,
-                 qkv_concat: bool = True, mlp_concat: bool = True, seq_length: int = 16) -> None:
+                 qkv_concat: bool = True, mlp_concat: bool = True,
+                 use_rearrange_rope: bool = False, seq_length: int = 16) -> None:
         super().__init__(config, build_torch)
         self.sizes = glm_sizes(config)
         if self.sizes.layout != "hf":
             raise TargetError("verify builds the PyTorch side with transformers, which has no "
                               "class for GLM-4's remote-code layout; verify the -hf layout's "
                               "checkpoint (the same bytes), or pass --torch-model")
-        self.layouts = {"qkv_concat": qkv_concat, "mlp_concat": mlp_concat}
+        self.layouts = {"qkv_concat": qkv_concat, "mlp_concat": mlp_concat,
+                        "use_rearrange_rope": use_rearrange_rope}
         self.seq_length = seq_length
         self.options = dict(self.layouts)
         self.standins: list[str] = []
@@ -107,10 +109,11 @@ class GlmBlocks(HuggingFaceSide):
 
 
 def glm_blocks(config: dict[str, Any], build_torch: Any, *, qkv_concat: bool = True,
-               mlp_concat: bool = True, seq_length: int = 128) -> Any:
+               mlp_concat: bool = True, use_rearrange_rope: bool = False,
+               seq_length: int = 128) -> Any:
     """The network's blocks, for verify one block at a time (:class:`GlmBlocks`)."""
     return GlmBlocks(config, build_torch, qkv_concat=qkv_concat, mlp_concat=mlp_concat,
-                     seq_length=seq_length)
+                     use_rearrange_rope=use_rearrange_rope, seq_length=seq_length)
 
 
 __all__ = ["GlmBlocks", "GlmPiece", "glm_blocks"]

@@ -30,7 +30,7 @@ from ..match.plan import Plan, make_plan
 from ..options import VerifyOptions
 from ..read.distributed import cluster_notes, find_training_output
 from ..read.sources import MINDSPORE_FORMATS, Source, read_source
-from ..read.targets import from_cell
+from ..read.targets import from_cell, from_family
 from ..resolve import family_fits, read_with_config, resolve_mapping
 from ..write.writers import check_not_input, check_output, write_text
 
@@ -362,6 +362,9 @@ def whole(request: Request, entry: Any, torch_model: Any, ms_model: Any) -> Any:
     mnet = build_network(ms_model, "--ms-model", entry, "mindspore")
     tgt = from_cell(mnet)
     tgt.family = request.family
+    if request.family is not None:  # the layout settings a table's entries read (when:),
+        # which the built network's names cannot show (use_rearrange_rope)
+        tgt.settings = from_family(request.family, src.config, opts.ms_options).settings
     plan = request.plan(tgt, arch=opts.arch)
     declared = take_declared(plan, ckpt)
     request.step(f"loading {checkpoint}")

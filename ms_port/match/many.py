@@ -73,12 +73,16 @@ class Many:
             with contextlib.suppress(MappingError):
                 self.values()
         settings = {**self.mapping.settings, **self.target.settings}
+        def holds(entry: Any) -> bool:
+            return all(key in settings and type(settings[key]) is type(value)
+                       and settings[key] == value for key, value in entry.when)
+
         for entry in self.mapping.fuse:
-            if all(key in settings and type(settings[key]) is type(value)
-                   and settings[key] == value for key, value in entry.when):
+            if holds(entry):
                 self._fuse(entry)
         for entry in self.mapping.split:
-            self._split(entry)
+            if holds(entry):
+                self._split(entry)
         for entry in self.mapping.tied:
             self._tied(entry)
         for entry in self.mapping.derived:

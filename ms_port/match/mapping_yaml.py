@@ -54,6 +54,7 @@ split tensors, and tied ones (see :mod:`ms_port.match.layouts`, :mod:`ms_port.ma
         targets: ['h.{i}.q.weight', 'h.{i}.k.weight', 'h.{i}.v.weight']
         layout: {concat: 1}
         transforms: [{transpose: [1, 0]}]                  # applied to each part
+        when: {qkv_concat: false}                          # as a fuse entry's
     tied:                       # a PyTorch tensor that is another one (tied embeddings)
       - {source: lm_head.weight, same_as: model.embed_tokens.weight, when: tie_word_embeddings}
       - {source: 'model.layers.{n}.embed_tokens.weight', same_as: model.embed_tokens.weight,
@@ -68,6 +69,11 @@ split tensors, and tied ones (see :mod:`ms_port.match.layouts`, :mod:`ms_port.ma
     derived:                    # buffers computed from config.json (old checkpoints hold
       - {source: 'model.layers.{i}.self_attn.rotary_emb.inv_freq', value: rope_inv_freq}
                                 # them): checked against the config, then dropped
+
+Transforms: ``unsqueeze``, ``squeeze``, ``transpose``, ``reshape`` (which may name config
+values), and ``{rope_halves: [BLOCK, ROWS]}`` (the first ROWS rows, block by block, even
+rows then odd ones: rotary pairs as halves, MindFormers' ``use_rearrange_rope``; its
+inverse ``rope_pairs``).
 
 Layouts: ``concat`` / ``{concat: AXIS}``, ``interleave`` / ``{interleave: AXIS}`` (one row
 of each part in turn), ``{grouped: GROUPS, sizes: [...], axis: 0}`` (per group, ``sizes[i]``
@@ -205,7 +211,7 @@ def mapping_from_data(data: Any, *, origin: str = "mapping=") -> MappingTable:
     settings = _settings(data.get("settings"), origin)
     fuse = tuple(_fuse_entry(e, origin, i, settings)
                  for i, e in enumerate(_list(data, "fuse", origin)))
-    split = tuple(_split_entry(e, origin, i)
+    split = tuple(_split_entry(e, origin, i, settings)
                   for i, e in enumerate(_list(data, "split", origin)))
     tied = tuple(_tied_entry(e, origin, i) for i, e in enumerate(_list(data, "tied", origin)))
     implies = _implies(data.get("implies"), select, origin)
@@ -403,11 +409,13 @@ def _expression(value: Any, origin: str, entry: str) -> Any:
     return value
 
 
-def _split_entry(data: Any, origin: str, i: int) -> SplitEntry:
+def _split_entry(data: Any, origin: str, i: int, settings: dict[str, Any]) -> SplitEntry:
     entry = f"split[{i}]"
     _expect(isinstance(data, dict) and {"source", "targets", "layout"} <= set(data)
-            and not set(data) - {"source", "targets", "layout", "transforms"}, origin, entry,
-            "{source: NAME, targets: [NAME, ...], layout: ..., transforms: [...]}")
+            and not set(data) - {"source", "targets", "layout", "transforms", "when"}, origin,
+            entry, "{source: NAME, targets: [NAME, ...], layout: ..., transforms: [...], "
+            "when: {SETTING: VALUE}}")
+    when = _when(data.get("when"), settings, origin, entry)
     source = _template(data["source"], origin, f"{entry}.source")
     _expect(isinstance(data["targets"], list) and len(data["targets"]) >= 2, origin,
             f"{entry}.targets", "a list of two or more target names")
@@ -421,7 +429,8 @@ def _split_entry(data: Any, origin: str, i: int) -> SplitEntry:
     _expect(layout.sizes is None or len(layout.sizes) == len(targets), origin,
             f"{entry}.layout.sizes", f"one size per target ({len(targets)})")
     return SplitEntry(source, targets, layout,
-                      _ops(data.get("transforms") or [], origin, entry), f"{entry} in {origin}")
+                      _ops(data.get("transforms") or [], origin, entry), f"{entry} in {origin}",
+                      when)
 
 
 def _tied_entry(data: Any, origin: str, i: int) -> TiedEntry:

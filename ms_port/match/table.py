@@ -145,6 +145,8 @@ class SplitEntry:
     layout: LayoutSpec
     transforms: tuple[Transform, ...]
     where: str
+    #: the target network's settings this entry is for, as :attr:`FuseEntry.when`
+    when: tuple[tuple[str, Any], ...] = ()
 
 
 @dataclass(frozen=True)

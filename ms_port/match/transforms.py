@@ -111,6 +111,37 @@ def _transposed(array: np.ndarray, perm: list[int]) -> np.ndarray:
     return out
 
 
+def _is_block_rows(v: Any) -> bool:
+    """``[BLOCK, ROWS]``: sizes, or names of config values resolved before use."""
+    return (isinstance(v, list) and len(v) == 2
+            and all((_is_int(x) and x > 0) or (isinstance(x, str) and x) for x in v))
+
+
+def _rows_kept(shape: tuple[int, ...], arg: list[Any]) -> tuple[int, ...]:
+    """A shape that the rows' reordering ``arg`` (``[block, rows]``) fits, unchanged."""
+    if not all(_is_int(x) for x in arg):
+        raise ValueError(f"{arg} names config values: resolve it against the config first")
+    block, rows = arg
+    if not shape or block % 2 or rows % block or rows > shape[0]:
+        raise ValueError(f"cannot reorder the first {rows} rows of {shape} in blocks of "
+                         f"{block} (an even block dividing them, at most the rows there are)")
+    return shape
+
+
+def _reordered(array: np.ndarray, arg: list[int], *, to_halves: bool) -> np.ndarray:
+    """The first ``rows`` rows of ``array``, block by block of ``block`` rows: ``to_halves``
+    takes each block's even rows then its odd ones (rotary pairs ``(0, 1), (2, 3), ...``
+    become the halves ``0..b/2-1`` and ``b/2..b-1``: MindFormers' ``rearrange_w``); the
+    other way back. Rows after ``rows`` are kept."""
+    block, rows = arg
+    _rows_kept(array.shape, arg)
+    head = array[:rows].reshape(rows // block, *((block // 2, 2) if to_halves else
+                                                 (2, block // 2)), *array.shape[1:])
+    moved = np.swapaxes(head, 1, 2).reshape(rows, *array.shape[1:])
+    return np.concatenate([moved, array[rows:]]) if rows < array.shape[0] else \
+        np.ascontiguousarray(moved)
+
+
 OPS: dict[str, _Op] = {
     "unsqueeze": _Op(_insert, lambda a, ax: np.expand_dims(a, ax),
                      lambda ax, _shape: ("squeeze", ax), _is_int),
@@ -121,6 +152,12 @@ OPS: dict[str, _Op] = {
                      _is_int_list),
     "reshape": _Op(_reshape, lambda a, dims: a.reshape(dims),
                    lambda _dims, shape: ("reshape", list(shape)), _is_dims),
+    # rotary pairs to halves within each head's rows (MindFormers' use_rearrange_rope):
+    # [head_dim, rows] reorders the first rows (a fused qkv's q and k, not its v)
+    "rope_halves": _Op(_rows_kept, lambda a, arg: _reordered(a, arg, to_halves=True),
+                       lambda arg, _shape: ("rope_pairs", list(arg)), _is_block_rows),
+    "rope_pairs": _Op(_rows_kept, lambda a, arg: _reordered(a, arg, to_halves=False),
+                      lambda arg, _shape: ("rope_halves", list(arg)), _is_block_rows),
 }
 
 
@@ -150,7 +187,8 @@ class Transform:
     @property
     def names(self) -> tuple[str, ...]:
         """The config values its argument names (a reshape's ``[experts, -1, hidden]``)."""
-        return tuple(x for x in self.arg if isinstance(x, str)) if self.op == "reshape" else ()
+        return tuple(x for x in self.arg if isinstance(x, str)) if isinstance(self.arg, list) \
+            else ()
 
     def resolved(self, evaluate: Callable[[str], int]) -> Transform:
         """This transform with every named value computed (``evaluate(expression)``)."""

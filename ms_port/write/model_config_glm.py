@@ -5,9 +5,9 @@
 has it, with every value that makes the checkpoint's network computed from
 ``config.json`` (either Hugging Face layout): sizes, KV groups, epsilon, rotary ratio,
 biases, the layout switches the checkpoint was converted with (``qkv_concat``,
-``mlp_concat``) and ``apply_query_key_layer_scaling: true``, without which MindFormers'
-core attention applies no 1/√d at all. Device and run settings stay the user's, commented,
-with the values ms-port tests the file with on a CPU.
+``mlp_concat``, ``use_rearrange_rope``) and ``apply_query_key_layer_scaling: true``,
+without which MindFormers' core attention applies no 1/√d at all. Device and run settings
+stay the user's, commented, with the values ms-port tests the file with on a CPU.
 """
 
 from __future__ import annotations
@@ -36,7 +36,8 @@ _RUN = {"use_flash_attention": (False, "true on Ascend (FlashAttentionScore); no
 
 
 def glm4_yaml(config: dict[str, Any], *, qkv_concat: bool = True, mlp_concat: bool = True,
-              checkpoint: str | Path | None = None, checkpoint_format: str = "ckpt",
+              use_rearrange_rope: bool = False, checkpoint: str | Path | None = None,
+              checkpoint_format: str = "ckpt",
               origin: str = "config.json") -> MindFormersYaml:
     """The YAML for the ``ChatGLM2ForConditionalGeneration`` the config describes.
 
@@ -64,8 +65,9 @@ def glm4_yaml(config: dict[str, Any], *, qkv_concat: bool = True, mlp_concat: bo
                 "attention applies no 1/sqrt(head_dim)")
     section.put("qkv_concat", qkv_concat, note="the checkpoint's layout")
     section.put("mlp_concat", mlp_concat, note="the checkpoint's layout")
-    section.put("use_rearrange_rope", False, note="q/k rows in Hugging Face's order, as "
-                "converted (true would read them de-interleaved per head)")
+    section.put("use_rearrange_rope", use_rearrange_rope, note="the checkpoint's layout: "
+                + ("each head's q/k rows as rotary halves" if use_rearrange_rope else
+                   "q/k rows in Hugging Face's order"))
     eos = _token_id(config, "eos_token_id", many=True)
     pad = _token_id(config, "pad_token_id")
     if eos is not None:
