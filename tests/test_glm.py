@@ -457,3 +457,51 @@ def test_rearranged_rope_exports_back_bit_exact(glm, qkv):
         assert set(got) <= set(want) and len(want) - len(got) <= 1  # inv_freq: derived
         for name in got:
             assert np.array_equal(want[name], got[name]), name
+
+
+# -- verify from the remote-code layout ------------------------------------------------------
+
+
+def test_a_remote_layout_source_verifies_as_transformers_glm_holds_it(glm):
+    """transformers has no class for the remote code: verify runs its checkpoint as
+    transformers' GlmForCausalLM (query_key_value split, the config read as GlmConfig),
+    says so, and PASSes whole and by layers; a wrong conversion FAILs naming the tensor;
+    an inv_freq the config does not imply is refused before anything runs."""
+    pytest.importorskip("mindformers")
+    import transformers
+    from safetensors.numpy import load_file, save_file
+
+    from ms_port.archs.glm_remote import hf_config
+    from ms_port.testing import rewrite_checkpoint
+
+    root, hf, remote = glm
+    translated = transformers.GlmConfig(**hf_config(json.loads((remote / "config.json")
+                                                               .read_text())))
+    own = transformers.GlmConfig.from_pretrained(hf)
+    for key in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                "num_attention_heads", "num_key_value_heads", "head_dim", "rms_norm_eps",
+                "attention_bias", "rope_parameters", "tie_word_embeddings"):
+        assert getattr(translated, key) == getattr(own, key), key
+    ratio = {**json.loads((remote / "config.json").read_text()), "rope_ratio": 500}
+    assert transformers.GlmConfig(**hf_config(ratio)).rope_parameters["rope_theta"] == 5e6
+    ckpt = root / "from-remote.ckpt"
+    assert ms_port.convert(remote, ms_model="mindformers:glm4", output=ckpt).ok
+    for mode in ("whole", "layers"):
+        report = ms_port.verify(remote, ckpt, ms_model="mindformers:glm4", mode=mode)
+        assert report.verdict == "PASS", report.message
+        assert report.error < 1e-5
+        assert any("remote-code layout" in n and "GlmForCausalLM" in n for n in report.notes)
+    tensor = "transformer.encoder.layers.1.self_attention.query_key_value.weight"
+    bad = rewrite_checkpoint(ckpt, root / "from-remote-bad.ckpt",
+                             lambda a: a.__setitem__(tensor, _grouped(a[tensor])))
+    failed = ms_port.verify(remote, bad, ms_model="mindformers:glm4")
+    assert failed.verdict == "FAIL" and tensor in failed.message
+    wrong = root / "remote-wrong-freq"
+    wrong.mkdir()
+    (wrong / "config.json").write_text((remote / "config.json").read_text())
+    arrays = load_file(remote / "model.safetensors")
+    arrays["transformer.rotary_pos_emb.inv_freq"] = arrays[
+        "transformer.rotary_pos_emb.inv_freq"] * 2
+    save_file(arrays, str(wrong / "model.safetensors"))
+    with pytest.raises(MsPortError, match=r"inv_freq is not what config\.json implies"):
+        ms_port.verify(wrong, ckpt, ms_model="mindformers:glm4")

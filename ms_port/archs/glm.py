@@ -189,6 +189,9 @@ def target(config: dict[str, Any], *, qkv_concat: bool = True, mlp_concat: bool 
 
 #: the blocks, for verify one block at a time (imported only then)
 BLOCKS = "ms_port.archs.glm_blocks:glm_blocks"
+#: verify's view of a source transformers has no class for (the remote-code layout) as
+#: transformers' glm holds it (imported only then)
+REFERENCE = "ms_port.archs.glm_remote:as_hf"
 
 #: what MindFormers' ChatGLM2 lacks on a CPU, and what stands in (said in verify's report)
 STANDINS = (

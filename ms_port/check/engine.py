@@ -107,6 +107,7 @@ def verify(source: str | Path, checkpoint: str | Path, options: VerifyOptions,
     src, ckpt, swapped = _read_both(source, checkpoint, opts)
     if swapped:  # given MindSpore first (e.g. after an export): both directions work
         source, checkpoint = checkpoint, source
+    src, reference_notes = _reference_view(src, opts.ms_model)
     language = opts.arch is None and is_language_model(src.config)
     if opts.arch is None and (opts.ms_model is None
                               or (opts.torch_model is None and not language)):
@@ -124,6 +125,7 @@ def verify(source: str | Path, checkpoint: str | Path, options: VerifyOptions,
     result = _dispatch(request, entry, language)
     if swapped:
         result.notes.append(f"{checkpoint} is the MindSpore side, {source} the PyTorch side")
+    result.notes += reference_notes
     result.notes += cluster_notes(ckpt)
     if zoo_shape is not None:
         result.notes.append(f"inputs of {'×'.join(map(str, zoo_shape[0]))}: {zoo_shape[1]} "
@@ -133,6 +135,21 @@ def verify(source: str | Path, checkpoint: str | Path, options: VerifyOptions,
 
         write_text(opts.report, render_html(result.to_dict()), force=opts.force)
     return result
+
+
+def _reference_view(src: Source, ms_model: Any) -> tuple[Source, list[str]]:
+    """A known family's view of a source layout transformers has no class for, as the
+    layout it has (GLM-4's remote code as transformers' glm), and the note that says so;
+    ``src`` as it is otherwise."""
+    from ..read.targets import FAMILIES, family_module
+
+    if not (isinstance(ms_model, str) and ms_model in FAMILIES):
+        return src, []
+    where = getattr(family_module(ms_model), "REFERENCE", None)
+    if where is None:
+        return src, []
+    module, _, name = where.partition(":")
+    return getattr(importlib.import_module(module), name)(src)
 
 
 def _read_both(source: str | Path, checkpoint: str | Path,
