@@ -505,3 +505,25 @@ def test_a_remote_layout_source_verifies_as_transformers_glm_holds_it(glm):
     save_file(arrays, str(wrong / "model.safetensors"))
     with pytest.raises(MsPortError, match=r"inv_freq is not what config\.json implies"):
         ms_port.verify(wrong, ckpt, ms_model="mindformers:glm4")
+
+
+def test_no_query_key_layer_scaling_is_a_setting_verify_fails_and_says_why(glm):
+    """apply_query_key_layer_scaling=false changes no byte but the function: MindFormers'
+    core attention (flash attention off, as on a CPU) then applies no 1/sqrt(head_dim).
+    verify builds that network, FAILs, and says why; --model-config writes the setting."""
+    pytest.importorskip("mindformers")
+    import yaml
+
+    root, hf, _unused = glm
+    off = {"apply_query_key_layer_scaling": False}
+    ckpt, conf = root / "noscale.ckpt", root / "noscale.yaml"
+    report = ms_port.convert(hf, ms_model="mindformers:glm4", ms_options=off, output=ckpt,
+                             model_config=conf)
+    assert report.ok
+    assert any("applies no 1/sqrt(head_dim)" in n for n in report.plan.notes)
+    model_config = yaml.safe_load(conf.read_text())["model"]["model_config"]
+    assert model_config["apply_query_key_layer_scaling"] is False
+    assert ms_port.verify(hf, ckpt, ms_model="mindformers:glm4").verdict == "PASS"
+    failed = ms_port.verify(hf, ckpt, ms_model="mindformers:glm4", ms_options=off)
+    assert failed.verdict == "FAIL"
+    assert any("applies no 1/sqrt(head_dim)" in n for n in failed.notes)

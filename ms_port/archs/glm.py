@@ -153,14 +153,20 @@ def glm_tensors(sizes: GlmSizes, *, qkv_concat: bool = True,
 #: that change its layout (MindFormers' defaults: both concats true, use_rearrange_rope
 #: false; with it true, each head's q and k rows hold the rotary pairs as halves)
 OPTIONS = {"qkv_concat": bool, "mlp_concat": bool, "use_rearrange_rope": bool,
-           "seq_length": int}
+           "apply_query_key_layer_scaling": bool, "seq_length": int}
+#: said where a network is built with apply_query_key_layer_scaling false
+NO_SCALING = ("apply_query_key_layer_scaling=false: MindFormers' core attention, which runs "
+              "where flash attention is off (as on a CPU), then applies no 1/sqrt(head_dim) "
+              "at all and computes another function; FlashAttentionScore (Ascend, "
+              "use_flash_attention: true) applies its own")
 #: the layouts a checkpoint of this family may have, to recognise one by its names
 VARIANTS = tuple({"qkv_concat": q, "mlp_concat": m} for q in (True, False)
                  for m in (True, False))
 
 
 def target(config: dict[str, Any], *, qkv_concat: bool = True, mlp_concat: bool = True,
-           use_rearrange_rope: bool = False) -> Target:
+           use_rearrange_rope: bool = False,
+           apply_query_key_layer_scaling: bool = True) -> Target:
     """The target's names and shapes from either layout's config, without MindFormers."""
     sizes = glm_sizes(config)
     if use_rearrange_rope and not qkv_concat and sizes.layout == "remote":
@@ -181,10 +187,13 @@ def target(config: dict[str, Any], *, qkv_concat: bool = True, mlp_concat: bool 
         notes.append("use_rearrange_rope: each head's q and k rows hold the rotary pairs as "
                      "halves (even rows, then odd ones), as MindFormers' convert_weight.py "
                      "lays them out; a network built with it false needs the plain layout")
+    if not apply_query_key_layer_scaling:
+        notes.append(NO_SCALING)
     return Target("family", f"{FAMILY} ({variant})", {t.name: t for t in tensors},
                   family=FAMILY, notes=notes,
                   settings={"qkv_concat": qkv_concat, "mlp_concat": mlp_concat,
-                            "use_rearrange_rope": use_rearrange_rope})
+                            "use_rearrange_rope": use_rearrange_rope,
+                            "apply_query_key_layer_scaling": apply_query_key_layer_scaling})
 
 
 #: the blocks, for verify one block at a time (imported only then)
@@ -209,7 +218,8 @@ REARRANGED_STANDIN = (
 
 
 def glm_config(config: dict[str, Any], *, qkv_concat: bool = True, mlp_concat: bool = True,
-               use_rearrange_rope: bool = False, seq_length: int = 128) -> Any:
+               use_rearrange_rope: bool = False, apply_query_key_layer_scaling: bool = True,
+               seq_length: int = 128) -> Any:
     """MindFormers' ``ChatGLM2Config`` for CPU float32 inference of this model."""
     from .mindformers import contained
 
@@ -227,7 +237,8 @@ def glm_config(config: dict[str, Any], *, qkv_concat: bool = True, mlp_concat: b
             multi_query_group_num=sizes.kv_groups, seq_length=seq_length,
             layernorm_epsilon=sizes.eps, rope_ratio=sizes.rope_ratio, rmsnorm=True,
             add_qkv_bias=sizes.qkv_bias, add_bias_linear=sizes.dense_bias,
-            apply_query_key_layer_scaling=True, qkv_concat=qkv_concat, mlp_concat=mlp_concat,
+            apply_query_key_layer_scaling=apply_query_key_layer_scaling,
+            qkv_concat=qkv_concat, mlp_concat=mlp_concat,
             use_rearrange_rope=use_rearrange_rope, use_past=False, use_flash_attention=False,
             param_init_type="float32",
             compute_dtype="float32", layernorm_compute_type="float32",
@@ -235,13 +246,11 @@ def glm_config(config: dict[str, Any], *, qkv_concat: bool = True, mlp_concat: b
             attention_dropout=0.0)
 
 
-def build(config: dict[str, Any], *, qkv_concat: bool = True, mlp_concat: bool = True,
-          use_rearrange_rope: bool = False, seq_length: int = 128) -> Any:
+def build(config: dict[str, Any], **settings: Any) -> Any:
     """The real MindFormers network with the CPU stand-ins (:data:`STANDINS`), in eval
-    mode (verify's MindSpore side); ``net.ms_port_notes`` lists the stand-ins."""
-
-    return build_from(glm_config(config, qkv_concat=qkv_concat, mlp_concat=mlp_concat,
-                                 use_rearrange_rope=use_rearrange_rope, seq_length=seq_length))
+    mode (verify's MindSpore side); ``net.ms_port_notes`` lists the stand-ins.
+    ``settings``: :func:`glm_config`'s (:data:`OPTIONS`)."""
+    return build_from(glm_config(config, **settings))
 
 
 def build_from(cfg: Any) -> Any:
@@ -274,6 +283,8 @@ def build_from(cfg: Any) -> Any:
     standins = STANDINS + ((REARRANGED_STANDIN,) if cfg.use_rearrange_rope else ())
     net.ms_port_notes = [f"MindSpore ran MindFormers' ChatGLM2 with CPU stand-ins "
                          f"({len(standins)}): " + "; ".join(standins)]
+    if not cfg.apply_query_key_layer_scaling:
+        net.ms_port_notes.append(NO_SCALING)
     return net
 
 
@@ -286,6 +297,6 @@ def _float_mask(mul: Any, ops: Any) -> Any:
     return multiply
 
 
-__all__ = ["FAMILY", "OPTIONS", "STANDINS", "VARIANTS", "GlmSizes", "build", "build_from",
-           "glm_config",
-           "glm_sizes", "glm_tensors", "target"]
+__all__ = ["FAMILY", "NO_SCALING", "OPTIONS", "REARRANGED_STANDIN", "STANDINS", "VARIANTS",
+           "GlmSizes", "build", "build_from", "glm_config", "glm_sizes", "glm_tensors",
+           "target"]

@@ -41,16 +41,14 @@ class GlmBlocks(HuggingFaceSide):
     family = "mindformers:glm4"
 
     def __init__(self, config: dict[str, Any], build_torch: Callable[[dict[str, Any]], Any], *,
-                 qkv_concat: bool = True, mlp_concat: bool = True,
-                 use_rearrange_rope: bool = False, seq_length: int = 16) -> None:
+                 seq_length: int = 16, **layouts: Any) -> None:
         super().__init__(config, build_torch)
         self.sizes = glm_sizes(config)
         if self.sizes.layout != "hf":
             raise TargetError("verify builds the PyTorch side with transformers, which has no "
                               "class for GLM-4's remote-code layout; verify the -hf layout's "
                               "checkpoint (the same bytes), or pass --torch-model")
-        self.layouts = {"qkv_concat": qkv_concat, "mlp_concat": mlp_concat,
-                        "use_rearrange_rope": use_rearrange_rope}
+        self.layouts = layouts  # glm_config's settings (archs.glm.OPTIONS)
         self.seq_length = seq_length
         self.options = dict(self.layouts)
         self.standins: list[str] = []
@@ -108,12 +106,11 @@ class GlmBlocks(HuggingFaceSide):
         return list(self.standins)
 
 
-def glm_blocks(config: dict[str, Any], build_torch: Any, *, qkv_concat: bool = True,
-               mlp_concat: bool = True, use_rearrange_rope: bool = False,
-               seq_length: int = 128) -> Any:
-    """The network's blocks, for verify one block at a time (:class:`GlmBlocks`)."""
-    return GlmBlocks(config, build_torch, qkv_concat=qkv_concat, mlp_concat=mlp_concat,
-                     use_rearrange_rope=use_rearrange_rope, seq_length=seq_length)
+def glm_blocks(config: dict[str, Any], build_torch: Any, *, seq_length: int = 128,
+               **settings: Any) -> Any:
+    """The network's blocks, for verify one block at a time (:class:`GlmBlocks`);
+    ``settings``: the network's (``archs.glm.OPTIONS``)."""
+    return GlmBlocks(config, build_torch, seq_length=seq_length, **settings)
 
 
 __all__ = ["GlmBlocks", "GlmPiece", "glm_blocks"]

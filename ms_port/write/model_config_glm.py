@@ -5,9 +5,10 @@
 has it, with every value that makes the checkpoint's network computed from
 ``config.json`` (either Hugging Face layout): sizes, KV groups, epsilon, rotary ratio,
 biases, the layout switches the checkpoint was converted with (``qkv_concat``,
-``mlp_concat``, ``use_rearrange_rope``) and ``apply_query_key_layer_scaling: true``,
-without which MindFormers' core attention applies no 1/√d at all. Device and run settings
-stay the user's, commented, with the values ms-port tests the file with on a CPU.
+``mlp_concat``, ``use_rearrange_rope``) and ``apply_query_key_layer_scaling`` (true unless
+``--ms-option`` says otherwise), without which MindFormers' core attention applies no 1/√d
+at all. Device and run settings stay the user's, commented, with the values ms-port tests
+the file with on a CPU.
 """
 
 from __future__ import annotations
@@ -36,7 +37,8 @@ _RUN = {"use_flash_attention": (False, "true on Ascend (FlashAttentionScore); no
 
 
 def glm4_yaml(config: dict[str, Any], *, qkv_concat: bool = True, mlp_concat: bool = True,
-              use_rearrange_rope: bool = False, checkpoint: str | Path | None = None,
+              use_rearrange_rope: bool = False, apply_query_key_layer_scaling: bool = True,
+              checkpoint: str | Path | None = None,
               checkpoint_format: str = "ckpt",
               origin: str = "config.json") -> MindFormersYaml:
     """The YAML for the ``ChatGLM2ForConditionalGeneration`` the config describes.
@@ -61,8 +63,9 @@ def glm4_yaml(config: dict[str, Any], *, qkv_concat: bool = True, mlp_concat: bo
                        ("apply_residual_connection_post_layernorm", False),
                        ("add_qkv_bias", sizes.qkv_bias), ("add_bias_linear", sizes.dense_bias)):
         section.put(key, value)
-    section.put("apply_query_key_layer_scaling", True, note="without it MindFormers' core "
-                "attention applies no 1/sqrt(head_dim)")
+    section.put("apply_query_key_layer_scaling", apply_query_key_layer_scaling,
+                note="without it MindFormers' core attention (flash attention off) applies "
+                "no 1/sqrt(head_dim)")
     section.put("qkv_concat", qkv_concat, note="the checkpoint's layout")
     section.put("mlp_concat", mlp_concat, note="the checkpoint's layout")
     section.put("use_rearrange_rope", use_rearrange_rope, note="the checkpoint's layout: "
