@@ -11,6 +11,7 @@ import json
 import math
 import os
 import sys
+import textwrap
 from typing import Any
 
 import click
@@ -466,7 +467,7 @@ def archs(as_json: bool) -> None:
     from .archs import get_arch, list_archs
     from .archs.manifest import load_manifest
     from .match.mapping import selected_model_types
-    from .read.targets import FAMILIES, FAMILY_NETWORKS, ZOO_HELP
+    from .read.targets import FAMILIES, FAMILY_NETWORKS, ZOO_HELP, family_module
 
     entries = [get_arch(n) for n in list_archs()]
     # parameter counts from the recorded manifests; unrecorded (user) archs are not built
@@ -476,7 +477,9 @@ def archs(as_json: bool) -> None:
         params[a.name] = None if recorded is None else sum(
             math.prod(t.shape) for t in recorded.tensors.values())
     families = [{"name": f, "network": FAMILY_NETWORKS.get(f, ""),
-                 "model_types": selected_model_types(f)} for f in FAMILIES]
+                 "model_types": selected_model_types(f),
+                 "options": sorted(getattr(family_module(f), "OPTIONS", {}))}
+                for f in FAMILIES]
     if as_json:
         _emit_json({"archs": [{"name": a.name, "parameters": params[a.name],
                                "reference": a.reference, "mapping": a.mapping,
@@ -514,9 +517,16 @@ def archs(as_json: bool) -> None:
     console.print(arch_table)
     for note in sorted(notes):  # the same for every architecture: once, not per row
         console.print(Text(f"  {visible(note)}", style="dim"))
-    for part in (family_table, zoo_table):
-        console.print()
-        console.print(part)
+    console.print()
+    console.print(family_table)
+    console.print(Text("  --ms-option KEY=VALUE, per family:", style="dim"))
+    for f in families:  # wrapped under the family, not at the screen's edge
+        line = textwrap.fill(f"{f['name']}: {', '.join(f['options']) or 'none'}",
+                             width=max(40, console.width - 4), initial_indent="    ",
+                             subsequent_indent="      ")
+        console.print(Text(line, style="dim"))
+    console.print()
+    console.print(zoo_table)
 
 
 @main.command()

@@ -311,3 +311,8 @@ def test_archs_lists_every_target_and_fits_80_columns(monkeypatch):
     assert {f["name"] for f in data["families"]} == set(FAMILIES)
     assert "qwen3_moe" in next(f for f in data["families"]
                                if f["name"] == "mindformers:qwen3_moe")["model_types"]
+    # each family's --ms-option keys, on its own lines under the table
+    glm = next(f for f in data["families"] if f["name"] == "mindformers:glm4")
+    assert {"qkv_concat", "use_rearrange_rope"} <= set(glm["options"])
+    assert any(line.startswith("    mindformers:glm4: ") and "qkv_concat" in line
+               for line in lines)
