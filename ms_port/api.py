@@ -11,7 +11,7 @@ from typing import Any, Callable
 
 from .errors import MsPortError, TargetError
 from .match.patterns import Pattern, PatternError, compile_pattern
-from .match.plan import Plan, make_plan
+from .match.plan import Plan
 from .options import ConvertOptions, DiffOptions, ExportOptions, InspectOptions
 from .read.sources import Source, read_source
 from .read.targets import Target, from_arch
@@ -19,8 +19,6 @@ from .reports import ConversionReport, InspectReport
 from .resolve import (
     plan_for,
     read_with_config,
-    resolve_mapping,
-    resolve_target,
 )
 from .write.writers import Progress, check_not_input, check_output, write_plan, write_text
 
@@ -597,53 +595,8 @@ def diff(
         >>> d.ok, [(x.target, x.holds) for x in d.problems]
         (False, [('layer3.2.bn2.moving_mean', 'layer3.2.bn2.running_var')])
     """
-    from .check.tensors import compare_by_name, compare_through_plan
-    from .read.distributed import find_training_output
-    from .read.hub import is_hub_id
-    from .read.sources import MINDSPORE_FORMATS, detect_format
-    from .read.targets import from_infos
+    from .check.diff import diff as diff_step
 
-    opts = DiffOptions(arch=arch, ms_model=ms_model, mapping=mapping, key=key,
-                       unsafe_pickle=unsafe_pickle, revision=revision, strategy=strategy,
-                       step=step)
-    ids = [p for p in (a, b) if is_hub_id(p)]
-    if opts.revision is not None and not ids:
-        raise MsPortError(f"revision= (--revision) is for a Hugging Face id, and neither "
-                          f"{a} nor {b} is one — drop it")
-
-    def read(path: str | Path | Source) -> Source:
-        if isinstance(path, Source):
-            return path
-        if path in ids:  # a Hugging Face model: never a MindSpore checkpoint
-            return read_source(path, **opts.reading())
-        if find_training_output(Path(path)) is not None:  # names are kept as saved
-            return read_source(path, strip_prefixes=False, **opts.cluster())
-        if detect_format(path) == "mindspore-ckpt":  # names are kept exactly as saved
-            return read_source(path, strip_prefixes=False)
-        return read_source(path, key=opts.key, unsafe_pickle=opts.unsafe_pickle)
-
-    if (opts.strategy, opts.step) != (None, None) and not any(
-            find_training_output(Path(p)) for p in (a, b) if p not in ids):
-        raise MsPortError(f"--strategy and --step are for a distributed training output (a "
-                          f"folder of rank_N/ folders), and neither {a} nor {b} is one — "
-                          "drop them")
-    src_a, src_b = read(a), read(b)
-    ms_a, ms_b = (s.format in MINDSPORE_FORMATS for s in (src_a, src_b))
-    if ms_a == ms_b:
-        given = [n for n in ("arch", "ms_model", "mapping")
-                 if getattr(opts, n) not in (None, [], ())]
-        if given:
-            raise MsPortError(f"{src_a.path} and {src_b.path} are both "
-                              f"{'MindSpore' if ms_a else 'PyTorch'} checkpoints, compared "
-                              f"by name; {', '.join(given)} applies only to a PyTorch and "
-                              "MindSpore pair — drop it")
-        return compare_by_name(src_a, src_b)
-    torch_src, ms_src = (src_b, src_a) if ms_a else (src_a, src_b)
-    if opts.arch is not None or opts.ms_model is not None:
-        tgt = resolve_target(arch=opts.arch, ms_model=opts.ms_model)
-    else:  # the checkpoint's own names and shapes, as a template
-        tgt = from_infos(ms_src.tensors.values(), ms_src.path)
-    p = make_plan(torch_src, tgt, resolve_mapping(opts.mapping, arch=opts.arch),
-                  allow_missing=True, allow_unused=True)
-    values = {info.name: info.load for info in ms_src}
-    return compare_through_plan(p, values, a=torch_src.path, b=ms_src.path)
+    return diff_step(a, b, DiffOptions(arch=arch, ms_model=ms_model, mapping=mapping, key=key,
+                                       unsafe_pickle=unsafe_pickle, revision=revision,
+                                       strategy=strategy, step=step))
