@@ -30,25 +30,29 @@ SIZES = {"vocab": 128, "hidden": 64, "ffn": 96, "layers": 2, "heads": 4, "groups
 REARRANGED = {"use_rearrange_rope": True}
 
 
-def _hf(root: Path) -> Path:
+def _hf(root: Path, groups: int = SIZES["groups"], name: str = "hf") -> Path:
     import torch
     import transformers
 
     cfg = transformers.GlmConfig(
         vocab_size=SIZES["vocab"], hidden_size=SIZES["hidden"],
         intermediate_size=SIZES["ffn"], num_hidden_layers=SIZES["layers"],
-        num_attention_heads=SIZES["heads"], num_key_value_heads=SIZES["groups"],
+        num_attention_heads=SIZES["heads"], num_key_value_heads=groups,
         head_dim=SIZES["head_dim"], pad_token_id=0, eos_token_id=1)
     torch.manual_seed(0)
     model = transformers.GlmForCausalLM(cfg)
     with torch.no_grad():
         for name, param in model.named_parameters():  # norms off 1, biases off 0
             param.copy_(torch.randn(param.shape) * 0.1 + name.endswith("norm.weight"))
-    model.save_pretrained(root / "hf")
-    return root / "hf"
+    model.save_pretrained(root / name)
+    return root / name
 
 
-def _remote(root: Path, hf: Path, inv_freq_base: float = 10000.0) -> Path:
+def _remote(root: Path, hf: Path, inv_freq_base: float = 10000.0,
+            multi_head: bool = False) -> Path:
+    """``multi_head``: every head its own k and v, as a config with
+    ``multi_query_attention: false`` says (its ``multi_query_group_num`` left at
+    ChatGLMConfig's default 1, which is then not read)."""
     """The same weights as the original repo holds them (remote code's names)."""
     from safetensors.numpy import load_file, save_file
 
@@ -69,7 +73,7 @@ def _remote(root: Path, hf: Path, inv_freq_base: float = 10000.0) -> Path:
     dim = SIZES["head_dim"] // 2
     out["transformer.rotary_pos_emb.inv_freq"] = (
         1.0 / inv_freq_base ** (np.arange(0, dim, 2, dtype=np.float32) / dim)).astype(np.float32)
-    folder = root / f"remote-{inv_freq_base:g}"
+    folder = root / f"remote-{inv_freq_base:g}{'-mha' * multi_head}"
     folder.mkdir()
     save_file(out, str(folder / "model.safetensors"), metadata={"format": "pt"})
     (folder / "config.json").write_text(json.dumps({
@@ -77,7 +81,8 @@ def _remote(root: Path, hf: Path, inv_freq_base: float = 10000.0) -> Path:
         "num_layers": SIZES["layers"], "padded_vocab_size": SIZES["vocab"],
         "hidden_size": SIZES["hidden"], "ffn_hidden_size": SIZES["ffn"],
         "kv_channels": SIZES["head_dim"], "num_attention_heads": SIZES["heads"],
-        "multi_query_attention": True, "multi_query_group_num": SIZES["groups"],
+        "multi_query_attention": not multi_head,
+        "multi_query_group_num": 1 if multi_head else SIZES["groups"],
         "add_qkv_bias": True, "add_bias_linear": False, "layernorm_epsilon": 1.5625e-07,
         "rmsnorm": True, "rope_ratio": 1, "seq_length": 64}))
     return folder
@@ -527,3 +532,34 @@ def test_no_query_key_layer_scaling_is_a_setting_verify_fails_and_says_why(glm):
     failed = ms_port.verify(hf, ckpt, ms_model="mindformers:glm4", ms_options=off)
     assert failed.verdict == "FAIL"
     assert any("applies no 1/sqrt(head_dim)" in n for n in failed.notes)
+
+
+def test_multi_head_remote_config_reads_every_head_not_the_unused_group_count(tmp_path):
+    """A remote config with multi_query_attention false carries multi_query_group_num 1
+    (ChatGLMConfig's default) that nothing reads: the table's kv_groups takes it only where
+    the switch is true (a guarded alternative), so the split layout converts and the
+    rearranged rows are MindFormers' own in every head of k."""
+    pytest.importorskip("mindformers")
+    from ms_port.archs.mindformers import contained
+
+    hf = _hf(tmp_path, groups=SIZES["heads"], name="hf-mha")
+    remote = _remote(tmp_path, hf, multi_head=True)
+    split = tmp_path / "mha-split.ckpt"
+    report = ms_port.convert(remote, ms_model="mindformers:glm4",
+                             ms_options={"qkv_concat": False}, output=split)
+    assert report.ok
+    assert report.plan.params["kv_groups"][0] == SIZES["heads"]
+    ckpt = tmp_path / "mha-rr.ckpt"
+    assert ms_port.convert(remote, ms_model="mindformers:glm4", ms_options=REARRANGED,
+                           output=ckpt).ok
+    with contained():
+        from mindformers.models.glm2.convert_weight import rearrange_w
+    from safetensors.numpy import load_file
+
+    sd, d = load_file(hf / "model.safetensors"), SIZES["head_dim"]
+    p = "model.layers.0.self_attn."
+    want = np.concatenate([rearrange_w(sd[p + "q_proj.weight"], d),
+                           rearrange_w(sd[p + "k_proj.weight"], d), sd[p + "v_proj.weight"]])
+    got = read_source(ckpt).tensors[
+        "transformer.encoder.layers.0.self_attention.query_key_value.weight"].load()
+    assert np.array_equal(np.asarray(got), want)

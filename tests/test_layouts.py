@@ -18,7 +18,14 @@ from hypothesis import strategies as st
 from ms_port.errors import MappingError
 from ms_port.match.layouts import KINDS, Layout, LayoutError, concat, grouped, interleave
 from ms_port.match.mapping import MappingTable, Template, parse_mapping
-from ms_port.match.params import ParamError, check_expression, evaluate, names_in, resolve
+from ms_port.match.params import (
+    ParamError,
+    check_alternative,
+    check_expression,
+    evaluate,
+    names_in,
+    resolve,
+)
 from ms_port.match.plan import Conflict, make_plan
 from ms_port.read.sources import Source
 from ms_port.read.targets import from_infos
@@ -289,6 +296,27 @@ def test_resolve_ignores_nested_config_sections_and_names_the_failing_param():
         resolve(params, {"text_config": {"num_attention_heads": 4}, "hidden_size": 64})
     with pytest.raises(ParamError, match=r"param 'kv'.*'a'.*'b'"):
         resolve({"kv": ("a", "b")}, {})
+
+
+def test_a_guarded_alternative_holds_only_where_its_switch_is_true():
+    """{if: KEY, then: EXPR}: read where config KEY is true; a group count a config
+    carries with its switch off (or a switch that is not a bool) is not read."""
+    groups = {"kv": ({"if": "multi_query_attention", "then": "multi_query_group_num"},
+                     "num_attention_heads")}
+    base = {"num_attention_heads": 8, "multi_query_group_num": 2}
+    assert resolve(groups, {**base, "multi_query_attention": True})["kv"] == (
+        2, "multi_query_group_num, multi_query_attention true")
+    for off in (False, None, 1, "true"):
+        assert resolve(groups, {**base, "multi_query_attention": off})["kv"][0] == 8
+    assert resolve(groups, base)["kv"][0] == 8
+    with pytest.raises(ParamError, match="'multi_query_attention' is False"):
+        resolve({"kv": groups["kv"][:1]}, {**base, "multi_query_attention": False})
+    for bad in ({"if": "x"}, {"if": "x y", "then": "a"}, {"if": "x", "then": "a.b"},
+                {"if": "x", "then": "a", "else": "b"}):
+        with pytest.raises(ParamError):
+            check_alternative(bad)
+    with pytest.raises(MappingError, match=r"params\.kv"):
+        parse_mapping("params:\n  kv: [{if: x, then: 'import os'}]\n", origin="t.yaml")
 
 
 # -- mapping sections -----------------------------------------------------------------

@@ -29,6 +29,8 @@ split tensors, and tied ones (see :mod:`ms_port.match.layouts`, :mod:`ms_port.ma
       target: [mindformers:llama]
     params:                     # integers from config.json (first alternative that is set)
       kv_heads: [num_key_value_heads, num_attention_heads]
+      groups: [{if: multi_query_attention, then: multi_query_group_num},
+               num_attention_heads]     # an alternative only where a switch is true
       head_dim: [head_dim, hidden_size / num_attention_heads]
     fuse:                       # one MindSpore tensor from several PyTorch ones
       - target: 'model.layers.{i}.attention.w_qkv.weight'     # {i}: a number, same in all
@@ -97,7 +99,7 @@ import yaml
 
 from ..errors import MappingError, shown
 from .layouts import KINDS
-from .params import ParamError, check_expression, names_in
+from .params import ParamError, check_alternative, check_expression, names_in
 from .patterns import Pattern, PatternError, compile_pattern
 from .table import (
     DeclaredEntry,
@@ -305,7 +307,7 @@ def _params(data: Any, origin: str) -> dict[str, tuple[Any, ...]]:
         _expect(bool(alternatives), origin, entry, "an expression or a list of them")
         for expr in alternatives:
             try:
-                check_expression(expr)
+                check_alternative(expr)
             except ParamError as exc:
                 raise MappingError(f"{origin}: {entry}: {exc}; fix the entry",
                                    path=origin) from None

@@ -9,6 +9,11 @@ keys and earlier params, or a list of alternatives (the first whose keys are all
       head_dim: [head_dim, hidden_size / num_attention_heads]
       q_per_kv: heads / kv_heads
 
+An alternative may hold only where a config switch is true: ``{if: KEY, then: EXPR}``
+(``kv_groups: [{if: multi_query_attention, then: multi_query_group_num},
+num_attention_heads]``: the group count a config may carry with its switch off is not
+read).
+
 Expressions are parsed with :mod:`ast` and evaluated by hand: integers, names, ``+ - *``
 and exact ``/`` (``//`` rounds down). Nothing is ever ``eval``-ed; a division that
 leaves a remainder, a missing key or a non-integer value is an error naming the key.
@@ -63,6 +68,18 @@ def _bounded(value: int, text: str) -> int:
     return value
 
 
+def check_alternative(alternative: Any) -> None:
+    """An expression, or ``{if: KEY, then: EXPRESSION}`` (raises ParamError)."""
+    if isinstance(alternative, dict):
+        if set(alternative) != {"if", "then"} or not (
+                isinstance(alternative["if"], str) and alternative["if"].isidentifier()):
+            raise ParamError(f"{alternative!r}: a guarded alternative is {{if: CONFIG_KEY, "
+                             "then: EXPRESSION}")
+        check_expression(alternative["then"])
+        return
+    check_expression(alternative)
+
+
 def names_in(expr: Any) -> set[str]:
     return {n.id for n in ast.walk(check_expression(expr)) if isinstance(n, ast.Name)}
 
@@ -111,16 +128,24 @@ def resolve(params: dict[str, list[Any]], config: dict[str, Any]) -> dict[str, t
     for name, alternatives in params.items():
         errors = []
         for expr in alternatives:
+            how = str(expr)
+            if isinstance(expr, dict):  # {if: KEY, then: EXPR}: only where KEY is true
+                switch = values.get(expr["if"])
+                if switch is not True:
+                    errors.append(f"{expr['if']!r} is {switch!r}, not true")
+                    continue
+                expr, how = expr["then"], f"{expr['then']}, {expr['if']} true"
             try:
                 value = evaluate(expr, {**values, **{k: v for k, (v, _) in out.items()}})
             except ParamError as exc:
                 errors.append(str(exc))
                 continue
-            out[name] = (value, str(expr))
+            out[name] = (value, how)
             break
         else:
             raise ParamError(f"param {name!r}: " + "; ".join(errors))
     return out
 
 
-__all__ = ["ParamError", "check_expression", "evaluate", "names_in", "resolve"]
+__all__ = ["ParamError", "check_alternative", "check_expression", "evaluate", "names_in",
+           "resolve"]
