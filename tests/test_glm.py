@@ -10,8 +10,10 @@ to the ``-hf`` layout is bit-exact.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -563,3 +565,48 @@ def test_multi_head_remote_config_reads_every_head_not_the_unused_group_count(tm
     got = read_source(ckpt).tensors[
         "transformer.encoder.layers.0.self_attention.query_key_value.weight"].load()
     assert np.array_equal(np.asarray(got), want)
+
+
+def test_remote_switches_and_stored_buffers_as_real_checkpoints_hold_them(glm, tmp_path):
+    """GLM-4's remote code computes rotary_pos_emb.inv_freq in torch_dtype (bfloat16 in the
+    published checkpoints, each step rounded): convert and verify take it, while another
+    base in bfloat16 is still refused. A switch that changes the function and no tensor
+    (apply_residual_connection_post_layernorm) is refused by name; a layer named twice
+    (01 and 1) is refused by verify's view, as by convert."""
+    import ml_dtypes
+    import torch
+    from safetensors.numpy import load_file, save_file
+
+    remote = glm[2]
+    arrays = load_file(remote / "model.safetensors")
+    config = json.loads((remote / "config.json").read_text())
+    dim = SIZES["head_dim"] // 2
+
+    def variant(name: str, base: float = 10000.0, **extra: Any) -> Path:
+        freq = 1.0 / (base ** (torch.arange(0, dim, 2).to(torch.bfloat16) / dim))
+        folder = tmp_path / name
+        folder.mkdir()
+        held = {**arrays, "transformer.rotary_pos_emb.inv_freq":
+                freq.view(torch.int16).numpy().view(ml_dtypes.bfloat16)}
+        held.update(extra.pop("tensors", {}))
+        save_file(held, str(folder / "model.safetensors"))
+        (folder / "config.json").write_text(json.dumps({**config, **extra}))
+        return folder
+
+    bf16 = variant("bf16")
+    ckpt = tmp_path / "bf16.ckpt"
+    assert ms_port.convert(bf16, ms_model="mindformers:glm4", output=ckpt).ok
+    if importlib.util.find_spec("mindformers") is not None:
+        assert ms_port.verify(bf16, ckpt, ms_model="mindformers:glm4").verdict == "PASS"
+    with pytest.raises(MsPortError, match="inv_freq"):
+        ms_port.convert(variant("base", base=5e6), ms_model="mindformers:glm4",
+                        output=tmp_path / "base.ckpt")
+    assert not (tmp_path / "base.ckpt").exists()
+    with pytest.raises(MsPortError, match="apply_residual_connection_post_layernorm is true"):
+        ms_port.convert(variant("post", apply_residual_connection_post_layernorm=True),
+                        ms_model="mindformers:glm4", output=tmp_path / "post.ckpt")
+    twice = variant("twice", tensors={
+        "transformer.encoder.layers.01.input_layernorm.weight":
+            arrays["transformer.encoder.layers.1.input_layernorm.weight"]})
+    with pytest.raises(MsPortError, match="names a tensor another one already names"):
+        ms_port.verify(twice, ckpt, ms_model="mindformers:glm4")

@@ -94,6 +94,17 @@ def glm_sizes(config: dict[str, Any]) -> GlmSizes:
         if not read_bool(config, "rmsnorm", True):
             raise TargetError("config.json: rmsnorm is false; MindFormers' ChatGLM2 for GLM-4 "
                               "is built with RMSNorm")
+        # switches that change the function and no tensor: GLM-4's own values, or refused
+        # (the target, its YAML and transformers' glm class compute with these values)
+        for key, value in (("apply_residual_connection_post_layernorm", False),
+                           ("post_layer_norm", True)):
+            if read_bool(config, key, value) != value:
+                raise TargetError(
+                    f"config.json: {key} is {str(not value).lower()}; GLM-4-9B has it "
+                    f"{str(value).lower()}, and ms-port's {FAMILY} target (its YAML, and "
+                    "transformers' GlmForCausalLM verify runs it as) computes with "
+                    f"{str(value).lower()} — a network with it "
+                    f"{str(not value).lower()} is not this family")
     else:
         raise TargetError(f"config.json: model_type {shown(model_type)}; {FAMILY} takes "
                           "GLM-4-9B's configs: 'glm' (the -hf repos) or 'chatglm' (the "
@@ -171,11 +182,11 @@ def target(config: dict[str, Any], *, qkv_concat: bool = True, mlp_concat: bool 
     sizes = glm_sizes(config)
     if use_rearrange_rope and not qkv_concat and sizes.layout == "remote":
         raise TargetError(
-            "mindformers:glm4 with qkv_concat=false and use_rearrange_rope=true cannot be "
-            "filled from the remote-code layout: its query_key_value would be split and each "
-            "part's rows rearranged, which ms-port does not do yet; convert with qkv_concat="
-            "true (MindFormers' default, as in finetune_glm4_9b.yaml), or from the -hf "
-            "layout (transformers' glm names)")
+            "mindformers:glm4 with qkv_concat=false and use_rearrange_rope=true has no route "
+            "to or from the remote-code layout: its query_key_value would be split and each "
+            "part's rows rearranged, which ms-port does not do yet; use qkv_concat=true "
+            "(MindFormers' default, as in finetune_glm4_9b.yaml), or the -hf layout "
+            "(transformers' glm names)")
     tensors = glm_tensors(sizes, qkv_concat=qkv_concat, mlp_concat=mlp_concat)
     variant = ", ".join([("fused" if qkv_concat else "separate") + " qkv",
                          ("fused" if mlp_concat else "separate") + " gate/up"]
@@ -183,10 +194,13 @@ def target(config: dict[str, Any], *, qkv_concat: bool = True, mlp_concat: bool 
     notes = [f"the network's rotary base is 10000 × rope_ratio = {10000 * sizes.rope_ratio:g} "
              f"over head_dim / 2 = {sizes.head_dim // 2} dimensions"] if sizes.rope_ratio != 1 \
         else []
-    if use_rearrange_rope:
-        notes.append("use_rearrange_rope: each head's q and k rows hold the rotary pairs as "
-                     "halves (even rows, then odd ones), as MindFormers' convert_weight.py "
-                     "lays them out; a network built with it false needs the plain layout")
+    notes.append(
+        "use_rearrange_rope: each head's q and k rows hold the rotary pairs as halves (even "
+        "rows, then odd ones), as MindFormers' convert_weight.py lays them out; a network "
+        "built with it false needs the plain layout" if use_rearrange_rope else
+        "q and k rows in Hugging Face's order (use_rearrange_rope false); a checkpoint "
+        "converted with --ms-option use_rearrange_rope=true needs it here too: names cannot "
+        "show that layout")
     if not apply_query_key_layer_scaling:
         notes.append(NO_SCALING)
     return Target("family", f"{FAMILY} ({variant})", {t.name: t for t in tensors},

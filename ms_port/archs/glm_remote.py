@@ -76,6 +76,7 @@ def as_hf(src: Source) -> tuple[Source, list[str]]:
     config = src.config or {}
     if config.get("model_type") != "chatglm":
         return src, []
+    config_hf = hf_config(config)  # what transformers' class cannot hold, refused first
     sizes = glm_sizes(config)
     q, kv = sizes.heads * sizes.head_dim, sizes.kv_groups * sizes.head_dim
     spans = {"q_proj": (0, q), "k_proj": (q, q + kv), "v_proj": (q + kv, q + 2 * kv)}
@@ -89,6 +90,10 @@ def as_hf(src: Source) -> tuple[Source, list[str]]:
                                   path=src.path)
             continue
         name = _hf_name(info.name, src.path)
+        if name in tensors or name.replace("query_key_value", "q_proj") in tensors:
+            raise SourceError(f"{src.path}: {shown(info.name)} names a tensor another one "
+                              "already names (a layer number written twice); check the "
+                              "checkpoint", path=src.path)
         if not name.endswith(("query_key_value.weight", "query_key_value.bias")):
             tensors[name] = replace(info, name=name)
             continue
@@ -101,7 +106,6 @@ def as_hf(src: Source) -> tuple[Source, list[str]]:
             tensors[part_name] = TensorInfo(
                 part_name, (stop - start, *info.shape[1:]), info.dtype,
                 lambda i=info, a=start, b=stop: i.load_rows(a, b))
-    config_hf = hf_config(config)
     note = ("the remote-code layout (model_type chatglm) ran as transformers' "
             "GlmForCausalLM, which transformers has for it (the -hf repos): query_key_value "
             "split into q/k/v rows, the config read as GlmConfig (rope_theta 10000 × "

@@ -107,7 +107,8 @@ def verify(source: str | Path, checkpoint: str | Path, options: VerifyOptions,
     src, ckpt, swapped = _read_both(source, checkpoint, opts)
     if swapped:  # given MindSpore first (e.g. after an export): both directions work
         source, checkpoint = checkpoint, source
-    src, reference_notes = _reference_view(src, opts.ms_model)
+    src, reference_notes = (src, []) if opts.torch_model is not None else \
+        _reference_view(src, opts.ms_model)  # a PyTorch model given holds its own names
     language = opts.arch is None and is_language_model(src.config)
     if opts.arch is None and (opts.ms_model is None
                               or (opts.torch_model is None and not language)):

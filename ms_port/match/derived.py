@@ -58,15 +58,32 @@ DERIVED = {
 }
 
 
+def rounding_of(dtype: Any) -> float:
+    """Twice the relative step of a float dtype (bfloat16: 2^-6), 0 for others: a buffer
+    computed and stored in a narrow dtype (GLM-4's remote code computes its ``inv_freq``
+    in ``torch_dtype``: bfloat16, each step rounded) is off the exact value by a few of
+    its steps, while another base or size is off by far more."""
+    import ml_dtypes
+
+    try:
+        return 2.0 * float(ml_dtypes.finfo(dtype).eps)
+    except (TypeError, ValueError):
+        return 0.0
+
+
 def agrees(value: Derived, held: np.ndarray, config: dict[str, Any]) -> tuple[bool, str]:
-    """Whether ``held`` is what ``config`` implies, and how far from it (for messages)."""
+    """Whether ``held`` is what ``config`` implies, within ``value.rtol`` or the rounding
+    of the dtype it is stored in, and how far from it (for messages)."""
     expected = value.compute(config)
+    stored = np.asarray(held).dtype
     held = np.asarray(held, dtype=np.float64)
     if held.shape != expected.shape:
         return False, f"shape {tuple(held.shape)}, the config implies {tuple(expected.shape)}"
     worst = float(np.max(np.abs(held - expected) / np.maximum(np.abs(expected), 1e-30),
                          initial=0.0))
-    return bool(worst <= value.rtol), f"relative difference {worst:.2g}"
+    rtol = max(value.rtol, rounding_of(stored))
+    return bool(worst <= rtol), (f"relative difference {worst:.2g}, at most {rtol:.2g} "
+                                 "counted as equal")
 
 
-__all__ = ["DERIVED", "Derived", "agrees"]
+__all__ = ["DERIVED", "Derived", "agrees", "rounding_of"]

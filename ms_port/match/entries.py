@@ -214,6 +214,15 @@ def shape_or_none(transforms: tuple[Transform, ...],
         return None
 
 
+def transforms_made(transforms: tuple[Transform, ...], shape: tuple[int, ...]) -> str:
+    """What ``transforms`` make of ``shape``, for a message: ``then 8×4``, or why they
+    cannot apply (``its transforms cannot apply: cannot reorder …``)."""
+    try:
+        return f"then {format_shape(shape_after(transforms, shape))}"
+    except ValueError as exc:
+        return f"its transforms cannot apply: {exc}"
+
+
 def fit(shape: tuple[int, ...], tt: TargetTensor,
         transforms: tuple[Transform, ...]) -> tuple[Transform, ...] | None:
     """The transforms that make ``shape`` fit the target, or ``None`` if nothing does: a

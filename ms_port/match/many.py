@@ -17,7 +17,7 @@ from ..read.sources import Source
 from ..read.targets import Target, TargetTensor
 from ..read.tensors import TensorInfo, format_shape
 from .derived import DERIVED, agrees
-from .entries import Conflict, Dropped, Match, cast_dtype, shape_or_none
+from .entries import Conflict, Dropped, Match, cast_dtype, shape_or_none, transforms_made
 from .layouts import Layout, LayoutError
 from .mapping import MappingTable, Template
 from .params import ParamError, evaluate, resolve
@@ -140,7 +140,11 @@ class Many:
             except ParamError as exc:
                 raise MappingError(f"{entry.where}: transforms: {exc} — check config.json",
                                    path=self.mapping.origin) from None
-        return tuple(t.resolved(value) for t in entry.transforms)
+        try:
+            return tuple(t.resolved(value) for t in entry.transforms)
+        except ValueError as exc:  # a size the config computes that the op cannot take
+            raise MappingError(f"{entry.where}: transforms: {exc} — check config.json",
+                               path=self.mapping.origin) from None
 
     def _fuse(self, entry: Any) -> None:
         axis = entry.layout.axis
@@ -185,7 +189,7 @@ class Many:
             if made != tt.shape or len(dtypes) > 1:
                 why = (f"its parts have dtypes {sorted(dtypes)}" if len(dtypes) > 1 else
                        f"{layout} makes {format_shape(joined)}"
-                       + (f", then {format_shape(made)}" if transforms else ""))
+                       + (f", {transforms_made(transforms, joined)}" if transforms else ""))
                 self.conflicts.append(Conflict(
                     "shape", (t,), tuple(names),
                     f"{t!r} ({format_shape(tt.shape)}) cannot be fused from "
@@ -225,7 +229,7 @@ class Many:
                 one = tuple(t.resolved(lambda x: evaluate(x, values)) for t in entry.transforms)
                 two = tuple(t.resolved(lambda x: evaluate(x, {**values, count: 2}))
                             for t in entry.transforms)
-            except ParamError:
+            except ValueError:  # ParamError among them
                 one = two = ()
             ok = bool(one) and separable(layout.axis, shapes, k, two, one)
             self.separable[key] = one if ok else None
@@ -243,8 +247,7 @@ class Many:
                 "shape", (t,), (name,),
                 f"{name!r} ({format_shape(info.shape)}) cannot fill {t!r} "
                 f"({format_shape(tt.shape)}) ({entry.where})"
-                + (f": its transforms make {format_shape(made)}" if transforms and made
-                   else "")))
+                + (f": {transforms_made(transforms, info.shape)}" if transforms else "")))
             return
         self.matches[t] = Match(t, name, "mapping", f"renamed by {entry.where}", info.shape,
                                 tt.shape, info.dtype, cast_dtype(info.dtype, self.dtype),
