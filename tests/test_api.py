@@ -491,7 +491,7 @@ def test_a_user_factory_is_introspected_without_drawing_its_weights():
     ms = pytest.importorskip("mindspore")
     from mindspore.common.initializer import Initializer
 
-    from ms_port.api import resolve_target
+    from ms_port.resolve import resolve_target
 
     drawn = []
 

@@ -295,7 +295,7 @@ def test_tied_head_is_reported_as_tied_in_text_and_json(models, tmp_path, cli):
 def test_untied_target_of_a_tied_model_fills_the_head_from_the_embedding(tmp_path):
     src = tiny_hf_lm("llama", tmp_path / "m", tied=True)
     config = json.loads((src / "config.json").read_text())
-    from ms_port.api import resolve_target  # not an attribute of ms_port until imported
+    from ms_port.resolve import resolve_target
 
     untied = resolve_target(ms_model="mindformers:llama",
                             config={**config, "tie_word_embeddings": False})
