@@ -568,6 +568,8 @@ def diff(
     revision: str | None = None,
     strategy: str | Path | None = None,
     step: str | None = None,
+    config: Any = None,
+    ms_options: dict[str, Any] | None = None,
 ) -> Any:
     """Compare two checkpoints tensor by tensor, and say what each differing one holds.
 
@@ -585,6 +587,11 @@ def diff(
         key / unsafe_pickle: how to read a PyTorch file, as for :func:`inspect`.
         revision: the branch, tag or commit of whichever of ``a`` and ``b`` is a Hugging
             Face Hub id (see :func:`plan`).
+        strategy / step: a distributed training output's strategy and save, as for
+            :func:`inspect`.
+        config / ms_options: the PyTorch side's ``config.json`` (default: the one beside
+            it, or in its Hugging Face directory) and a known family's options, as for
+            :func:`convert` (``ms_model="mindformers:glm4"``).
 
     Returns:
         A :class:`~ms_port.check.tensors.TensorDiff`; ``ok`` when every tensor is
@@ -599,4 +606,5 @@ def diff(
 
     return diff_step(a, b, DiffOptions(arch=arch, ms_model=ms_model, mapping=mapping, key=key,
                                        unsafe_pickle=unsafe_pickle, revision=revision,
-                                       strategy=strategy, step=step))
+                                       strategy=strategy, step=step, config=config,
+                                       ms_options=ms_options))

@@ -541,9 +541,11 @@ def archs(as_json: bool) -> None:
 @click.option("--all", "show_all", is_flag=True, help="List identical tensors too.")
 @_source_options
 @_cluster_options
+@_model_options
 def diff(a: str, b: str, arch: str | None, ms_model: str | None, maps: tuple[str, ...],
          as_json: bool, show_all: bool, key: str | None, unsafe_pickle: bool,
-         revision: str | None, strategy: str | None, step: str | None) -> None:
+         revision: str | None, strategy: str | None, step: str | None, config: str | None,
+         ms_options: tuple[str, ...]) -> None:
     """Compare the tensors of A and B, and name what each differing one holds.
 
     A .pth (or .safetensors) and a .ckpt, in either order, are compared through the
@@ -557,7 +559,7 @@ def diff(a: str, b: str, arch: str | None, ms_model: str | None, maps: tuple[str
         raise click.UsageError("give --arch or --ms-model, not both")
     report = api.diff(a, b, arch=arch, ms_model=ms_model, mapping=list(maps), key=key,
                       unsafe_pickle=unsafe_pickle, revision=revision, strategy=strategy,
-                      step=step)
+                      step=step, config=config, ms_options=_options(ms_options) or None)
     _finish(report, as_json=as_json, show="all" if show_all else "summary")
 
 

@@ -73,8 +73,10 @@ class DiffOptions(ClusterOptions, SourceOptions):
     """What ``diff`` compares through (see :func:`ms_port.diff`)."""
 
     arch: str | None = _opt(None, "the MindSpore side: a registered architecture")
-    ms_model: Any = _opt(None, "the MindSpore side: a Cell factory")
+    ms_model: Any = _opt(None, "the MindSpore side: a Cell factory, or a family")
     mapping: Any = _opt(None, "extra mapping table(s)", "--map")
+    config: Any = _opt(None, "the model's config.json (or a dict)")
+    ms_options: dict[str, Any] | None = _opt(None, "a known family's options", "--ms-option")
 
 
 @dataclass(frozen=True)

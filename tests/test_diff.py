@@ -282,11 +282,12 @@ def test_cli_calls_the_library(monkeypatch):
 
     monkeypatch.setattr(ms_port.api, "diff", fake)
     result = _cli("x.pth", "y.ckpt", "--arch", "resnet18", "--map", "m.yaml", "--key", "ema",
-                  "--step", "1_10")
+                  "--step", "1_10", "--config", "c.json", "--ms-option", "qkv_concat=true")
     assert result.exit_code == 0, result.output
     assert seen == {"a": "x.pth", "b": "y.ckpt", "arch": "resnet18", "ms_model": None,
                     "mapping": ["m.yaml"], "key": "ema", "unsafe_pickle": False,
-                    "revision": None, "strategy": None, "step": "1_10"}
+                    "revision": None, "strategy": None, "step": "1_10", "config": "c.json",
+                    "ms_options": {"qkv_concat": "true"}}
 
 
 def test_names_from_files_are_escaped(tmp_path):

@@ -610,3 +610,25 @@ def test_remote_switches_and_stored_buffers_as_real_checkpoints_hold_them(glm, t
             arrays["transformer.encoder.layers.1.input_layernorm.weight"]})
     with pytest.raises(MsPortError, match="names a tensor another one already names"):
         ms_port.verify(twice, ckpt, ms_model="mindformers:glm4")
+
+
+def test_diff_takes_the_hf_directory_and_recognises_the_family(glm):
+    """diff reads a Hugging Face directory with its config.json, recognises a glm4
+    checkpoint by its names (its table, as export does) and takes --ms-option for the
+    layout names cannot show: without it a rearranged checkpoint's q/k rows differ."""
+    root, hf, remote = glm
+    plain, rearranged = root / "diff-plain.ckpt", root / "diff-rr.ckpt"
+    assert ms_port.convert(hf, ms_model="mindformers:glm4", output=plain).ok
+    assert ms_port.convert(hf, ms_model="mindformers:glm4", ms_options=REARRANGED,
+                           output=rearranged).ok
+    assert ms_port.diff(hf, plain).ok
+    assert ms_port.diff(remote, plain, ms_model="mindformers:glm4").ok
+    assert ms_port.diff(hf, rearranged, ms_options=REARRANGED).ok
+    differs = ms_port.diff(hf, rearranged)
+    assert not differs.ok
+    assert {d.target for d in differs.problems} == {
+        f"transformer.encoder.layers.{i}.self_attention.query_key_value.{k}"
+        for i in range(SIZES["layers"]) for k in ("weight", "bias")}
+    with pytest.raises(MsPortError, match="--ms-option is for a known family"):
+        ms_port.diff(hf / "model.safetensors", plain, ms_options=REARRANGED,
+                     config={"model_type": "other"})

@@ -14,8 +14,8 @@ from ..options import DiffOptions
 from ..read.distributed import find_training_output
 from ..read.hub import is_hub_id
 from ..read.sources import MINDSPORE_FORMATS, Source, detect_format, read_source
-from ..read.targets import from_infos
-from ..resolve import resolve_mapping, resolve_target
+from ..read.targets import from_family, from_infos, recognise_family
+from ..resolve import read_with_config, resolve_mapping, resolve_target
 from .tensors import TensorDiff, compare_by_name, compare_through_plan
 
 
@@ -33,9 +33,11 @@ def diff(a: str | Path | Source, b: str | Path | Source, opts: DiffOptions) -> T
             return read_source(path, **opts.reading())
         if find_training_output(Path(path)) is not None:  # names are kept as saved
             return read_source(path, strip_prefixes=False, **opts.cluster())
-        if detect_format(path) == "mindspore-ckpt":  # names are kept exactly as saved
-            return read_source(path, strip_prefixes=False)
-        return read_source(path, key=opts.key, unsafe_pickle=opts.unsafe_pickle)
+        if not Path(path).is_dir() and detect_format(path) == "mindspore-ckpt":
+            return read_source(path, strip_prefixes=False)  # names kept exactly as saved
+        # a PyTorch file or a Hugging Face directory, with its config (a family needs it)
+        return read_with_config(path, config=opts.config, key=opts.key,
+                                unsafe_pickle=opts.unsafe_pickle)
 
     if (opts.strategy, opts.step) != (None, None) and not any(
             find_training_output(Path(p)) for p in (a, b) if p not in ids):
@@ -55,11 +57,20 @@ def diff(a: str | Path | Source, b: str | Path | Source, opts: DiffOptions) -> T
         return compare_by_name(src_a, src_b)
     torch_src, ms_src = (src_b, src_a) if ms_a else (src_a, src_b)
     if opts.arch is not None or opts.ms_model is not None:
-        tgt = resolve_target(arch=opts.arch, ms_model=opts.ms_model)
+        tgt = resolve_target(arch=opts.arch, ms_model=opts.ms_model, config=torch_src.config,
+                             ms_options=opts.ms_options)
     else:  # the checkpoint's own names and shapes, as a template
         tgt = from_infos(ms_src.tensors.values(), ms_src.path)
-    p = make_plan(torch_src, tgt, resolve_mapping(opts.mapping, arch=opts.arch),
-                  allow_missing=True, allow_unused=True)
+        # a known family's checkpoint, recognised by its names as export recognises it:
+        # its table, and the settings that table reads (a layout names do not show)
+        tgt.family = recognise_family(torch_src.config, set(ms_src.tensors))
+        if tgt.family is not None:
+            tgt.settings = from_family(tgt.family, torch_src.config, opts.ms_options).settings
+        elif opts.ms_options:
+            raise MsPortError("--ms-option is for a known family's checkpoint, and this one "
+                              "is none (name it with --ms-model, or drop the options)")
+    table = resolve_mapping(opts.mapping, arch=opts.arch, config=torch_src.config, target=tgt)
+    p = make_plan(torch_src, tgt, table, allow_missing=True, allow_unused=True)
     values = {info.name: info.load for info in ms_src}
     return compare_through_plan(p, values, a=torch_src.path, b=ms_src.path)
 
