@@ -632,3 +632,25 @@ def test_diff_takes_the_hf_directory_and_recognises_the_family(glm):
     with pytest.raises(MsPortError, match="--ms-option is for a known family"):
         ms_port.diff(hf / "model.safetensors", plain, ms_options=REARRANGED,
                      config={"model_type": "other"})
+
+
+def test_a_tied_remote_checkpoint_fills_the_output_layer_from_the_embedding(glm, tmp_path):
+    from safetensors.numpy import load_file, save_file
+
+    remote = glm[2]
+    arrays = load_file(remote / "model.safetensors")
+    del arrays["transformer.output_layer.weight"]
+    tied = tmp_path / "tied"
+    tied.mkdir()
+    save_file(arrays, str(tied / "model.safetensors"))
+    config = {**json.loads((remote / "config.json").read_text()), "tie_word_embeddings": True}
+    (tied / "config.json").write_text(json.dumps(config))
+    ckpt = tmp_path / "tied.ckpt"
+    assert ms_port.convert(tied, ms_model="mindformers:glm4", output=ckpt).ok
+    got = read_source(ckpt).tensors
+    assert np.array_equal(np.asarray(got["transformer.output_layer.weight"].load()),
+                          arrays["transformer.embedding.word_embeddings.weight"])
+    config["tie_word_embeddings"] = False
+    (tied / "config.json").write_text(json.dumps(config))
+    assert not ms_port.convert(tied, ms_model="mindformers:glm4",
+                               output=tmp_path / "untied.ckpt").ok
