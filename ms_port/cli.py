@@ -101,11 +101,13 @@ def _cluster_options(f: Any) -> Any:
 def _model_options(f: Any) -> Any:
     """What a language-model conversion needs beside the weights."""
     f = click.option("--config", "config", metavar="config.json",
-                     help="The model's config (default: config.json beside SOURCE, or in "
-                          "a Hugging Face model directory).")(f)
+                     help="The model's config (default: config.json beside the PyTorch "
+                          "checkpoint, or in its Hugging Face model directory).")(f)
     f = click.option("--ms-option", "ms_options", multiple=True, metavar="KEY=VALUE",
-                     help="Option of a known --ms-model family, repeatable (mindformers:llama:"
-                          " qkv_concat=true for fused q/k/v and gate/up).")(f)
+                     help="Option of a known model family (--ms-model FAMILY, or one "
+                          "recognised by its names), repeatable (mindformers:llama: "
+                          "qkv_concat=true for fused q/k/v and gate/up; ms-port archs lists "
+                          "each family's).")(f)
     return f
 
 
@@ -534,7 +536,8 @@ def archs(as_json: bool) -> None:
 @click.argument("b", type=click.Path(dir_okay=True))
 @click.option("--arch", metavar="NAME", help=f"MindSpore side: {ARCH_HELP}.")
 @click.option("--ms-model", metavar="MODULE:CALLABLE",
-              help="MindSpore side: a function returning a mindspore.nn.Cell.")
+              help="MindSpore side: a function returning a mindspore.nn.Cell, or a known "
+                   "family built from the PyTorch side's config.json (mindformers:glm4).")
 @click.option("--map", "maps", multiple=True, metavar="YAML",
               help="Extra mapping table (repeatable), as for convert.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
@@ -548,8 +551,9 @@ def diff(a: str, b: str, arch: str | None, ms_model: str | None, maps: tuple[str
          ms_options: tuple[str, ...]) -> None:
     """Compare the tensors of A and B, and name what each differing one holds.
 
-    A .pth (or .safetensors) and a .ckpt, in either order, are compared through the
-    conversion plan (the MindSpore side: --arch, --ms-model, or the .ckpt's own names);
+    A .pth (or .safetensors, or a Hugging Face directory) and a .ckpt, in either order,
+    are compared through the conversion plan (the MindSpore side: --arch, --ms-model, or
+    the .ckpt's own names, with a known family's table where they are its);
     two files of one framework are paired by name. Exit 0 identical, 1 differences,
     2 bad input. A or B may be a Hugging Face id (org/name, see --revision).
     """

@@ -629,6 +629,13 @@ def test_diff_takes_the_hf_directory_and_recognises_the_family(glm):
     assert {d.target for d in differs.problems} == {
         f"transformer.encoder.layers.{i}.self_attention.query_key_value.{k}"
         for i in range(SIZES["layers"]) for k in ("weight", "bias")}
+    assert any("use_rearrange_rope=true needs it here too" in n for n in differs.notes)
+    # the layout the names show is taken, and an option that contradicts it is refused
+    with pytest.raises(MsPortError, match="names are mindformers:glm4's layout with "
+                                          "qkv_concat=true"):
+        ms_port.diff(hf, plain, ms_options={"qkv_concat": "false"})
+    with pytest.raises(MsPortError, match="compared by name; config, ms_options apply"):
+        ms_port.diff(plain, rearranged, config=hf / "config.json", ms_options=REARRANGED)
     with pytest.raises(MsPortError, match="--ms-option is for a known family"):
         ms_port.diff(hf / "model.safetensors", plain, ms_options=REARRANGED,
                      config={"model_type": "other"})

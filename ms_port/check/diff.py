@@ -14,7 +14,7 @@ from ..options import DiffOptions
 from ..read.distributed import find_training_output
 from ..read.hub import is_hub_id
 from ..read.sources import MINDSPORE_FORMATS, Source, detect_format, read_source
-from ..read.targets import from_family, from_infos, recognise_family
+from ..read.targets import checkpoint_family, from_infos, recognise_family
 from ..resolve import read_with_config, resolve_mapping, resolve_target
 from .tensors import TensorDiff, compare_by_name, compare_through_plan
 
@@ -47,15 +47,20 @@ def diff(a: str | Path | Source, b: str | Path | Source, opts: DiffOptions) -> T
     src_a, src_b = read(a), read(b)
     ms_a, ms_b = (s.format in MINDSPORE_FORMATS for s in (src_a, src_b))
     if ms_a == ms_b:
-        given = [n for n in ("arch", "ms_model", "mapping")
-                 if getattr(opts, n) not in (None, [], ())]
+        given = [n for n in ("arch", "ms_model", "mapping", "config", "ms_options")
+                 if getattr(opts, n) not in (None, [], (), {})]
         if given:
             raise MsPortError(f"{src_a.path} and {src_b.path} are both "
                               f"{'MindSpore' if ms_a else 'PyTorch'} checkpoints, compared "
-                              f"by name; {', '.join(given)} applies only to a PyTorch and "
-                              "MindSpore pair — drop it")
+                              f"by name; {', '.join(given)} "
+                              f"{'apply' if len(given) > 1 else 'applies'} only to a PyTorch "
+                              f"and MindSpore pair — drop {'them' if len(given) > 1 else 'it'}")
         return compare_by_name(src_a, src_b)
     torch_src, ms_src = (src_b, src_a) if ms_a else (src_a, src_b)
+    hints: list[str] = []
+    if opts.arch is not None and opts.ms_options:
+        raise MsPortError("--ms-option is for a known family (--ms-model mindformers:…), not "
+                          "an architecture; drop it")
     if opts.arch is not None or opts.ms_model is not None:
         tgt = resolve_target(arch=opts.arch, ms_model=opts.ms_model, config=torch_src.config,
                              ms_options=opts.ms_options)
@@ -63,16 +68,22 @@ def diff(a: str | Path | Source, b: str | Path | Source, opts: DiffOptions) -> T
         tgt = from_infos(ms_src.tensors.values(), ms_src.path)
         # a known family's checkpoint, recognised by its names as export recognises it:
         # its table, and the settings that table reads (a layout names do not show)
-        tgt.family = recognise_family(torch_src.config, set(ms_src.tensors))
+        names = set(ms_src.tensors)
+        tgt.family = recognise_family(torch_src.config, names)
         if tgt.family is not None:
-            tgt.settings = from_family(tgt.family, torch_src.config, opts.ms_options).settings
+            family = checkpoint_family(tgt.family, torch_src.config or {}, names,
+                                       opts.ms_options)
+            tgt.settings, hints = family.settings, family.notes
         elif opts.ms_options:
             raise MsPortError("--ms-option is for a known family's checkpoint, and this one "
                               "is none (name it with --ms-model, or drop the options)")
     table = resolve_mapping(opts.mapping, arch=opts.arch, config=torch_src.config, target=tgt)
     p = make_plan(torch_src, tgt, table, allow_missing=True, allow_unused=True)
     values = {info.name: info.load for info in ms_src}
-    return compare_through_plan(p, values, a=torch_src.path, b=ms_src.path)
+    found = compare_through_plan(p, values, a=torch_src.path, b=ms_src.path)
+    if not found.ok:  # what the family says of a layout its names cannot show
+        found.notes += [n for n in (hints or tgt.notes) if n not in found.notes]
+    return found
 
 
 __all__ = ["diff"]

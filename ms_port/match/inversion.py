@@ -257,7 +257,7 @@ def export_plan(checkpoint: str | Path, opts: ExportOptions,
                 config: dict[str, Any] | None = None, config_path: str | None = None) -> Plan:
     """The inverted plan for :func:`ms_port.export` (see the module docstring); ``config``
     is the Hugging Face config read from ``opts.config`` (at ``config_path``)."""
-    from ..read.targets import FAMILIES, from_family
+    from ..read.targets import FAMILIES, checkpoint_family
 
     arch, torch_model, ms_model, ms_options = (opts.arch, opts.torch_model, opts.ms_model,
                                                opts.ms_options)
@@ -274,9 +274,10 @@ def export_plan(checkpoint: str | Path, opts: ExportOptions,
     ms_side = _ms_side(ckpt, arch, None if family else ms_model)
     ms_side.family = family
     if ms_options and family is not None and torch_side.config is not None:
-        # the settings its table reads (a layout its names do not show); without options
-        # the table's defaults hold, as they did on conversion
-        ms_side.settings = from_family(family, torch_side.config, ms_options).settings
+        # the settings its table reads: the layout its names show, and the options for
+        # one they do not; without options the table's defaults hold, as on conversion
+        ms_side.settings = checkpoint_family(family, torch_side.config, set(ckpt.tensors),
+                                             ms_options).settings
     elif ms_options:
         missing = "no config.json was given" if family else "no family was named or recognised"
         raise TargetError("--ms-option is for a known --ms-model family "

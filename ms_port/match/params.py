@@ -72,9 +72,10 @@ def check_alternative(alternative: Any) -> None:
     """An expression, or ``{if: KEY, then: EXPRESSION}`` (raises ParamError)."""
     if isinstance(alternative, dict):
         if set(alternative) != {"if", "then"} or not (
-                isinstance(alternative["if"], str) and alternative["if"].isidentifier()):
-            raise ParamError(f"{alternative!r}: a guarded alternative is {{if: CONFIG_KEY, "
-                             "then: EXPRESSION}")
+                isinstance(alternative["if"], str) and alternative["if"].isidentifier()
+                and len(alternative["if"]) <= MAX_EXPR):
+            raise ParamError(f"{repr(alternative)[:MAX_EXPR]}: a guarded alternative is "
+                             "{if: CONFIG_KEY, then: EXPRESSION}")
         check_expression(alternative["then"])
         return
     check_expression(alternative)
@@ -132,7 +133,7 @@ def resolve(params: dict[str, list[Any]], config: dict[str, Any]) -> dict[str, t
             if isinstance(expr, dict):  # {if: KEY, then: EXPR}: only where KEY is true
                 switch = values.get(expr["if"])
                 if switch is not True:
-                    errors.append(f"{expr['if']!r} is {switch!r}, not true")
+                    errors.append(f"{expr['if']!r} is {repr(switch)[:40]}, not true")
                     continue
                 expr, how = expr["then"], f"{expr['then']}, {expr['if']} true"
             try:

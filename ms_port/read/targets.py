@@ -424,15 +424,38 @@ def recognise_family(config: dict[str, Any] | None, names: set[str]) -> str | No
     if not config:
         return None
     for spec in FAMILIES:
-        module = family_module(spec)
-        for options in getattr(module, "VARIANTS", ({},)):
-            try:
-                target = module.target(config, **options)
-            except MsPortError:
-                break  # the config is not this family's
-            if set(target.tensors) == names:
-                return spec
+        if _variant(spec, config, names) is not None:
+            return spec
     return None
+
+
+def _variant(spec: str, config: dict[str, Any], names: set[str]) -> dict[str, Any] | None:
+    """The options of ``spec``'s variant whose names these are, or ``None``."""
+    module = family_module(spec)
+    for options in getattr(module, "VARIANTS", ({},)):
+        try:
+            target = module.target(config, **options)
+        except MsPortError:
+            return None  # the config is not this family's
+        if set(target.tensors) == names:
+            return dict(options)
+    return None
+
+
+def checkpoint_family(spec: str, config: dict[str, Any], names: set[str],
+                      options: dict[str, Any] | None) -> Target:
+    """The family's target for a checkpoint with these names: in the layout its names
+    show (``qkv_concat``), with the user's options for what names cannot show
+    (``use_rearrange_rope``); its ``settings`` are what the family's table reads, its
+    ``notes`` what to know. An option the names contradict is refused in one line."""
+    given = family_options(spec, options)
+    shown = (_variant(spec, config, names) or {}) if config else {}
+    for key, value in shown.items():
+        if key in given and given[key] != value:
+            raise TargetError(f"--ms-option {key}={str(given[key]).lower()}: the checkpoint's "
+                              f"names are {spec}'s layout with {key}={str(value).lower()}; "
+                              "drop the option")
+    return from_family(spec, config, {**shown, **given})
 
 
 def from_template(path: str | Path) -> Target:
