@@ -636,6 +636,12 @@ def test_diff_takes_the_hf_directory_and_recognises_the_family(glm):
         ms_port.diff(hf, plain, ms_options={"qkv_concat": "false"})
     with pytest.raises(MsPortError, match="compared by name; config, ms_options apply"):
         ms_port.diff(plain, rearranged, config=hf / "config.json", ms_options=REARRANGED)
+    # a config the family cannot read: compared by names, and the note says why
+    broken = {**json.loads((hf / "config.json").read_text()), "partial_rotary_factor": 0.25}
+    unread = ms_port.diff(hf / "model.safetensors", plain, config=broken)
+    assert not unread.ok
+    assert any("names mindformers:glm4's model type, and mindformers:glm4 cannot read it "
+               "(partial_rotary_factor 0.25" in n for n in unread.notes)
     with pytest.raises(MsPortError, match="--ms-option is for a known family"):
         ms_port.diff(hf / "model.safetensors", plain, ms_options=REARRANGED,
                      config={"model_type": "other"})

@@ -74,9 +74,14 @@ def diff(a: str | Path | Source, b: str | Path | Source, opts: DiffOptions) -> T
             family = checkpoint_family(tgt.family, torch_src.config or {}, names,
                                        opts.ms_options)
             tgt.settings, hints = family.settings, family.notes
-        elif opts.ms_options:
-            raise MsPortError("--ms-option is for a known family's checkpoint, and this one "
-                              "is none (name it with --ms-model, or drop the options)")
+        else:  # a family's model type in a config that family cannot read: say why
+            refused = _family_config_refused(torch_src)
+            if opts.ms_options:
+                raise MsPortError("--ms-option is for a known family's checkpoint, and this "
+                                  "one is none (name it with --ms-model, or drop the "
+                                  f"options){'; ' + refused[0] if refused else ''}")
+            hints = [f"{why}: the checkpoint was compared by its own names — fix the config, "
+                     "or pass --config" for why in refused]
     table = resolve_mapping(opts.mapping, arch=opts.arch, config=torch_src.config, target=tgt)
     p = make_plan(torch_src, tgt, table, allow_missing=True, allow_unused=True)
     values = {info.name: info.load for info in ms_src}
@@ -84,6 +89,28 @@ def diff(a: str | Path | Source, b: str | Path | Source, opts: DiffOptions) -> T
     if not found.ok:  # what the family says of a layout its names cannot show
         found.notes += [n for n in (hints or tgt.notes) if n not in found.notes]
     return found
+
+
+def _family_config_refused(src: Source) -> list[str]:
+    """Why a known family did not recognise the checkpoint (one line, or none), where
+    ``src``'s config names that family's model type and the family cannot read it (a
+    string where a switch belongs): the comparison by names alone then reports the
+    family's fused tensors as unplanned, and this note says why (the config may also be
+    right for a network of the user's own, which is compared by names as before)."""
+    from ..match.mapping import selected_model_types
+    from ..read.targets import FAMILIES, family_module
+
+    config = src.config or {}
+    for spec in FAMILIES:
+        if config.get("model_type") not in selected_model_types(spec):
+            continue
+        try:
+            family_module(spec).target(config)
+        except MsPortError as exc:
+            why = exc.message.removeprefix("config.json: ").rstrip(".")
+            return [f"{src.config_path} names {spec}'s model type, and {spec} cannot read "
+                    f"it ({why})"]
+    return []
 
 
 __all__ = ["diff"]
