@@ -914,12 +914,16 @@ def test_the_hubs_deepseek_v3_config(tmp_path):
 
 
 def test_a_checkpoint_converted_without_ms_model_is_recognised():
-    from ms_port.read.targets import recognise_family
+    """Each variant's names are recognised as the family, in that variant's layout."""
+    from ms_port.read.targets import Target, mark_family
 
     config = _config({"num_nextn_predict_layers": 1})
     for options in ds.VARIANTS:
-        names = set(ds.deepseek_target(config, **options).tensors)
-        assert recognise_family(config, names) == FAMILY
+        made = ds.deepseek_target(config, **options)
+        ckpt = Target("template", "x.ckpt", dict(made.tensors))
+        computed = mark_family(ckpt, config, None)
+        assert ckpt.family == FAMILY
+        assert set(computed.tensors) == set(made.tensors), options  # in that layout
 
 
 # --- the table's new entries: at:, one-source fuse:, numbered tied: ----------------------

@@ -14,7 +14,7 @@ from ..options import DiffOptions
 from ..read.distributed import find_training_output
 from ..read.hub import is_hub_id
 from ..read.sources import MINDSPORE_FORMATS, Source, detect_format, read_source
-from ..read.targets import checkpoint_family, from_infos, recognise_family
+from ..read.targets import Target, from_infos, mark_family
 from ..resolve import read_with_config, resolve_mapping, resolve_target
 from .tensors import TensorDiff, compare_by_name, compare_through_plan
 
@@ -57,31 +57,7 @@ def diff(a: str | Path | Source, b: str | Path | Source, opts: DiffOptions) -> T
                               f"and MindSpore pair — drop {'them' if len(given) > 1 else 'it'}")
         return compare_by_name(src_a, src_b)
     torch_src, ms_src = (src_b, src_a) if ms_a else (src_a, src_b)
-    hints: list[str] = []
-    if opts.arch is not None and opts.ms_options:
-        raise MsPortError("--ms-option is for a known family (--ms-model mindformers:…), not "
-                          "an architecture; drop it")
-    if opts.arch is not None or opts.ms_model is not None:
-        tgt = resolve_target(arch=opts.arch, ms_model=opts.ms_model, config=torch_src.config,
-                             ms_options=opts.ms_options)
-    else:  # the checkpoint's own names and shapes, as a template
-        tgt = from_infos(ms_src.tensors.values(), ms_src.path)
-        # a known family's checkpoint, recognised by its names as export recognises it:
-        # its table, and the settings that table reads (a layout names do not show)
-        names = set(ms_src.tensors)
-        tgt.family = recognise_family(torch_src.config, names)
-        if tgt.family is not None:
-            family = checkpoint_family(tgt.family, torch_src.config or {}, names,
-                                       opts.ms_options)
-            tgt.settings, hints = family.settings, family.notes
-        else:  # a family's model type in a config that family cannot read: say why
-            refused = _family_config_refused(torch_src)
-            if opts.ms_options:
-                raise MsPortError("--ms-option is for a known family's checkpoint, and this "
-                                  "one is none (name it with --ms-model, or drop the "
-                                  f"options){'; ' + refused[0] if refused else ''}")
-            hints = [f"{why}: the checkpoint was compared by its own names — fix the config, "
-                     "or pass --config" for why in refused]
+    tgt, hints = _target(torch_src, ms_src, opts)
     table = resolve_mapping(opts.mapping, arch=opts.arch, config=torch_src.config, target=tgt)
     p = make_plan(torch_src, tgt, table, allow_missing=True, allow_unused=True)
     values = {info.name: info.load for info in ms_src}
@@ -89,6 +65,30 @@ def diff(a: str | Path | Source, b: str | Path | Source, opts: DiffOptions) -> T
     if not found.ok:  # what the family says of a layout its names cannot show
         found.notes += [n for n in (hints or tgt.notes) if n not in found.notes]
     return found
+
+
+def _target(torch_src: Source, ms_src: Source, opts: DiffOptions) -> tuple[Target, list[str]]:
+    """The MindSpore side to compare through, and the notes to give where they differ:
+    ``--arch`` or ``--ms-model``, else the checkpoint's own names, as a known family's
+    where they are one (its table, and the settings that table reads)."""
+    if opts.arch is not None and opts.ms_options:
+        raise MsPortError("--ms-option is for a known family (--ms-model mindformers:…), not "
+                          "an architecture; drop it")
+    if opts.arch is not None or opts.ms_model is not None:
+        return resolve_target(arch=opts.arch, ms_model=opts.ms_model, config=torch_src.config,
+                              ms_options=opts.ms_options), []
+    tgt = from_infos(ms_src.tensors.values(), ms_src.path)
+    family = mark_family(tgt, torch_src.config, opts.ms_options)
+    if family is not None:
+        return tgt, family.notes
+    # a family's model type in a config that family cannot read: say why
+    refused = _family_config_refused(torch_src)
+    if opts.ms_options:
+        raise MsPortError("--ms-option is for a known family's checkpoint, and this one is "
+                          "none (name it with --ms-model, or drop the options)"
+                          f"{'; ' + refused[0] if refused else ''}")
+    return tgt, [f"{why}: the checkpoint was compared by its own names — fix the config, or "
+                 "pass --config" for why in refused]
 
 
 def _family_config_refused(src: Source) -> list[str]:

@@ -257,7 +257,7 @@ def export_plan(checkpoint: str | Path, opts: ExportOptions,
                 config: dict[str, Any] | None = None, config_path: str | None = None) -> Plan:
     """The inverted plan for :func:`ms_port.export` (see the module docstring); ``config``
     is the Hugging Face config read from ``opts.config`` (at ``config_path``)."""
-    from ..read.targets import FAMILIES, checkpoint_family
+    from ..read.targets import FAMILIES, mark_family
 
     arch, torch_model, ms_model, ms_options = (opts.arch, opts.torch_model, opts.ms_model,
                                                opts.ms_options)
@@ -267,19 +267,14 @@ def export_plan(checkpoint: str | Path, opts: ExportOptions,
     ckpt = read_source(checkpoint, strip_prefixes=False, **opts.cluster())
     torch_side, _ = _torch_side(arch, torch_model, target, config, config_path)
     family = ms_model if isinstance(ms_model, str) and ms_model in FAMILIES else None
-    if family is None and ms_model is None and arch is None:
-        from ..read.targets import recognise_family
-
-        family = recognise_family(torch_side.config, set(ckpt.tensors))
     ms_side = _ms_side(ckpt, arch, None if family else ms_model)
-    ms_side.family = family
-    if ms_options and family is not None and torch_side.config is not None:
-        # the settings its table reads: the layout its names show, and the options for
-        # one they do not; without options the table's defaults hold, as on conversion
-        ms_side.settings = checkpoint_family(family, torch_side.config, set(ckpt.tensors),
-                                             ms_options).settings
-    elif ms_options:
-        missing = "no config.json was given" if family else "no family was named or recognised"
+    if family is not None or (ms_model is None and arch is None):
+        # a family named, or recognised by the checkpoint's names: its table and the
+        # settings that table reads (the layout the names show, the options the rest)
+        mark_family(ms_side, torch_side.config, ms_options, family)
+    if ms_options and (ms_side.family is None or torch_side.config is None):
+        missing = ("no config.json was given" if ms_side.family
+                   else "no family was named or recognised")
         raise TargetError("--ms-option is for a known --ms-model family "
                           f"({', '.join(FAMILIES)}) with the model's --config; {missing}")
     base = None

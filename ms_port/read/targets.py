@@ -418,44 +418,50 @@ def from_family(spec: str, config: dict[str, Any] | None,
     return family_module(spec).target(config, **opts)
 
 
-def recognise_family(config: dict[str, Any] | None, names: set[str]) -> str | None:
-    """The known family whose target, computed from ``config`` in one of its variants,
-    has exactly these tensor names (a checkpoint exported without ``--ms-model``)."""
+def _recognise(config: dict[str, Any] | None, names: set[str],
+               only: str | None = None) -> tuple[str, dict[str, Any]] | None:
+    """(the family, the options of its variant) whose target has these names: ``only``
+    that family, or every known one in turn."""
     if not config:
         return None
-    for spec in FAMILIES:
-        if _variant(spec, config, names) is not None:
-            return spec
+    for spec in FAMILIES if only is None else (only,):
+        module = family_module(spec)
+        for options in getattr(module, "VARIANTS", ({},)):
+            try:
+                target = module.target(config, **options)
+            except MsPortError:
+                break  # the config is not this family's
+            if set(target.tensors) == names:
+                return spec, dict(options)
     return None
 
 
-def _variant(spec: str, config: dict[str, Any], names: set[str]) -> dict[str, Any] | None:
-    """The options of ``spec``'s variant whose names these are, or ``None``."""
-    module = family_module(spec)
-    for options in getattr(module, "VARIANTS", ({},)):
-        try:
-            target = module.target(config, **options)
-        except MsPortError:
-            return None  # the config is not this family's
-        if set(target.tensors) == names:
-            return dict(options)
-    return None
-
-
-def checkpoint_family(spec: str, config: dict[str, Any], names: set[str],
-                      options: dict[str, Any] | None) -> Target:
-    """The family's target for a checkpoint with these names: in the layout its names
-    show (``qkv_concat``), with the user's options for what names cannot show
-    (``use_rearrange_rope``); its ``settings`` are what the family's table reads, its
-    ``notes`` what to know. An option the names contradict is refused in one line."""
-    given = family_options(spec, options)
-    shown = (_variant(spec, config, names) or {}) if config else {}
+def mark_family(target: Target, config: dict[str, Any] | None,
+                options: dict[str, Any] | None, family: str | None = None) -> Target | None:
+    """Mark a checkpoint's own names (``target``) as a known family's checkpoint:
+    ``family``, or the one its names are recognised as. ``target`` takes the family and
+    the ``settings`` the family's table reads: the layout its names show (``qkv_concat``),
+    with the user's ``options`` for what names cannot show (``use_rearrange_rope``); an
+    option the names contradict is refused in one line. Returns the family's computed
+    target (its ``notes`` say what to know), or ``None`` where there is no family or no
+    config to compute it from."""
+    names = set(target.tensors)
+    found = _recognise(config, names, only=family)
+    if family is None and found is None:
+        return None
+    family = family or found[0]
+    target.family = family
+    if not config:
+        return None
+    shown, given = (found[1] if found else {}), family_options(family, options)
     for key, value in shown.items():
         if key in given and given[key] != value:
             raise TargetError(f"--ms-option {key}={str(given[key]).lower()}: the checkpoint's "
-                              f"names are {spec}'s layout with {key}={str(value).lower()}; "
+                              f"names are {family}'s layout with {key}={str(value).lower()}; "
                               "drop the option")
-    return from_family(spec, config, {**shown, **given})
+    computed = from_family(family, config, {**shown, **given})
+    target.settings = computed.settings
+    return computed
 
 
 def from_template(path: str | Path) -> Target:
