@@ -290,3 +290,23 @@ def _umask() -> int:
 
 
 _ = Path
+
+
+def test_mapped_at_finds_a_slice_in_its_map_and_declines_a_copy(tmp_path):
+    """The writer releases a mapped tensor's pages as it goes: the offset it releases from
+    must be the slice's own in the map (a slice of a memmap carries its parent's offset),
+    and a copy (a transposed tensor's bytes) has no map to release."""
+    from ms_port.read.tensors import flat_bytes, mapped_at
+
+    path = tmp_path / "data.bin"
+    path.write_bytes(np.arange(300_000, dtype=np.uint32).tobytes())
+    whole = np.memmap(path, dtype=np.float32, mode="r", offset=70_000 * 4,
+                      shape=(1000, 200))
+    for view in (whole, whole[512:], whole[3:9, :], whole[700]):
+        raw = flat_bytes(view) if view.flags.c_contiguous else None
+        if raw is None:
+            continue
+        mm, first = mapped_at(raw)
+        assert bytes(mm[first:first + raw.nbytes]) == raw.tobytes()
+    assert mapped_at(flat_bytes(np.ascontiguousarray(whole.T))) is None
+    assert mapped_at(flat_bytes(np.zeros(8, np.float32))) is None

@@ -195,29 +195,34 @@ class Skipped:
         return {"name": self.name, "kind": self.kind, "reason": self.reason}
 
 
-def _mapping_of(array: np.ndarray) -> np.memmap | None:
-    """The memory map ``array`` views, if it views one (a safetensors source's tensor)."""
-    while array is not None:
-        if isinstance(array, np.memmap) and getattr(array, "_mmap", None) is not None:
-            return array
-        array = array.base if isinstance(array.base, np.ndarray) else None
-    return None
+def mapped_at(raw: np.ndarray) -> tuple[Any, int] | None:
+    """(the ``mmap`` that ``raw``'s bytes lie in, the offset of its first byte in that
+    map), where ``raw`` views a file's memory map (a safetensors source's tensor, or a
+    slice of one); ``None`` for memory of its own (a copy: a transposed tensor's bytes)."""
+    root = raw
+    while isinstance(root.base, np.ndarray):  # a slice of a map is a np.memmap too, with
+        root = root.base                      # its parent's offset: only the root counts
+    mm = getattr(root, "_mmap", None) if isinstance(root, np.memmap) else None
+    if mm is None:
+        return None
+    start, here = root.__array_interface__["data"][0], raw.__array_interface__["data"][0]
+    if not start <= here <= here + raw.nbytes <= start + root.nbytes:
+        return None
+    # the map starts at the root's offset rounded down to the allocation granularity
+    return mm, here - start + root.offset % mmap.ALLOCATIONGRANULARITY
 
 
-def released_chunks(array: np.ndarray, raw: np.ndarray, step: int) -> Iterator[np.ndarray]:
-    """``raw`` (``array``'s bytes) in chunks of ``step`` bytes. Where ``array`` views a
+def released_chunks(raw: np.ndarray, step: int) -> Iterator[np.ndarray]:
+    """``raw`` (a tensor's bytes) in chunks of ``step`` bytes. Where ``raw`` views a
     file's memory map, each chunk's pages leave this process two chunks after it was
     handed out (they stay in the page cache; a reread only faults them back): a 1.2 GiB
     embedding no longer counts whole in a writer's or a read-back's memory."""
-    mapped = _mapping_of(array)
-    mm = getattr(mapped, "_mmap", None)
-    if mm is None or not hasattr(mm, "madvise") or not hasattr(mmap, "MADV_DONTNEED"):
+    found = mapped_at(raw)
+    if found is None or not hasattr(found[0], "madvise") or \
+            not hasattr(mmap, "MADV_DONTNEED"):
         yield from (raw[i:i + step] for i in range(0, raw.size, step))
         return
-    # where the array's first byte sits in the mapping (it starts at the offset rounded
-    # down to the allocation granularity)
-    first = (raw.__array_interface__["data"][0] - mapped.__array_interface__["data"][0]
-             + mapped.offset % mmap.ALLOCATIONGRANULARITY)
+    mm, first = found
     released = first - first % mmap.PAGESIZE
     for i in range(0, raw.size, step):
         yield raw[i:i + step]
@@ -227,7 +232,6 @@ def released_chunks(array: np.ndarray, raw: np.ndarray, step: int) -> Iterator[n
             with contextlib.suppress(OSError, ValueError):  # only memory is at stake
                 mm.madvise(mmap.MADV_DONTNEED, released, upto - released)
             released = upto
-
 
 
 @dataclass

@@ -179,7 +179,7 @@ def _planned_bytes(plan: Plan, m: Match) -> Iterator[np.ndarray]:
     if tuple(want.shape) != tuple(m.shape):
         raise _NotPlanned
     # as the files store it (little-endian); a mapped source's pages let go as compared
-    yield from released_chunks(want, tensor_bytes(want)[2], _RELEASE_BYTES)
+    yield from released_chunks(tensor_bytes(want)[2], _RELEASE_BYTES)
 
 
 def _little_endian(array: np.ndarray) -> np.ndarray:

@@ -415,7 +415,7 @@ def _data(plan: Plan, m: Match, nonfinite: dict[str, int], chunker: ThreadPoolEx
         array = plan.expected(m)
         shape, dtype, raw = tensor_bytes(array)
         step = max(1, CHUNK_BYTES // array.dtype.itemsize) * array.dtype.itemsize  # whole values
-        chunks = released_chunks(array, raw, step)
+        chunks = released_chunks(raw, step)
     scanned = _scanned(_counted_as(m), dtype, chunks, nonfinite)
     if m.nbytes <= CHUNK_BYTES:
         # one chunk: scanned here, a target ahead, rather than handed to the chunk worker
