@@ -296,16 +296,19 @@ def _assemble(folder: Path, plan: Strategy | None, readers: dict[int, dict[str, 
     tensors: dict[str, TensorInfo] = {}
     state: list[TensorInfo] = []
     lost: list[str] = []
-    for name, held in holders.items():
-        lay = _layout_of(plan, name, held, holders)
-        info = (_replicated(folder, name, held) if lay is None
-                else _sliced(folder, name, lay, held, plan, files, lost, layout))
-        if info is None:
-            continue
-        if is_training_state(name):
-            state.append(info)
-        else:
-            tensors[name] = info
+    try:
+        for name, held in holders.items():
+            lay = _layout_of(plan, name, held, holders)
+            info = (_replicated(folder, name, held) if lay is None
+                    else _sliced(folder, name, lay, held, plan, files, lost, layout))
+            if info is None:
+                continue
+            if is_training_state(name):
+                state.append(info)
+            else:
+                tensors[name] = info
+    finally:  # the boxes of one read's layouts: never kept past it
+        _cells.cache_clear()
     if lost:
         raise SourceError(f"{folder}: {lost[0]}" + (f" (and {len(lost) - 1} more slices "
                                                     "lost)" if len(lost) > 1 else ""),
@@ -406,7 +409,9 @@ def _sliced(folder: Path, name: str, lay: ParamLayout, held: list[_Holder],
     return TensorInfo(name, shape, first.dtype, _joiner(shape, first.dtype, chosen))
 
 
-@lru_cache(maxsize=4096)
+#: layouts and shapes whose boxes are kept while one output is read: a model holds a few
+#: dozen distinct ones, and one entry at 65,536 devices is ~20 MB
+@lru_cache(maxsize=32)
 def _cells(grid: ParamLayout, shape: tuple[int, ...]) -> dict[tuple[tuple[int, int], ...],
                                                             tuple[int, ...]]:
     """Each distinct box of the whole tensor, and the stage-local ranks holding it (one
