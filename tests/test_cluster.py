@@ -500,8 +500,11 @@ def test_the_way_back_imports_neither_mindspore_nor_torch(llm, tmp_path):
 def test_several_ranks_without_a_strategy_are_refused_not_read_as_replicas(output, tmp_path):
     out = _copy(output, tmp_path)
     shutil.rmtree(out / "strategy")  # rank 0's slice would have been taken for the whole
-    with pytest.raises(SourceError, match="4 ranks and no strategy"):
+    with pytest.raises(SourceError, match="4 ranks and no strategy") as refused:
         read_source(out)
+    # the way on for data parallelism only: one rank's file, named, and readable
+    rank0 = refused.value.message.rsplit("read one rank's file: ", 1)[1]
+    assert "rank_0" in rank0 and read_source(rank0).tensors
 
 
 def test_two_folders_of_one_rank_are_refused(output, tmp_path):
@@ -580,3 +583,11 @@ def test_more_rank_files_than_the_process_may_open_is_one_line(llm, tmp_path, mo
     assert report.exit_code == 2, report.output
     assert "needs 68 open files; this process may hold 16" in report.output
     assert not (tmp_path / "ranks").exists()
+
+
+def test_only_ascii_digits_number_a_rank(output, tmp_path):
+    """rank_١ (an Arabic-Indic one) is no rank folder: Python's \\d would have read it as
+    rank 1 beside the real one."""
+    out = _copy(output, tmp_path)
+    shutil.copytree(out / "checkpoint" / "rank_1", out / "checkpoint" / "rank_\u0661")
+    assert read_source(out).cluster.ranks_read == 4

@@ -52,9 +52,9 @@ TRAINING_STATE_NAMES = frozenset({
     "beta1_power", "beta2_power"})
 
 #: a rank folder
-_RANK = re.compile(r"^rank_(\d{1,6})$")
+_RANK = re.compile(r"^rank_([0-9]{1,6})$")
 #: a save's (epoch, step) at the end of its file name
-_SAVE = re.compile(r"-(\d{1,12})_(\d{1,15})\.(ckpt|safetensors)$")
+_SAVE = re.compile(r"-([0-9]{1,12})_([0-9]{1,15})\.(ckpt|safetensors)$")
 CHECKPOINT_SUFFIXES = (".ckpt", ".safetensors")
 
 
@@ -168,7 +168,9 @@ def read_distributed(path: str | Path, read_file: FileReader, *,
     if plan is None and len(files) > 1:
         raise SourceError(f"{folder}: {len(files)} ranks and no strategy (none in "
                           f"{folder.parent / 'strategy'}): which slice each rank holds is "
-                          "not known; pass the strategy training wrote with --strategy",
+                          "not known; pass the strategy training wrote with --strategy, or, "
+                          "where training was data parallel only (every rank holds whole "
+                          f"tensors), read one rank's file: {files[min(files)]}",
                           path=folder)
     readers = {r: read_file(f) for r, f in files.items()}
     tensors, state, layout = _assemble(folder, plan, readers, files)
@@ -188,7 +190,7 @@ def _read_iterations(path: Path, step: str | None, read_file: FileReader) -> Any
     tensors, common = read_iteration(folder, read_file)
     weights = {n: i for n, i in tensors.items() if not is_training_state(n)}
     files = sorted(p.name for p in folder.glob("*.safetensors"))
-    totals = {int(m.group(1)) for m in (re.search(r"-(\d{7})\.safetensors$", f)
+    totals = {int(m.group(1)) for m in (re.search(r"-([0-9]{7})\.safetensors$", f)
                                         for f in files) if m}
     layout = ClusterLayout(str(folder), [], max(totals, default=1), 1, [], labels,
                            f"iteration {int(_ITERATION_NUMBER.search(folder.name).group(1))}",
@@ -205,7 +207,7 @@ def _read_iterations(path: Path, step: str | None, read_file: FileReader) -> Any
     return source
 
 
-_ITERATION_NUMBER = re.compile(r"(\d+)$")
+_ITERATION_NUMBER = re.compile(r"([0-9]+)$")
 
 
 def _pick_save(ranks: dict[int, Path], step: str | None,

@@ -39,7 +39,7 @@ from ..errors import SourceError, shown
 from .tensors import MAX_DIM, MAX_RANK, TensorInfo, numpy_dtype
 
 TRACKER = "latest_checkpointed_iteration.txt"
-_ITERATION = re.compile(r"^iteration_(\d{1,12})$")
+_ITERATION = re.compile(r"^iteration_([0-9]{1,12})$")
 #: the largest metadata.json read
 MAX_METADATA_BYTES = 256 << 20
 #: the most pieces one tensor may be cut into

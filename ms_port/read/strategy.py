@@ -268,7 +268,7 @@ def _parse(path: Path, raw: bytes) -> list[ParamLayout]:
     return _from_protobuf(path, raw)
 
 
-_STAGED = re.compile(r"^(\d{1,4})-(.+)$", re.S)
+_STAGED = re.compile(r"^([0-9]{1,4})-(.+)$", re.S)
 
 
 def _split_stage(name: str, stage: int) -> tuple[int, str]:
