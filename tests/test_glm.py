@@ -663,6 +663,12 @@ def test_a_tied_remote_checkpoint_fills_the_output_layer_from_the_embedding(glm,
     got = read_source(ckpt).tensors
     assert np.array_equal(np.asarray(got["transformer.output_layer.weight"].load()),
                           arrays["transformer.embedding.word_embeddings.weight"])
+    back = tmp_path / "tied-back"  # the way back holds the head once, as the repo does
+    assert ms_port.export(ckpt, ms_model="mindformers:glm4", config=tied / "config.json",
+                          output=back).ok
+    written = load_file(back / "model.safetensors")
+    assert set(arrays) - set(written) == {"transformer.rotary_pos_emb.inv_freq"}
+    assert all(np.array_equal(written[n], arrays[n]) for n in written)
     config["tie_word_embeddings"] = False
     (tied / "config.json").write_text(json.dumps(config))
     assert not ms_port.convert(tied, ms_model="mindformers:glm4",

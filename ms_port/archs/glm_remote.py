@@ -30,6 +30,31 @@ _WHOLE = {"transformer.embedding.word_embeddings.weight": "model.embed_tokens.we
           "transformer.encoder.final_layernorm.weight": "model.norm.weight",
           "transformer.output_layer.weight": "lm_head.weight"}
 _INV_FREQ = "transformer.rotary_pos_emb.inv_freq"
+#: MindFormers' names that differ from the remote code's (all others are the same)
+_REMOTE_NAMES = {"transformer.embedding.embedding_weight":
+                 "transformer.embedding.word_embeddings.weight"}
+_REMOTE_HEAD = "transformer.output_layer.weight"
+
+
+def remote_tensors(config: dict[str, Any]) -> tuple[str, dict[str, tuple[int, ...]]]:
+    """(the class, name -> shape) of the remote-code layout as its repository's files hold
+    it: MindFormers' fused network (:func:`~ms_port.archs.glm.glm_tensors`, whose names
+    are the remote code's) with the embedding's own name, without the paged-attention
+    caches MindFormers declares, and without the output layer a tied config leaves out.
+    The derived ``rotary_pos_emb.inv_freq`` is the remote code's to compute: not listed."""
+    from .glm import glm_sizes, glm_tensors
+
+    sizes = glm_sizes(config)
+    out = {}
+    for t in glm_tensors(sizes, qkv_concat=True, mlp_concat=True):
+        name = _REMOTE_NAMES.get(t.name, t.name)
+        if "paged_attention_mgr" in name or (sizes.tied and name == _REMOTE_HEAD):
+            continue
+        out[name] = t.shape
+    archs = config.get("architectures")
+    cls = archs[0] if isinstance(archs, list) and archs and isinstance(archs[0], str) \
+        and archs[0].isidentifier() else "ChatGLMForConditionalGeneration"
+    return f"{cls} (remote code)", out
 
 
 def hf_config(config: dict[str, Any]) -> dict[str, Any]:
@@ -127,4 +152,4 @@ def _hf_name(name: str, path: str) -> str:
                       "verify takes its checkpoint as the repository holds it", path=path)
 
 
-__all__ = ["as_hf", "hf_config"]
+__all__ = ["as_hf", "hf_config", "remote_tensors"]

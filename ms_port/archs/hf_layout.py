@@ -5,8 +5,10 @@ but building its model costs seconds and hundreds of MiB before the first byte i
 (importing torch, transformers and what transformers pulls in). For the dense decoders
 whose layout is plain — LLaMA, Mistral, Qwen2, Qwen3 — the names and shapes follow from
 a few numbers, listed here as data; ``tests/test_hf_layout.py`` holds them equal to
-transformers' own model, family by family, option by option. Any other model type (or a
-config this does not describe: a missing ``architectures``) is built with transformers.
+transformers' own model, family by family, option by option. GLM-4's original remote-code
+layout, which transformers has no class for, is computed by
+:func:`~ms_port.archs.glm_remote.remote_tensors`. Any other model type (or a config this
+does not describe: a missing ``architectures``) is built with transformers.
 """
 
 from __future__ import annotations
@@ -45,8 +47,10 @@ DECODERS: dict[str, Decoder] = {
 def hf_tensors(config: dict[str, Any]) -> tuple[str, dict[str, tuple[int, ...]]] | None:
     """(the model's class, name -> shape as transformers saves them), or ``None`` where
     this table does not describe the config (then build it with transformers)."""
-    if config.get("model_type") == "chatglm":
-        return chatglm_tensors(config)
+    if config.get("model_type") == "chatglm":  # GLM-4's remote code: no transformers class
+        from .glm_remote import remote_tensors
+
+        return remote_tensors(config)
     decoder = DECODERS.get(config.get("model_type"))
     archs = config.get("architectures")
     if decoder is None or not (isinstance(archs, list) and len(archs) == 1
@@ -97,40 +101,4 @@ def hf_tensors(config: dict[str, Any]) -> tuple[str, dict[str, tuple[int, ...]]]
     return archs[0], out
 
 
-def chatglm_tensors(config: dict[str, Any]) -> tuple[str, dict[str, tuple[int, ...]]]:
-    """GLM-4-9B's original remote-code layout (``modeling_chatglm.py``; transformers has no
-    class for it), as its repository's files hold it, but for the derived
-    ``rotary_pos_emb.inv_freq`` buffer, which the remote code computes when it builds the
-    model (and never reads)."""
-    from .glm import glm_sizes
-
-    sizes = glm_sizes(config)
-    h, q = sizes.hidden, sizes.heads * sizes.head_dim
-    qkv = q + 2 * sizes.kv_groups * sizes.head_dim
-    out: dict[str, tuple[int, ...]] = {
-        "transformer.embedding.word_embeddings.weight": (sizes.vocab, h)}
-    for i in range(sizes.layers):
-        p = f"transformer.encoder.layers.{i}."
-        out[p + "input_layernorm.weight"] = (h,)
-        out[p + "self_attention.query_key_value.weight"] = (qkv, h)
-        if sizes.qkv_bias:
-            out[p + "self_attention.query_key_value.bias"] = (qkv,)
-        out[p + "self_attention.dense.weight"] = (h, q)
-        if sizes.dense_bias:
-            out[p + "self_attention.dense.bias"] = (h,)
-        out[p + "post_attention_layernorm.weight"] = (h,)
-        out[p + "mlp.dense_h_to_4h.weight"] = (2 * sizes.ffn, h)
-        if sizes.dense_bias:
-            out[p + "mlp.dense_h_to_4h.bias"] = (2 * sizes.ffn,)
-        out[p + "mlp.dense_4h_to_h.weight"] = (h, sizes.ffn)
-        if sizes.dense_bias:
-            out[p + "mlp.dense_4h_to_h.bias"] = (h,)
-    out["transformer.encoder.final_layernorm.weight"] = (h,)
-    out["transformer.output_layer.weight"] = (sizes.vocab, h)
-    archs = config.get("architectures")
-    cls = archs[0] if isinstance(archs, list) and archs and isinstance(archs[0], str) \
-        else "ChatGLMForConditionalGeneration"
-    return f"{cls} (remote code)", out
-
-
-__all__ = ["DECODERS", "Decoder", "chatglm_tensors", "hf_tensors"]
+__all__ = ["DECODERS", "Decoder", "hf_tensors"]
