@@ -564,10 +564,18 @@ def test_checkpoint_2_hostile_metadata_is_one_line(ckpt2, tmp_path):
     meta = json.loads((folder / "metadata.json").read_text())
     del meta["state_dict_metadata"]["net.bias"]
     (broken / "metadata.json").write_text(json.dumps(meta))
-    source = read_source(broken)
-    assert "net.bias" not in source.tensors
-    assert any("does not describe, left out" in n and "net.bias" in n
-               for n in source.cluster.notes)
+    with pytest.raises(SourceError, match=r"hold 'net\.bias', which metadata\.json does "
+                                          r"not describe"):  # a weight: never left out
+        read_source(broken)
+    from ms_port.read.distributed import is_training_state
+
+    meta = json.loads((folder / "metadata.json").read_text())
+    state = next(n for n in meta["state_dict_metadata"] if is_training_state(n))
+    del meta["state_dict_metadata"][state]
+    (broken / "metadata.json").write_text(json.dumps(meta))
+    read = read_source(broken)  # training state: left out, with a note naming it
+    assert any("training-state name(s)" in n and state in n for n in read.cluster.notes)
+    assert state not in {i.name for i in read.training_state}
 
 
 def test_more_rank_files_than_the_process_may_open_is_one_line(llm, tmp_path, monkeypatch):

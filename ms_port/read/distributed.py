@@ -187,7 +187,14 @@ def _read_iterations(path: Path, step: str | None, read_file: FileReader) -> Any
 
     root, found = find_iterations(path)
     folder, labels = pick_iteration(root, found, step)
-    tensors, common = read_iteration(folder, read_file)
+    tensors, common, left = read_iteration(folder, read_file)
+    weights_left = [n for n in left if not is_training_state(n)]
+    if weights_left:
+        raise SourceError(f"{folder}: the files hold {shown(weights_left[0])}"
+                          + (f" and {len(weights_left) - 1} more weight(s)"
+                             if len(weights_left) > 1 else "")
+                          + ", which metadata.json does not describe: the save is incomplete "
+                          "or the metadata is another save's; save again", path=folder)
     weights = {n: i for n, i in tensors.items() if not is_training_state(n)}
     files = sorted(p.name for p in folder.glob("*.safetensors"))
     totals = {int(m.group(1)) for m in (re.search(r"-([0-9]{7})\.safetensors$", f)
@@ -195,12 +202,13 @@ def _read_iterations(path: Path, step: str | None, read_file: FileReader) -> Any
     layout = ClusterLayout(str(folder), [], max(totals, default=1), 1, [], labels,
                            f"iteration {int(_ITERATION_NUMBER.search(folder.name).group(1))}",
                            sum("model-" in f for f in files) or len(files))
-    undescribed = common.pop("undescribed", None)
     if common:
         layout.notes.append("common.json: " + ", ".join(f"{k}={v}" for k, v in
                                                          list(common.items())[:6]))
-    if undescribed:
-        layout.notes.append(undescribed)
+    if left:  # a plain save's learning_rate, in every optimizer file
+        layout.notes.append(f"{len(left)} training-state name(s) in the files that "
+                            "metadata.json does not describe, left out: "
+                            + ", ".join(shown(n) for n in left[:3]))
     source = Source(str(folder), "mindspore-distributed", weights)
     source.training_state = [i for n, i in tensors.items() if is_training_state(n)]
     source.cluster = layout

@@ -83,9 +83,10 @@ def pick_iteration(root: Path, found: list[Path], step: str | None) -> tuple[Pat
 
 
 def read_iteration(folder: Path, read_file: Callable[[Path], dict[str, TensorInfo]]
-                   ) -> tuple[dict[str, TensorInfo], dict[str, Any]]:
-    """Every tensor of one iteration folder, whole, and what ``common.json`` says;
-    ``read_file`` reads one safetensors file's tensors."""
+                   ) -> tuple[dict[str, TensorInfo], dict[str, Any], list[str]]:
+    """Every tensor of one iteration folder, whole, what ``common.json`` says, and the
+    names the files hold that ``metadata.json`` does not describe (left out: the caller
+    says which may be); ``read_file`` reads one safetensors file's tensors."""
     files = {p.name: p for p in folder.iterdir()
              if p.is_file() and p.suffix == ".safetensors"}
     if not files:
@@ -94,7 +95,7 @@ def read_iteration(folder: Path, read_file: Callable[[Path], dict[str, TensorInf
     held = {name: read_file(p) for name, p in sorted(files.items())}
     meta_path = folder / "metadata.json"
     if not meta_path.exists():  # one device: every tensor whole, once
-        return _whole(folder, held), _common(folder)
+        return _whole(folder, held), _common(folder), []
     meta = _json(meta_path)
     tensors = {}
     shapes = meta.get("state_dict_metadata") if isinstance(meta, dict) else None
@@ -105,12 +106,8 @@ def read_iteration(folder: Path, read_file: Callable[[Path], dict[str, TensorInf
     where = _storage(meta_path, storage, files)
     for name, entry in shapes.items():
         tensors[name] = _tensor(meta_path, str(name), entry, where, held)
-    common = _common(folder)
     left = sorted({n for infos in held.values() for n in infos} - set(tensors))
-    if left:  # a plain save's learning_rate, in every optimizer file
-        common["undescribed"] = (f"{len(left)} tensor name(s) in the files that metadata.json "
-                                 f"does not describe, left out: {', '.join(left[:3])}")
-    return tensors, common
+    return tensors, _common(folder), left
 
 
 def _json(path: Path) -> Any:
