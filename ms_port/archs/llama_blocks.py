@@ -170,7 +170,6 @@ class LlamaBlocks(HuggingFaceSide):
     def ms_network(self, piece: Piece, tensors: dict[str, Any]) -> Any:
         """MindFormers' network with one decoder layer, built without weights, holding the
         piece's tensors (float32); ``tensors`` is emptied as they are loaded."""
-
         from ..read.targets import without_weights
         from .mindformers import contained
 
@@ -201,19 +200,25 @@ class LlamaBlocks(HuggingFaceSide):
         return model.layers[0](state, freqs, model.casual_mask(tokens))
 
 
-def load_piece(net: Any, tensors: dict[str, Any]) -> Any:
-    """``net`` holding a piece's tensors (float32), each checked against its parameter;
-    ``tensors`` is emptied one tensor at a time, each array let go once loaded."""
+def set_parameters(own: dict[str, Any], tensors: dict[str, Any]) -> None:
+    """Set each of ``tensors`` into its parameter in ``own`` (name -> MindSpore
+    Parameter, its dtype kept), each checked against it; ``tensors`` is emptied one tensor
+    at a time, each array let go once set."""
     import mindspore as ms
 
-    own = {p.name: p for p in net.get_parameters()}
     for name in list(tensors):
         array = tensors.pop(name)
-        if name not in own or tuple(own[name].shape) != array.shape:
-            has = tuple(own[name].shape) if name in own else "no such parameter"
+        param = own.get(name)
+        if param is None or tuple(param.shape) != array.shape:
+            has = tuple(param.shape) if param is not None else "no such parameter"
             raise TargetError(f"{name} {array.shape} does not fit MindFormers' network "
                               f"({has}); convert again")
-        own[name].set_data(ms.Tensor(array))
+        param.set_data(ms.Tensor(array, dtype=param.dtype))
+
+
+def load_piece(net: Any, tensors: dict[str, Any]) -> Any:
+    """``net`` holding a piece's tensors (:func:`set_parameters`)."""
+    set_parameters({p.name: p for p in net.get_parameters()}, tensors)
     return net
 
 
@@ -224,4 +229,5 @@ def llama_blocks(config: dict[str, Any], build_torch: Any, *, qkv_concat: bool =
     return LlamaBlocks(config, build_torch, qkv_concat=qkv_concat, seq_length=seq_length)
 
 
-__all__ = ["LOCAL", "HuggingFaceSide", "LlamaBlocks", "Piece", "llama_blocks", "load_piece"]
+__all__ = ["LOCAL", "HuggingFaceSide", "LlamaBlocks", "Piece", "llama_blocks", "load_piece",
+           "set_parameters"]

@@ -35,8 +35,8 @@ import mindspore as ms
 import numpy as np
 from mindspore import nn
 
-from ..errors import ForwardUnavailable, TargetError
-from .llama_blocks import HuggingFaceSide, Piece
+from ..errors import ForwardUnavailable
+from .llama_blocks import HuggingFaceSide, Piece, set_parameters
 from .parallel_core import INTERLEAVED, QWEN3, QWEN3_MOE, qwen3_sizes
 from .parallel_core_cpu import build_network, cpu_standins
 from .parallel_core_deepseek import FAMILY as DEEPSEEK
@@ -193,14 +193,7 @@ class ParallelCoreBlocks(HuggingFaceSide):
         is emptied as they are set."""
         if self._net is None:
             raise RuntimeError("ParallelCoreBlocks.ms_network() outside session()")
-        for name in list(tensors):  # one tensor at a time: each array let go once set
-            array = tensors.pop(name)
-            param = self._params.get(name)
-            if param is None or tuple(param.shape) != array.shape:
-                has = tuple(param.shape) if param is not None else "no such parameter"
-                raise TargetError(f"{name} {array.shape} does not fit MindFormers' network "
-                                  f"({has}); convert again")
-            param.set_data(ms.Tensor(array, dtype=param.dtype))
+        set_parameters(self._params, tensors)
         return self._cells[f"layer{piece.slot}" if piece.kind == "layer" else piece.kind]
 
     def ms_step(self, cell: Any, piece: Piece, state: Any, ids: np.ndarray) -> Any:
