@@ -309,23 +309,14 @@ def _check_ranks(opts: ConvertOptions) -> None:
 
 def _mindformers_yaml(p: Plan, opts: ConvertOptions) -> Any:
     """MindFormers' YAML for the converted checkpoint (``model_config``)."""
-    from .read.targets import family_options
-    from .write.model_config import FAMILY, mindformers_yaml
+    from .write.model_config import family_yaml
 
     if not opts.dry_run:  # the files found beside the source are inputs too
         check_not_input(opts.model_config, p.source.path, p.source.config_path)
-    where = {"origin": str(p.source.config_path), "checkpoint": opts.output,
-             "checkpoint_format": ("safetensors" if opts.max_shard_size is not None
-                                   else opts.format)}
-    if opts.ms_model == "mindformers:glm4":
-        from .write.model_config_glm import glm4_yaml
-
-        chosen = family_options(opts.ms_model, opts.ms_options)
-        return glm4_yaml(p.source.config, **{k: v for k, v in chosen.items()
-                                             if k != "seq_length"}, **where)
-    return mindformers_yaml(
-        p.source.config, qkv_concat=family_options(FAMILY, opts.ms_options).get(
-            "qkv_concat", False), **where)
+    return family_yaml(opts.ms_model, p.source.config, opts.ms_options,
+                       origin=str(p.source.config_path), checkpoint=opts.output,
+                       checkpoint_format=("safetensors" if opts.max_shard_size is not None
+                                          else opts.format))
 
 
 def _write(p: Plan, opts: ConvertOptions, progress: Progress | None) -> Any:

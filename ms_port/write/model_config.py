@@ -32,8 +32,10 @@ from .writers import check_not_input, check_output, write_text
 
 #: the target of :func:`mindformers_yaml`
 FAMILY = "mindformers:llama"
-#: the targets whose configuration ms-port writes (GLM-4: :mod:`.model_config_glm`)
-YAML_FAMILIES = ("mindformers:llama", "mindformers:glm4")
+#: the targets whose configuration ms-port writes: spec -> its writer, which takes the
+#: config, the family's layout options and where the checkpoint is (imported when used)
+YAML_FAMILIES = {"mindformers:llama": "ms_port.write.model_config:mindformers_yaml",
+                 "mindformers:glm4": "ms_port.write.model_config_glm:glm4_yaml"}
 #: id range a token id may take in config.json (MindSpore's int32 token ids)
 _ID_RANGE = (-(2**31), 2**31 - 1)
 #: the run settings' example input length, when config.json allows more
@@ -127,6 +129,21 @@ def _positions(config: dict[str, Any]) -> int | None:
         return value
     raise TargetError(f"config.json: max_position_embeddings is {shown(value)}; expected a "
                       "positive integer")
+
+
+def family_yaml(spec: str, config: dict[str, Any], options: dict[str, Any] | None,
+                **where: Any) -> MindFormersYaml:
+    """MindFormers' YAML for a family's network (:data:`YAML_FAMILIES`), with the layout
+    ``options`` the checkpoint was converted with (``--ms-option``; the input length is
+    the run's, not the layout's) and ``where`` (``checkpoint``, ``checkpoint_format``,
+    ``origin``)."""
+    import importlib
+
+    from ..read.targets import family_options
+
+    module, _, name = YAML_FAMILIES[spec].partition(":")
+    layout = {k: v for k, v in family_options(spec, options).items() if k != "seq_length"}
+    return getattr(importlib.import_module(module), name)(config, **layout, **where)
 
 
 def mindformers_yaml(config: dict[str, Any], *, qkv_concat: bool = False,
@@ -412,6 +429,8 @@ __all__ = [
     "MindFormersYaml",
     "ModelConfigFile",
     "check_model_config",
+    "checkpoint_lines",
+    "family_yaml",
     "mindformers_yaml",
     "model_document",
     "write_model_config",
