@@ -293,7 +293,8 @@ def _check_outputs(source: Any, opts: ConvertOptions) -> None:
 
 def _check_ranks(opts: ConvertOptions) -> None:
     """Per-rank output (``strategy``): a ckpt per rank, with nothing else asked of it."""
-    from .write.ranks import check_ranks_output, strategy_files
+    from .read.strategy import strategy_paths
+    from .write.ranks import check_ranks_output
 
     asked = [flag for flag, given in (("--max-shard-size", opts.max_shard_size is not None),
                                       ("--format safetensors", opts.format != "ckpt"),
@@ -303,7 +304,7 @@ def _check_ranks(opts: ConvertOptions) -> None:
     if asked:
         raise MsPortError(f"--strategy writes one .ckpt per rank; {', '.join(asked)} does not "
                           "apply to it — drop it")
-    strategy_files(opts.strategy)
+    strategy_paths(opts.strategy)
     check_ranks_output(opts.output, force=opts.force)
 
 

@@ -25,7 +25,7 @@ pytest.importorskip("mindspore")
 
 import ms_port
 from ms_port.cli import main
-from ms_port.errors import SourceError
+from ms_port.errors import MsPortError, SourceError
 from ms_port.read.sources import read_source
 from ms_port.read.strategy import ParamLayout, read_strategy
 from ms_port.testing import rewrite_checkpoint, training_output
@@ -599,3 +599,20 @@ def test_only_ascii_digits_number_a_rank(output, tmp_path):
     out = _copy(output, tmp_path)
     shutil.copytree(out / "checkpoint" / "rank_1", out / "checkpoint" / "rank_\u0661")
     assert read_source(out).cluster.ranks_read == 4
+
+
+def test_a_strategy_that_is_no_file_or_holds_none_is_one_line(output, tmp_path):
+    """--strategy is read the same by the reader and by convert --strategy: something that
+    is neither a file nor a folder (a FIFO), or a folder with no strategy file, is refused
+    naming it, before anything is read or written."""
+    import os
+
+    fifo, empty = tmp_path / "fifo", tmp_path / "empty"
+    os.mkfifo(fifo)
+    empty.mkdir()
+    for given, message in ((fifo, "no such file or folder"), (empty, "no strategy file")):
+        with pytest.raises(SourceError, match=message):
+            read_source(output, strategy=given)
+        with pytest.raises(MsPortError, match=message):
+            ms_port.convert(output, arch="resnet18", strategy=given, output=tmp_path / "o")
+        assert not (tmp_path / "o").exists()

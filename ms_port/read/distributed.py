@@ -34,7 +34,7 @@ import numpy as np
 
 from ..errors import SourceError, shown
 from ..text import size_text
-from .strategy import ParamLayout, Strategy, read_strategy
+from .strategy import ParamLayout, Strategy, read_strategy, strategy_paths
 from .tensors import Source, TensorInfo, numpy_dtype
 
 #: a file's tensors, names as saved (given by :func:`ms_port.read.sources.read_source`)
@@ -266,22 +266,9 @@ def _asked(step: str, named: list[tuple[int, int]], folder: Path) -> tuple[int, 
 def _strategy_for(folder: Path, given: str | Path | None,
                   ranks: dict[int, Path]) -> Strategy | None:
     """The strategy given, else ``strategy/`` beside ``checkpoint/`` (or inside it)."""
-    if given is not None:
-        where = Path(given)
-        if not (where.is_file() or where.is_dir()):
-            raise SourceError(f"--strategy {where}: no such file or folder", path=where)
-    else:
-        where = next((c for c in (folder.parent / "strategy", folder / "strategy")
-                      if c.is_dir()), None)
-        if where is None:
-            return None
-    paths = ([where] if where.is_file() else
-             sorted((p for p in where.iterdir() if p.is_file()
-                     and p.suffix in (".ckpt", ".json", ".pb")),
-                    key=lambda p: (len(p.name), p.name)))
-    if not paths:
-        raise SourceError(f"{where}: no strategy file (.ckpt or .json) in it", path=where)
-    return read_strategy(paths)
+    where = given if given is not None else next(
+        (c for c in (folder.parent / "strategy", folder / "strategy") if c.is_dir()), None)
+    return None if where is None else read_strategy(strategy_paths(where))
 
 
 @dataclass

@@ -212,6 +212,25 @@ class Strategy:
         return sum(self.stage_devices.get(s, 0) for s in range(stage))
 
 
+def strategy_paths(given: str | Path) -> list[Path]:
+    """The strategy's files: the one given, or those in the folder given (``.ckpt``,
+    ``.json``, ``.pb``), in rank order (``rank_2`` before ``rank_10``).
+
+    Raises:
+        SourceError: neither a file nor a folder, or a folder with no strategy file.
+    """
+    where = Path(given)
+    if not (where.is_file() or where.is_dir()):
+        raise SourceError(f"--strategy {where}: no such file or folder", path=where)
+    paths = ([where] if where.is_file() else
+             sorted((p for p in where.iterdir() if p.is_file()
+                     and p.suffix in (".ckpt", ".json", ".pb")),
+                    key=lambda p: (len(p.name), p.name)))
+    if not paths:
+        raise SourceError(f"{where}: no strategy file (.ckpt or .json) in it", path=where)
+    return paths
+
+
 def read_strategy(paths: list[Path]) -> Strategy:
     """The strategy in ``paths`` (per-rank files, per-stage files, or one merged file);
     identical files (every rank of a stage writes the same) are read once.
@@ -460,4 +479,4 @@ def _message_class() -> Any:
         pool.FindMessageTypeByName("mindspore.straspb.ParallelStrategyMap"))
 
 
-__all__ = ["MAX_DEVICES", "ParamLayout", "Strategy", "read_strategy"]
+__all__ = ["MAX_DEVICES", "ParamLayout", "Strategy", "read_strategy", "strategy_paths"]

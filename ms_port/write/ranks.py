@@ -32,7 +32,7 @@ import numpy as np
 
 from ..errors import OutputExistsError, WriteError, shown
 from ..read.ckpt import CkptWriter
-from ..read.strategy import ParamLayout, Strategy, read_strategy
+from ..read.strategy import ParamLayout, Strategy, read_strategy, strategy_paths
 
 _OURS = re.compile(r"^(rank_\d+|strategy)$")
 
@@ -65,19 +65,6 @@ class RanksResult:
                 "tensors": self.tensors, "bytes": self.nbytes, "readback": self.readback,
                 "replaced": self.replaced, "seconds": round(self.seconds, 3),
                 "strategy": self.strategy, "notes": self.notes}
-
-
-def strategy_files(given: str | Path) -> list[Path]:
-    """The strategy's files: the one given, or those in the folder given."""
-    where = Path(given)
-    if not (where.is_file() or where.is_dir()):
-        raise WriteError(f"--strategy {where}: no such file or folder", path=where)
-    files = ([where] if where.is_file() else
-             sorted(p for p in where.iterdir() if p.is_file()
-                    and p.suffix in (".ckpt", ".json", ".pb")))
-    if not files:
-        raise WriteError(f"{where}: no strategy file (.ckpt or .json) in it", path=where)
-    return files
 
 
 def check_ranks_output(output: str | Path, *, force: bool) -> Path:
@@ -170,7 +157,7 @@ def write_ranks(plan: Any, output: str | Path, strategy: str | Path, *, force: b
     """
     start = time.perf_counter()
     final = check_ranks_output(output, force=force)
-    files = strategy_files(strategy)
+    files = strategy_paths(strategy)
     parsed = read_strategy(files)
     _open_files_for(parsed.devices)
     layouts, notes = _layouts(plan, parsed)
@@ -249,4 +236,4 @@ def _read_back(work: Path, digests: dict[str, str]) -> None:
                                 "what was written; nothing was put in place", path=work)
 
 
-__all__ = ["RanksResult", "check_ranks_output", "strategy_files", "write_ranks"]
+__all__ = ["RanksResult", "check_ranks_output", "write_ranks"]
