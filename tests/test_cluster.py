@@ -398,8 +398,10 @@ def test_checkpoint_2_reads_back_whole(ckpt2, kind):
 def test_checkpoint_2_from_the_iteration_folder_and_its_refusals(ckpt2, tmp_path):
     folder = ckpt2 / "5" / "plain" / "iteration_00000005"
     assert read_source(folder).cluster.save == "iteration 5"
-    with pytest.raises(SourceError, match="names no iteration; found iteration 5, iteration 3"):
-        read_source(ckpt2 / "5" / "plain", step="4")
+    for step in ("4", "²", "٣", "9" * 5000, "3.0"):  # none a traceback, none taken for 3
+        with pytest.raises(SourceError, match="names no iteration; found iteration 5, "
+                                              "iteration 3"):
+            read_source(ckpt2 / "5" / "plain", step=step)
     broken = tmp_path / "iteration_00000005"
     shutil.copytree(folder, broken)
     (broken / "model-0000003-0000004.safetensors").unlink()
