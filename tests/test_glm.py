@@ -440,6 +440,12 @@ def test_rearranged_rope_verifies_and_each_layout_fails_on_the_others_network(gl
         assert report.verdict == "PASS", report.message
         assert report.error < 1e-5
     assert any("CPU stand-ins (4)" in n and "ops.matmul" in n for n in report.notes)
+    if qkv:  # every token id over 256 positions: the rearranged rotary path at length
+        ids = np.arange(SIZES["vocab"], dtype=np.int64)
+        np.save(root / "rr-ids.npy", np.concatenate([ids, ids[::-1]])[None])
+        report = ms_port.verify(hf, rearranged, ms_model="mindformers:glm4",
+                                ms_options=options, inputs=root / "rr-ids.npy")
+        assert report.verdict == "PASS" and report.inputs[0]["shape"] == [1, 256]
     tensor = "query_key_value" if qkv else ".wq."
     for ckpt, opts in ((plain, options), (rearranged, {"qkv_concat": qkv})):
         report = ms_port.verify(hf, ckpt, ms_model="mindformers:glm4", ms_options=opts)

@@ -45,9 +45,9 @@ class GlmBlocks(HuggingFaceSide):
         super().__init__(config, build_torch)
         self.sizes = glm_sizes(config)
         if self.sizes.layout != "hf":
-            raise TargetError("verify builds the PyTorch side with transformers, which has no "
-                              "class for GLM-4's remote-code layout; verify the -hf layout's "
-                              "checkpoint (the same bytes), or pass --torch-model")
+            raise TargetError("GlmBlocks builds the PyTorch side with transformers' glm "
+                              "class, from an -hf config; verify hands it a remote-code "
+                              "source in that view (archs/glm_remote.as_hf)")
         self.layouts = layouts  # glm_config's settings (archs.glm.OPTIONS)
         self.seq_length = seq_length
         self.options = dict(self.layouts)
