@@ -37,6 +37,7 @@ import argparse
 import json
 import os
 import sys
+import tempfile
 
 import numpy as np
 
@@ -44,9 +45,10 @@ WORLD = 4
 os.environ.setdefault("RANK_SIZE", str(WORLD))
 os.environ.setdefault("RANK_ID", "0")
 os.environ.setdefault("GLOG_v", "3")
-# MindFormers' logger writes under $LOCAL_DEFAULT_PATH/log (default ./output/log): keep cwd clean.
+# MindFormers' logger writes under $LOCAL_DEFAULT_PATH/log (default ./output/log): keep the
+# working folder clean, beside the output or in a temporary folder (never the repository)
 os.environ.setdefault("LOCAL_DEFAULT_PATH", os.path.join(
-    os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else "."), "mf_log"))
+    os.path.abspath(sys.argv[1]) if len(sys.argv) > 1 else tempfile.mkdtemp(), "mf_log"))
 
 import mindformers.checkpoint.checkpoint as mf_ckpt  # noqa: E402
 import mindformers.checkpoint.fully_parallel as mf_fp  # noqa: E402
