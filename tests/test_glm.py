@@ -28,6 +28,9 @@ from ms_port.read.sources import read_source
 VARIANTS = [(q, m) for q in (True, False) for m in (True, False)]
 SIZES = {"vocab": 128, "hidden": 64, "ffn": 96, "layers": 2, "heads": 4, "groups": 2,
          "head_dim": 16}
+#: GLM-4-9B's rotary base: 10000 × rope_ratio 500 (transformers 5 saves it inside
+#: rope_parameters, the remote code's config as rope_ratio)
+RATIO = 500
 #: MindFormers' use_rearrange_rope: each head's q and k rows as rotary halves
 REARRANGED = {"use_rearrange_rope": True}
 
@@ -40,7 +43,8 @@ def _hf(root: Path, groups: int = SIZES["groups"], name: str = "hf") -> Path:
         vocab_size=SIZES["vocab"], hidden_size=SIZES["hidden"],
         intermediate_size=SIZES["ffn"], num_hidden_layers=SIZES["layers"],
         num_attention_heads=SIZES["heads"], num_key_value_heads=groups,
-        head_dim=SIZES["head_dim"], pad_token_id=0, eos_token_id=1)
+        head_dim=SIZES["head_dim"], pad_token_id=0, eos_token_id=1,
+        rope_theta=10000.0 * RATIO)
     torch.manual_seed(0)
     model = transformers.GlmForCausalLM(cfg)
     with torch.no_grad():
@@ -86,7 +90,7 @@ def _remote(root: Path, hf: Path, inv_freq_base: float = 10000.0,
         "multi_query_attention": not multi_head,
         "multi_query_group_num": 1 if multi_head else SIZES["groups"],
         "add_qkv_bias": True, "add_bias_linear": False, "layernorm_epsilon": 1.5625e-07,
-        "rmsnorm": True, "rope_ratio": 1, "seq_length": 64}))
+        "rmsnorm": True, "rope_ratio": RATIO, "seq_length": 64}))
     return folder
 
 
@@ -252,6 +256,27 @@ def test_a_grouped_qkv_or_swapped_gate_up_fails_naming_the_tensor(glm, wrong, te
     assert tensor in report.message
 
 
+def _chatglm2_logits(model_config: dict, ckpt: Path, ids: np.ndarray) -> np.ndarray:
+    """MindFormers' ChatGLM2 built from a YAML's model_config (with ms-port's tested CPU run
+    settings), loaded with ``ckpt``: its logits for ``ids``."""
+    from ms_port.archs.glm import build_from
+    from ms_port.archs.mindformers import contained
+
+    with contained():
+        import mindspore as ms
+        from mindformers.models.glm2 import ChatGLM2Config
+
+        ms.set_context(mode=ms.PYNATIVE_MODE, device_target="CPU")
+        net = build_from(ChatGLM2Config(**model_config, seq_length=ids.shape[1],
+                                        use_past=False, use_flash_attention=False,
+                                        compute_dtype="float32", param_init_type="float32",
+                                        layernorm_compute_type="float32",
+                                        rotary_dtype="float32"))
+        missing, _ = ms.load_param_into_net(net, ms.load_checkpoint(str(ckpt)))
+        assert not missing
+        return net(ms.Tensor(ids, ms.int32))[0].asnumpy()
+
+
 @pytest.mark.parametrize("layout", ["hf", "remote", "rearranged"])
 def test_model_config_builds_the_network_that_computes_transformers_logits(glm, layout):
     """--model-config's model_config (with the run settings ms-port tests with) builds
@@ -261,9 +286,6 @@ def test_model_config_builds_the_network_that_computes_transformers_logits(glm, 
     import torch
     import transformers
     import yaml
-
-    from ms_port.archs.glm import build_from
-    from ms_port.archs.mindformers import contained
 
     root, hf, remote = glm
     src = remote if layout == "remote" else hf
@@ -279,25 +301,19 @@ def test_model_config_builds_the_network_that_computes_transformers_logits(glm, 
     assert model_config["apply_query_key_layer_scaling"] is True
     assert model_config["kv_channels"] == SIZES["head_dim"]
     assert model_config["use_rearrange_rope"] is (layout == "rearranged")
+    assert model_config["rope_ratio"] == RATIO
     ids = (np.arange(16) * 37 % SIZES["vocab"]).reshape(1, 16)
-    with contained():
-        import mindspore as ms
-        from mindformers.models.glm2 import ChatGLM2Config
-
-        ms.set_context(mode=ms.PYNATIVE_MODE, device_target="CPU")
-        net = build_from(ChatGLM2Config(**model_config, seq_length=16, use_past=False,
-                                        use_flash_attention=False, compute_dtype="float32",
-                                        param_init_type="float32",
-                                        layernorm_compute_type="float32",
-                                        rotary_dtype="float32"))
-        missing, _ = ms.load_param_into_net(net, ms.load_checkpoint(str(ckpt)))
-        assert not missing
-        logits = net(ms.Tensor(ids, ms.int32))[0].asnumpy()
     reference = transformers.GlmForCausalLM.from_pretrained(hf, attn_implementation="eager")
     with torch.no_grad():
         want = reference.eval()(torch.tensor(ids)).logits.numpy()
-    error = np.linalg.norm(logits - want) / np.linalg.norm(want)
-    assert error < 1e-5, error
+
+    def error(settings: dict) -> float:
+        logits = _chatglm2_logits(settings, ckpt, ids)
+        return float(np.linalg.norm(logits - want) / np.linalg.norm(want))
+
+    assert error(model_config) < 1e-5
+    if layout == "hf":  # the ratio read matters: the network with it misread is far off
+        assert error({**model_config, "rope_ratio": 1.0}) > 1e-3
 
 
 def test_verify_by_layers_passes_and_fails_where_the_whole_does(glm):
@@ -643,11 +659,17 @@ def test_diff_takes_the_hf_directory_and_recognises_the_family(glm):
     with pytest.raises(MsPortError, match="compared by name; config, ms_options apply"):
         ms_port.diff(plain, rearranged, config=hf / "config.json", ms_options=REARRANGED)
     # a config the family cannot read: compared by names, and the note says why
-    broken = {**json.loads((hf / "config.json").read_text()), "partial_rotary_factor": 0.25}
+    # (transformers 5 keeps partial_rotary_factor inside rope_parameters, and a top-level
+    # value beside it is not read: the network rotates what the mapping says)
+    config = json.loads((hf / "config.json").read_text())
+    assert ms_port.diff(hf / "model.safetensors", plain,
+                        config={**config, "partial_rotary_factor": 0.25}).ok
+    broken = {**config, "rope_parameters": {**config["rope_parameters"],
+                                            "partial_rotary_factor": 0.25}}
     unread = ms_port.diff(hf / "model.safetensors", plain, config=broken)
     assert not unread.ok
     assert any("names mindformers:glm4's model type, and mindformers:glm4 cannot read it "
-               "(partial_rotary_factor 0.25" in n for n in unread.notes)
+               "(rope_parameters.partial_rotary_factor is 0.25" in n for n in unread.notes)
     with pytest.raises(MsPortError, match="--ms-option is for a known family"):
         ms_port.diff(hf / "model.safetensors", plain, ms_options=REARRANGED,
                      config={"model_type": "other"})

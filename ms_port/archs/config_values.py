@@ -1,5 +1,10 @@
-"""Numbers and switches read from a Hugging Face ``config.json``: each checked before use
-(a file's value is data), each refusal one line naming the key and what it should be."""
+"""The one reader of a Hugging Face ``config.json`` for every family: numbers and switches
+here, the rotary settings (``rope_theta``, ``partial_rotary_factor``, the scaling; at the
+top of the config or inside transformers 5's ``rope_parameters``) through
+:func:`~ms_port.match.rope.read_rope`, re-exported here. Each value is checked before use
+(a file's value is data); each refusal is one line naming the key and what it should be.
+``tests/test_config_reader.py`` holds every family to both config layouts, and that no
+family reads a rotary key by itself."""
 
 from __future__ import annotations
 
@@ -7,6 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..errors import TargetError, shown
+from ..match.rope import Rope, read_rope
 
 #: the largest size a config may give (a dimension of a real model is far below)
 MAX_SIZE = 2**31
@@ -57,4 +63,5 @@ def read_layers(config: Mapping[str, Any]) -> int:
     return layers
 
 
-__all__ = ["MAX_LAYERS", "MAX_SIZE", "read_bool", "read_float", "read_int", "read_layers"]
+__all__ = ["MAX_LAYERS", "MAX_SIZE", "Rope", "read_bool", "read_float", "read_int",
+           "read_layers", "read_rope"]

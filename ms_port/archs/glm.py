@@ -30,7 +30,7 @@ from typing import Any
 
 from ..errors import TargetError, shown
 from ..read.targets import Target, TargetTensor
-from .config_values import read_bool, read_float, read_int, read_layers
+from .config_values import read_bool, read_float, read_int, read_layers, read_rope
 
 FAMILY = "mindformers:glm4"
 #: MindFormers' defaults for the paged attention cache the network declares
@@ -54,6 +54,16 @@ class GlmSizes:
     dense_bias: bool
     rope_ratio: float
     tied: bool
+    #: a RoPE scaling the -hf config asks for (ChatGLM2 computes none), else ``None``
+    scaling: str | None = None
+
+    def require_plain_rope(self) -> None:
+        """Refuse to build or describe a network for a scaled RoPE: MindFormers' ChatGLM2
+        has no scaling, so it would compute another function (the weights are right)."""
+        if self.scaling:
+            raise TargetError(f"config.json: {self.scaling}; MindFormers' ChatGLM2 has no "
+                              "RoPE scaling, so its network would compute another function "
+                              "(the converted weights do not depend on it and are right)")
 
 
 def glm_sizes(config: dict[str, Any]) -> GlmSizes:
@@ -62,18 +72,16 @@ def glm_sizes(config: dict[str, Any]) -> GlmSizes:
     if model_type == "glm":
         heads = read_int(config, "num_attention_heads")
         hidden = read_int(config, "hidden_size")
-        partial = config.get("partial_rotary_factor", 0.5)
-        if partial != 0.5:
-            raise TargetError(f"config.json: partial_rotary_factor {shown(partial)}; MindFormers' "
-                              "ChatGLM2 rotates half of each head (0.5)")
-        theta = read_float(config, "rope_theta", 10000.0)
+        rope = read_rope(config)  # top-level keys or transformers 5's rope_parameters
+        rope.require_partial(0.5, "MindFormers' ChatGLM2")
         sizes = GlmSizes(
             "hf", read_int(config, "vocab_size"), hidden, read_layers(config), heads,
             read_int(config, "num_key_value_heads", heads),
             read_int(config, "head_dim", max(1, hidden // heads)),
             read_int(config, "intermediate_size"), read_float(config, "rms_norm_eps", 1e-5),
-            read_bool(config, "attention_bias", True), False, theta / 10000.0,
-            read_bool(config, "tie_word_embeddings", False))
+            read_bool(config, "attention_bias", True), False, rope.theta / 10000.0,
+            read_bool(config, "tie_word_embeddings", False),
+            None if rope.kind == "default" else rope.describe())
     elif model_type == "chatglm":
         heads = read_int(config, "num_attention_heads")
         hidden = read_int(config, "hidden_size")
@@ -203,6 +211,9 @@ def target(config: dict[str, Any], *, qkv_concat: bool = True, mlp_concat: bool 
         "show that layout")
     if not apply_query_key_layer_scaling:
         notes.append(NO_SCALING)
+    if sizes.scaling:
+        notes.append(f"{sizes.scaling}: MindFormers' ChatGLM2 has none (the weights do not "
+                     "depend on it; --model-config and verify refuse it)")
     return Target("family", f"{FAMILY} ({variant})", {t.name: t for t in tensors},
                   family=FAMILY, notes=notes,
                   settings={"qkv_concat": qkv_concat, "mlp_concat": mlp_concat,
@@ -238,6 +249,7 @@ def glm_config(config: dict[str, Any], *, qkv_concat: bool = True, mlp_concat: b
     from .mindformers import contained
 
     sizes = glm_sizes(config)
+    sizes.require_plain_rope()
     with contained():
         try:
             from mindformers.models.glm2 import ChatGLM2Config

@@ -29,9 +29,8 @@ from typing import Any
 
 from ..errors import TargetError, shown
 from ..match.mapping import select_table, selected_model_types
-from ..match.rope import Rope, read_rope
 from ..read.targets import Target, TargetTensor
-from .config_values import read_bool, read_float, read_int, read_layers
+from .config_values import Rope, read_bool, read_float, read_int, read_layers, read_rope
 
 FAMILY = "mindformers:llama"
 
@@ -113,7 +112,8 @@ def llama_sizes(config: dict[str, Any]) -> LlamaSizes:
     if act != "silu":
         raise TargetError(f"config.json: hidden_act {shown(act)}; MindFormers' LlamaForCausalLM "
                           "computes SiLU")
-    rope = read_rope(config)  # never refused: the weights do not depend on it
+    rope = read_rope(config)  # a scaling never refused: the weights do not depend on it
+    rope.require_partial(1.0, "MindFormers' LlamaForCausalLM")
     bias = _bool(config, "attention_bias")
     layers = read_layers(config)
     return LlamaSizes(

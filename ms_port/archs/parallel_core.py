@@ -24,10 +24,11 @@ from typing import Any
 
 from ..errors import TargetError, shown
 from ..match.mapping import select_table, selected_model_types
-from ..match.rope import Rope, read_rope
 from ..read.targets import Target, TargetTensor
-from .config_values import read_layers
-from .mindformers import _bool, _float, _int
+from .config_values import Rope, read_layers, read_rope
+from .config_values import read_bool as _bool
+from .config_values import read_float as _float
+from .config_values import read_int as _int
 
 QWEN3 = "mindformers:qwen3"
 QWEN3_MOE = "mindformers:qwen3_moe"
@@ -102,9 +103,15 @@ def qwen3_sizes(config: dict[str, Any], family: str = QWEN3) -> Qwen3Sizes:
         kv_heads=kv_heads, head_dim=head_dim,
         intermediate=_int(config, "intermediate_size", 1) if experts else
         _int(config, "intermediate_size"),
-        eps=_float(config, "rms_norm_eps", 1e-6), rope=read_rope(config), qkv_bias=False,
+        eps=_float(config, "rms_norm_eps", 1e-6), rope=_whole_head(read_rope(config)),
+        qkv_bias=False,
         tied=_bool(config, "tie_word_embeddings"), experts=experts,
         expert_intermediate=expert_intermediate)
+
+
+def _whole_head(rope: Rope) -> Rope:
+    rope.require_partial(1.0, "MindFormers' Qwen3")
+    return rope
 
 
 def qwen3_tensors(sizes: Qwen3Sizes) -> list[TargetTensor]:

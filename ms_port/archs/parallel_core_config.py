@@ -13,8 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import TargetError, shown
-from ..match.rope import read_rope
-from .config_values import read_bool, read_float, read_int, read_layers
+from .config_values import read_bool, read_float, read_int, read_layers, read_rope
 from .mindformers import contained
 from .parallel_core import INTERLEAVED
 from .parallel_core_deepseek import deepseek_sizes, mindformers_settings
@@ -48,6 +47,7 @@ def _dense_settings(config: Mapping[str, Any], *,
         raise TargetError("config.json: attention_bias is true; MindFormers' Qwen3 would give "
                           "q/k/v biases but no o_proj bias (its add_bias_linear is false)")
     rope = read_rope(config)
+    rope.require_partial(1.0, "MindFormers' Qwen3")
     if rope.kind != "default":
         raise TargetError(f"config.json: {rope.describe()}; ms-port runs MindFormers' "
                           "parallel_core networks with plain RoPE only")
@@ -88,6 +88,7 @@ def _deepseek_rope(config: Mapping[str, Any]) -> tuple[float, dict[str, Any]]:
     """The rotary base, and the keys of ``DeepseekV3Config`` that give MindFormers' MLA
     the rotary embedding and softmax scale transformers computes (plain RoPE or yarn)."""
     rope = read_rope(dict(config))
+    rope.require_partial(1.0, "MindFormers' MLA (over qk_rope_head_dim)")
     if rope.kind == "default":
         # MLA scales its softmax by _yarn_get_mscale(rotary_scaling_factor, mscale)**2
         # whatever the embedding; MLATransformerConfig's default factor (40) would do so

@@ -52,9 +52,8 @@ from typing import Any
 
 from ..errors import TargetError, shown
 from ..match.mapping import select_table, selected_model_types
-from ..match.rope import Rope, read_rope
 from ..read.targets import Target, TargetTensor
-from .config_values import read_layers
+from .config_values import Rope, read_bool, read_layers, read_rope
 from .parallel_core import INTERLEAVED, NO_FORWARD, mlp_note
 
 FAMILY = "mindformers:deepseek3"
@@ -117,7 +116,7 @@ def deepseek_sizes(config: dict[str, Any], *, mtp: bool | None = None) -> Deepse
                           "q_a_proj, kv_a_proj_with_mqa and o_proj biases, MindFormers' "
                           "add_qkv_bias gives linear_qkv, linear_qb and linear_kvb ones: it "
                           "cannot hold this model")
-    if config.get("rope_interleave", True) is not True:
+    if not read_bool(config, "rope_interleave", True):
         raise TargetError("config.json: rope_interleave is false; MindFormers' MLA always "
                           "de-interleaves the rotary dimensions (as Hugging Face does with "
                           "rope_interleave true), so it computes another function")
@@ -144,6 +143,7 @@ def deepseek_sizes(config: dict[str, Any], *, mtp: bool | None = None) -> Deepse
         dense=_size(config, "first_k_dense_replace", least=0),
         mtp=_size(config, "num_nextn_predict_layers", least=0),
         rope=read_rope(config))
+    sizes.rope.require_partial(1.0, "MindFormers' MLA (over qk_rope_head_dim)")
     if sizes.dense > layers:
         raise TargetError(f"config.json: first_k_dense_replace {sizes.dense} is more than "
                           f"num_hidden_layers {layers}")

@@ -40,6 +40,9 @@ class Rope:
         scaling: its ``scaling_factor`` dict, as read from the config.
         problem: why MindFormers cannot compute this scaling exactly, else ``None``.
         original: the pretraining length the scaling extends from, else ``None``.
+        partial: ``partial_rotary_factor`` (the share of each head rotated) where the config
+            gives one (inside the RoPE mapping first, then at the top, as transformers
+            reads it), else ``None``: the network's own default.
     """
 
     kind: str
@@ -50,6 +53,21 @@ class Rope:
     scaling: dict[str, Any] | None = None
     problem: str | None = None
     original: int | None = None
+    partial: float | None = None
+
+    def require_partial(self, expected: float, network: str) -> None:
+        """Refuse a ``partial_rotary_factor`` other than the one ``network`` rotates with
+        (1.0: every dimension of a head; GLM-4's 0.5: half). Unset is the network's own."""
+        if self.partial is not None and self.partial != expected:
+            where = f"{self.key}." if self.partial_key else ""
+            raise TargetError(f"config.json: {where}partial_rotary_factor is "
+                              f"{self.partial:g}; {network} rotates {_share(expected)} of "
+                              "each head, so it would compute another function")
+
+    @property
+    def partial_key(self) -> bool:
+        """Whether ``partial`` was read inside the RoPE mapping (transformers 5's layout)."""
+        return "partial_rotary_factor" in self.params
 
     @property
     def extend_method(self) -> str:
@@ -69,6 +87,10 @@ class Rope:
                   else f"extend_method {self.extend_method}, scaling_factor "
                        f"{self.scaling_factor}")
         return f"RoPE scaling {self.kind} ({self.key}), theta {self.theta:g}: {mapped}"
+
+
+def _share(factor: float) -> str:
+    return {1.0: "every dimension", 0.5: "half"}.get(factor, f"{factor:g}")
 
 
 def _number(given: dict[str, Any], key: str, where: str, default: float | None = None
@@ -140,9 +162,9 @@ def _yarn(p: dict[str, Any], where: str, config: dict[str, Any]) -> tuple[Any, s
         problems.append("truncate: false (MindFormers always rounds the correction range)")
     if factor < 1 or beta_fast < beta_slow:
         problems.append(f"factor {factor:g} < 1 or beta_fast < beta_slow")
-    partial = config.get("partial_rotary_factor", 1.0)
-    if partial not in (1, 1.0, None):
-        problems.append(f"partial_rotary_factor {shown(partial)}")
+    partial = _partial(p, config, where)
+    if partial not in (1.0, None):
+        problems.append(f"partial_rotary_factor {partial:g}")
     # transformers uses mscale and mscale_all_dim only when both are set (and nonzero);
     # else its attention factor is 0.1*ln(factor)+1: MindFormers' with mscale 1, all_dim 0
     both = bool(mscale) and bool(mscale_all_dim)
@@ -151,6 +173,18 @@ def _yarn(p: dict[str, Any], where: str, config: dict[str, Any]) -> tuple[Any, s
     return ({"factor": factor, "original_max_position_embeddings": original,
              "beta_fast": beta_fast, "beta_slow": beta_slow, "mscale": scale,
              "mscale_all_dim": scale_all}, "; ".join(problems) or None, original)
+
+
+def _partial(given: dict[str, Any], config: dict[str, Any], where: str) -> float | None:
+    """``partial_rotary_factor`` as transformers reads it: inside the RoPE mapping first,
+    then at the top of the config; a share of a head, in (0, 1]."""
+    inside = given.get("partial_rotary_factor") is not None
+    value = _number(given, "partial_rotary_factor", where) if inside else \
+        _number(config, "partial_rotary_factor", "config")
+    if value is not None and value > 1:
+        raise TargetError(f"config.json: {where if inside else 'config'}.partial_rotary_factor "
+                          f"is {value:g}; expected a share of a head, at most 1")
+    return value
 
 
 #: Hugging Face rope_type -> (MindFormers extend_method, reader of its parameters)
@@ -165,21 +199,25 @@ UNSUPPORTED = {
 
 
 def read_rope(config: dict[str, Any]) -> Rope:
-    """The rotary embedding a Hugging Face config describes (either config form).
+    """The rotary embedding a Hugging Face config describes (either config form): the
+    one reader of ``rope_theta``, ``partial_rotary_factor`` and the scaling for every
+    family (a test holds that no family reads those keys by itself).
 
     Never refuses a scaling for conversion: the weights do not depend on it. A scaling
     MindFormers cannot compute exactly carries its ``problem``; a malformed value is a
     :class:`~ms_port.errors.TargetError` naming the key.
     """
     given, key = None, None
-    for name in ("rope_parameters", "rope_scaling"):  # transformers 5 writes the first
+    # transformers 5 writes rope_parameters; where a config holds both, transformers takes
+    # rope_scaling (its convert_rope_params_to_dict: `rope_scaling or rope_parameters`)
+    for name in ("rope_scaling", "rope_parameters"):
         value = config.get(name)
         if value is None:
             continue
         if not isinstance(value, dict):
             raise TargetError(f"config.json: {name} is {shown(value)}, not a mapping; check "
                               "the config")
-        if given is None:
+        if given is None and value:
             given, key = value, name
     given = given or {}
     # transformers takes the theta inside the RoPE mapping first (its setdefault)
@@ -188,17 +226,18 @@ def read_rope(config: dict[str, Any]) -> Rope:
     kind = given.get("rope_type", given.get("type", "default")) or "default"
     if not isinstance(kind, str):
         raise TargetError(f"config.json: {key}.rope_type is {shown(kind)}; expected a name")
-    if kind == "default":
-        return Rope("default", key, theta)
-    params = {k: v for k, v in given.items() if k not in ("rope_type", "type", "rope_theta")}
     where = key or "rope_scaling"
+    partial = _partial(given, config, where)
+    params = {k: v for k, v in given.items() if k not in ("rope_type", "type", "rope_theta")}
+    if kind == "default":
+        return Rope("default", key, theta, params, partial=partial)
     if kind in SCALINGS:
         method, reader = SCALINGS[kind]
         scaling, problem, original = reader(given, where, config)
-        return Rope(kind, key, theta, params, method, scaling, problem, original)
+        return Rope(kind, key, theta, params, method, scaling, problem, original, partial)
     problem = UNSUPPORTED.get(kind, f"MindFormers' LlamaForCausalLM has no {shown(kind)} "
                                     "extend method")
-    return Rope(kind, key, theta, params, problem=problem)
+    return Rope(kind, key, theta, params, problem=problem, partial=partial)
 
 
 def inv_freq(rope: Rope, head_dim: int) -> np.ndarray:

@@ -50,6 +50,7 @@ def glm4_yaml(config: dict[str, Any], *, qkv_concat: bool = True, mlp_concat: bo
     from ..archs.glm import glm_sizes
 
     sizes = glm_sizes(config)
+    sizes.require_plain_rope()
     section = _Section({"type": "ChatGLM2Config"})
     section.comment("computed by ms-port from config.json: the checkpoint's network. Change "
                     "these and the checkpoint no longer loads, or computes another function.")
