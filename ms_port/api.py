@@ -80,7 +80,8 @@ def inspect(
                          unwrapped=source.unwrapped, stripped=source.stripped,
                          skipped=source.skipped, metadata=source.metadata, filter=opts.filter,
                          config=_config_summary(source), hub=source.hub,
-                         cluster=source.cluster, training_state=source.training_state)
+                         cluster=source.cluster, training_state=source.training_state,
+                         notes=source.notes)
 
 
 #: config.json keys worth a line in inspect (what a conversion takes from it)

@@ -60,6 +60,7 @@ def _inspect(r: Any, *, limit: int | None, show: str) -> Any:
         lines.append(f"hub: {r.hub} (Hugging Face cache)")
     if r.unwrapped:
         lines.append(f"unwrapped container: {' → '.join(r.unwrapped)}")
+    lines += [f"note: {n}" for n in getattr(r, "notes", ())]
     if r.stripped:
         lines.append(f"stripped prefix: {', '.join(r.stripped)}")
     if r.metadata:
@@ -149,6 +150,7 @@ def _plan_lines(plan: Any) -> list[str]:
     if plan.source.unwrapped or plan.source.stripped:
         lines.append(escape(f"source unwrapped {plan.source.unwrapped or '-'}, "
                             f"stripped {plan.source.stripped or '-'}"))
+    lines += [escape(f"source:  {n}") for n in getattr(plan.source, "notes", ())]
     dequantized = describe(plan.source)
     if dequantized:
         lines.append(escape(f"float8:  {dequantized}"))

@@ -47,6 +47,8 @@ class InspectReport(Renderable):
     #: (optimizer moments, counters) at their whole shapes, listed apart
     cluster: Any = None
     training_state: list[TensorInfo] = field(default_factory=list)
+    #: how the reader read the file (:attr:`~ms_port.read.tensors.Source.notes`)
+    notes: list[str] = field(default_factory=list)
 
     @property
     def parameters(self) -> int:
@@ -72,6 +74,7 @@ class InspectReport(Renderable):
             "hub": self.hub.to_dict() if self.hub else None,
             "cluster": self.cluster.to_dict() if self.cluster is not None else None,
             "training_state": [t.to_dict() for t in self.training_state],
+            "notes": self.notes,
         }
 
     def __repr__(self) -> str:

@@ -208,7 +208,7 @@ def test_glm4_with_a_rope_scaling_converts_and_its_network_is_refused(tmp_path):
     config["rope_parameters"].update(YARN)
     target = from_family("mindformers:glm4", config)
     assert any("yarn" in n and "ChatGLM2 has none" in n for n in target.notes)
-    with pytest.raises(MsPortError, match="yarn.*ChatGLM2 has no RoPE scaling"):
+    with pytest.raises(MsPortError, match=r"yarn.*ChatGLM2 has no RoPE scaling"):
         _settings("mindformers:glm4", config)
     from ms_port.archs.glm import glm_sizes
 

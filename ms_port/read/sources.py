@@ -35,6 +35,7 @@ import numpy as np
 
 from ..errors import SourceError, UnsafePickleError, shown
 from ..text import visible
+from .modules import ModuleRead, holds_modules, live_modules, read_modules
 from .tensors import (
     MAX_DIM,
     MAX_INDEX_BYTES,
@@ -247,6 +248,10 @@ def _read(path: Path, *, key: str | None, strip_prefixes: bool, unsafe_pickle: b
     if fmt.startswith("torch"):
         obj = _torch_load(path, fmt, unsafe_pickle=unsafe_pickle)
         try:
+            whole = live_modules(obj) if unsafe_pickle else (
+                read_modules(obj, str(path)) if holds_modules(obj) else None)
+            if whole is not None:
+                return _whole_module_source(path, fmt, whole, key=key, strip=strip_prefixes)
             return _from_tree(path, fmt, obj, key=key, strip=strip_prefixes,
                               leaf=_tensor_leaf)
         except SourceError as exc:
@@ -330,6 +335,11 @@ def _torch_load(path: Path, fmt: str, *, unsafe_pickle: bool) -> Any:
                     f"{path}: cannot read this PyTorch checkpoint ({type(exc).__name__}: "
                     f"{exc}); it is truncated or corrupt — re-download or re-save it",
                     path=path) from None
+            whole, calls = _whole_modules(path)
+            if whole is not None:
+                return whole
+    else:
+        calls = None
     if not unsafe_pickle:
         from .torchguard import prescan
 
@@ -352,12 +362,23 @@ def _torch_load(path: Path, fmt: str, *, unsafe_pickle: bool) -> Any:
                               path=path) from None
         culprit = _first_line_mentioning(
             str(exc), ("Unsupported global", "GLOBAL", "Unsupported operand"))
+        if calls:
+            culprit = (f"it pickles whole modules, which ms-port reads as data, but {calls}; "
+                       f"torch says: {culprit}")
         raise UnsafePickleError(
             f"{path}: refused to unpickle — the file asks for more than tensors "
             f"({culprit}). Nothing was executed. If you created this file yourself or "
             "trust its origin, re-run with --unsafe-pickle (unsafe_pickle=True); better, "
             "re-save it as safetensors", path=path, detail=str(exc)) from None
     except Exception as exc:  # torch.load parses untrusted bytes: any failure is "corrupt"
+        if unsafe_pickle and isinstance(exc, (ModuleNotFoundError, AttributeError)):
+            missing = getattr(exc, "name", None) or str(exc).strip().splitlines()[0]
+            raise SourceError(
+                f"{path}: unpickling it needs Python code that is not importable here "
+                f"({shown(missing)}: {type(exc).__name__}); the file itself is not at fault. "
+                "Install the package that saved it, or drop --unsafe-pickle: ms-port then "
+                "reads a whole pickled module's tensors as data, without its code",
+                path=path) from None
         msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise SourceError(
             f"{path}: cannot read this PyTorch checkpoint ({msg}); it is truncated, "
@@ -425,11 +446,45 @@ def torch_to_numpy(t: Any) -> np.ndarray:
     return t.numpy()
 
 
+def _whole_module_source(path: Path, fmt: str, whole: ModuleRead, *, key: str | None,
+                         strip: bool) -> Source:
+    """A whole-module checkpoint's tensors: the module taken (``ema`` over ``model``, or
+    ``key``) as its state dict, the rest of the file listed as skipped, and notes that say
+    what was read and how."""
+    key = key or whole.preferred
+    source = _from_tree(path, fmt, whole.tree, key=key, strip=strip, leaf=_tensor_leaf)
+    source.notes = whole.notes
+    if key is not None and isinstance(whole.tree, Mapping):
+        top = key.split(".")[0]
+        source.skipped[:0] = [Skipped(str(k), type(v).__name__,
+                                      f"outside the unwrapped {top!r} container")
+                              for k, v in whole.tree.items() if k != top]
+    return source
+
+
+def _whole_modules(path: Path) -> tuple[Any, str | None]:
+    """The file read by the whole-module pass where it holds a pickled ``nn.Module`` (else
+    ``None``: ``torch.load(weights_only=True)`` judges it, as before), and what it calls
+    with arguments where that stopped the pass (code, never run)."""
+    from . import torchzip
+
+    try:
+        tree = torchzip.load(path, modules=True)
+    except torchzip.CodeRefused as exc:
+        return None, str(exc)
+    except (torchzip.Unsupported, torchzip.Refused, zipfile.BadZipFile, OSError, ValueError,
+            EOFError, KeyError, RuntimeError, MemoryError):
+        return None, None
+    return (tree, None) if holds_modules(tree) else (None, None)
+
+
 def _tensor_leaf(name: str, value: Any) -> TensorInfo | Skipped:
-    from .torchzip import LazyTensor
+    from .torchzip import Instance, LazyTensor
 
     if isinstance(value, LazyTensor):
         return TensorInfo(name, value.shape, value.dtype, value.load)
+    if isinstance(value, Instance):
+        return Skipped(name, str(value.cls), "an object kept as data (never constructed)")
     torch = sys.modules.get("torch")  # only a torch.load fallback yields torch tensors
     if torch is None or not isinstance(value, torch.Tensor):
         return Skipped(name, type(value).__name__, "not a tensor")
@@ -471,13 +526,18 @@ def _from_tree(path: Path, fmt: str, obj: Any, *, key: str | None, strip: bool,
             f"{path} holds a {type(obj).__name__}, not a state dict; save "
             "model.state_dict() rather than the model", path=path)
     if key is not None:
+        parent: Any = obj
         for part in key.split("."):
             if not isinstance(obj, Mapping) or part not in obj:
                 keys = ", ".join(map(str, obj)) if isinstance(obj, Mapping) else "none"
                 raise SourceError(f"{path}: no container {key!r} (keys here: {keys})",
                                   path=path)
-            obj = obj[part]
+            parent, obj = obj, obj[part]
             unwrapped.append(part)
+        if not isinstance(obj, Mapping):
+            raise SourceError(f"{path}: {key!r} holds {type(obj).__name__}, not tensors; "
+                              f"keys beside it: {', '.join(map(str, parent)) or 'none'} — "
+                              "pass another --key", path=path)
     else:
         while not _is_tensor_dict(obj, leaf):
             inner = next((k for k in CONTAINER_KEYS

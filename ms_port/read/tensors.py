@@ -270,6 +270,9 @@ class Source:
     #: ClusterLayout`), and its training state (optimizer moments, counters), kept apart
     cluster: Any = None
     training_state: list[TensorInfo] = field(default_factory=list)
+    #: what the reader wants said about how it read the file (a whole pickled module
+    #: read as data, and which of its copies was taken)
+    notes: list[str] = field(default_factory=list)
 
     def __len__(self) -> int:
         return len(self.tensors)

@@ -21,6 +21,17 @@ The contract: this reader is **no wider than** ``torch.load(weights_only=True)``
   and a tensor may not hold more bytes than its storage (no stride-0 expansion): all
   checked before a byte is read.
 
+**Modules pickled whole** (``torch.save(model)``, ultralytics' ``model``/``ema``, YOLOv5 and
+YOLOv7) are read by a second pass, asked for by the caller after the first says
+:class:`Unsupported`: ``load(path, modules=True)``. There a class global the list above does
+not hold becomes an inert :class:`ClassRef` (a name; nothing is imported), ``NEWOBJ`` or
+``REDUCE`` of one with no arguments an :class:`Instance` of it, and ``BUILD`` keeps the state
+it would set as a plain dict on that instance. Nothing is ever called: ``REDUCE`` of a name
+with arguments is refused (:class:`CodeRefused`), except the few data builders torch's own
+unpickler allows (:data:`_DATA_BUILDERS`: ``set``, ``frozenset``, ``torch.Size``), computed
+here. :mod:`ms_port.read.modules` then walks the instances' ``_parameters``, ``_buffers``
+and ``_modules`` for the names ``state_dict()`` would give.
+
 Anything it does not handle exactly as torch would raises :class:`Unsupported`; the
 caller then lets ``torch.load(weights_only=True)`` decide, with its own guards
 (:mod:`ms_port.read.sources`). Damaged bytes raise :class:`Refused` (or the zip
@@ -62,6 +73,35 @@ class Unsupported(Exception):
 
 class Refused(ValueError):
     """The file is damaged or inconsistent: torch refuses it as well."""
+
+
+class CodeRefused(Unsupported):
+    """Reading modules as data: the file calls something with arguments (code, not data)."""
+
+
+@dataclass(frozen=True)
+class ClassRef:
+    """A global the file names and that is never imported: ``module.name`` as data."""
+
+    module: str
+    name: str
+
+    def __str__(self) -> str:
+        return f"{self.module}.{self.name}"
+
+
+class Instance:
+    """An object of a :class:`ClassRef`, never constructed: the state ``BUILD`` would set
+    (``__dict__`` for an ``nn.Module``) kept as a plain dict."""
+
+    __slots__ = ("cls", "state")
+
+    def __init__(self, cls: ClassRef) -> None:
+        self.cls = cls
+        self.state: dict[str, Any] | None = None
+
+    def __repr__(self) -> str:
+        return f"<{self.cls} (not constructed)>"
 
 
 @dataclass(frozen=True)
@@ -202,8 +242,13 @@ class _Machine:
     into something this module does not model, raises :class:`Unsupported`.
     """
 
-    def __init__(self, data: bytes, persistent_load: Callable[[Any], Any]):
+    def __init__(self, data: bytes, persistent_load: Callable[[Any], Any],
+                 modules: bool = False):
         self._f = io.BytesIO(data)
+        #: read modules pickled whole as data (:class:`ClassRef`, :class:`Instance`)
+        self.modules = modules
+        #: the instances made, in file order (bounded by the pickle's size)
+        self.instances = 0
         self._persistent_load = persistent_load
         self._stack: list[Any] = []
         self._marks: list[list[Any]] = []
@@ -238,7 +283,7 @@ class _Machine:
         read, push = self._read, self._push
         while True:
             op = read(1)[0]
-            handler = _OPS.get(op)
+            handler = _OPS.get(op) or (_MODULE_OPS.get(op) if self.modules else None)
             if handler is None:
                 raise Unsupported(f"pickle opcode {op:#04x}")
             if op == 0x2E:  # STOP
@@ -256,6 +301,8 @@ def _global(m: _Machine, read: Any, push: Any) -> None:
         push(_CALLABLES[key])
     elif key[0] == "torch" and key[1] in STORAGE_DTYPES:
         push(_StorageType(STORAGE_DTYPES[key[1]]))
+    elif m.modules:
+        push(ClassRef(*key))  # a name, never imported
     else:
         raise Unsupported(f"{key[0]}.{key[1]}")
 
@@ -263,6 +310,9 @@ def _global(m: _Machine, read: Any, push: Any) -> None:
 def _reduce(m: _Machine, read: Any, push: Any) -> None:
     args = m._pop()
     func = m._top()
+    if isinstance(func, ClassRef):
+        m._stack[-1] = _construct(m, func, args, "REDUCE")
+        return
     if func not in _CALLABLES.values() or type(args) is not tuple:
         raise Unsupported("REDUCE on something other than a known rebuild function")
     try:
@@ -274,6 +324,12 @@ def _reduce(m: _Machine, read: Any, push: Any) -> None:
 def _build(m: _Machine, read: Any, push: Any) -> None:
     state = m._pop()
     inst = m._top()
+    if isinstance(inst, Instance):
+        if type(state) is not dict or inst.state is not None:
+            raise CodeRefused(f"BUILD on {inst.cls} with a {type(state).__name__} state "
+                              "(only a plain dict, once, is kept as data)")
+        inst.state = state
+        return
     # torch sets a plain OrderedDict's attributes (a state dict's _metadata); they carry
     # nothing we read, so they are checked and dropped. Anything else is torch's call.
     if type(inst) is not collections.OrderedDict or type(state) is not dict:
@@ -333,6 +389,64 @@ def _string(m: _Machine, data: bytes, encoding: str) -> None:
     except UnicodeDecodeError:
         raise Refused("undecodable string in pickle") from None
 
+
+def _as_set(items: Any = ()) -> set:
+    if type(items) not in (list, tuple, set, frozenset):
+        raise CodeRefused("set() of something other than a list or tuple")
+    try:
+        return set(items)
+    except TypeError:
+        raise Refused("unhashable set item in pickle") from None
+
+
+def _as_size(dims: Any = ()) -> tuple:
+    if type(dims) is not tuple or not all(_is_int(d) for d in dims):
+        raise CodeRefused("torch.Size of something other than a tuple of ints")
+    return dims
+
+
+#: what a whole-module pickle may build with arguments, computed here as torch's own
+#: unpickler computes it (each returns plain data)
+_DATA_BUILDERS: dict[tuple[str, str], Callable[..., Any]] = {
+    ("builtins", "set"): _as_set, ("__builtin__", "set"): _as_set,
+    ("builtins", "frozenset"): lambda items=(): frozenset(_as_set(items)),
+    ("__builtin__", "frozenset"): lambda items=(): frozenset(_as_set(items)),
+    ("torch", "Size"): _as_size,
+}
+#: instances one pickle may make (each at least 4 bytes of pickle: bounded anyway)
+MAX_INSTANCES = 1 << 20
+
+
+def _construct(m: _Machine, cls: ClassRef, args: Any, op: str) -> Any:
+    """``cls(*args)`` as data: a known data builder's value, or an :class:`Instance` when
+    there are no arguments; anything else would run code and is refused."""
+    builder = _DATA_BUILDERS.get((cls.module, cls.name))
+    if type(args) is not tuple:
+        raise CodeRefused(f"{op} of {cls} with arguments that are not a tuple")
+    if builder is not None:
+        try:
+            return builder(*args)
+        except TypeError:
+            raise Refused(f"{cls} called with the wrong arguments") from None
+    if args:
+        raise CodeRefused(f"{op} calls {cls} with arguments: code, not data")
+    m.instances += 1
+    if m.instances > MAX_INSTANCES:
+        raise Refused(f"more than {MAX_INSTANCES} objects in one pickle")
+    return Instance(cls)
+
+
+def _newobj(m: _Machine, read: Any, push: Any) -> None:
+    args = m._pop()
+    cls = m._pop()
+    if not isinstance(cls, ClassRef):
+        raise CodeRefused("NEWOBJ of something other than a named class")
+    push(_construct(m, cls, args, "NEWOBJ"))
+
+
+#: opcodes only the whole-module pass reads (torch's weights-only unpickler has NEWOBJ for
+#: its allowed classes; the first pass leaves those files to torch)
+_MODULE_OPS: dict[int, Callable[[_Machine, Any, Any], None]] = {0x81: _newobj}
 
 _OPS: dict[int, Callable[[_Machine, Any, Any], None]] = {
     0x80: lambda m, read, push: read(1),  # PROTO: torch accepts any protocol number
@@ -394,8 +508,12 @@ def oversized_members(infos: list[zipfile.ZipInfo], size: int) -> list[str]:
             if i.compress_size != i.file_size or i.header_offset + i.compress_size > size]
 
 
-def load(path: str | Path) -> Any:
+def load(path: str | Path, *, modules: bool = False) -> Any:
     """Read a torch zip checkpoint into plain containers of :class:`LazyTensor`.
+
+    ``modules``: the whole-module pass (the module docstring): class globals become
+    :class:`ClassRef`, their objects :class:`Instance`; a call with arguments raises
+    :class:`CodeRefused`. Nothing is imported or called either way.
 
     Raises:
         Unsupported: the file needs torch itself (a global outside the list above, an
@@ -451,4 +569,4 @@ def load(path: str | Path) -> Any:
 
         # the machine is iterative: deep nesting costs no recursion here (the tree walk
         # in sources bounds the depth)
-        return _Machine(zf.read(pkl), storage).load()
+        return _Machine(zf.read(pkl), storage, modules).load()
