@@ -12,6 +12,8 @@ env: $(STAMP)
 
 # mindformers 2.1.0 declares mindspore~=2.11.0 and hyper-parallel (not on PyPI), so it is
 # installed on its own with --no-deps; the `llm` extra brings the modules it imports.
+# ultralytics (AGPL-3.0, the detection tests' reference) likewise: its opencv-python needs
+# numpy 2; the `yolo` extra's headless OpenCV serves it.
 # setuptools' build of the editable install warns, in 9 lines, of folders named like the
 # package in the working directory (its "Editable installation." notice): silenced by
 # that message only, in pip's build environment.
@@ -19,8 +21,9 @@ $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade "pip>=23"
 	PYTHONWARNINGS="ignore:Editable installation" \
-	  $(PY) -m pip install --quiet -c constraints.txt -e ".[torchvision,dev,zoo,llm,hub]"
+	  $(PY) -m pip install --quiet -c constraints.txt -e ".[torchvision,dev,zoo,llm,hub,yolo]"
 	$(PY) -m pip install --quiet --no-deps -c constraints.txt mindformers==2.1.0 mindpet==1.0.4 rouge-chinese==1.0.3
+	$(PY) -m pip install --quiet --no-deps -c constraints.txt ultralytics
 	touch $(STAMP)
 
 demo: env

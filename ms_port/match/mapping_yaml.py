@@ -97,7 +97,7 @@ from typing import Any, NoReturn
 
 import yaml
 
-from ..errors import MappingError, shown
+from ..errors import MappingError, MsPortError, shown
 from .layouts import KINDS
 from .params import ParamError, check_alternative, check_expression, names_in
 from .patterns import Pattern, PatternError, compile_pattern
@@ -159,6 +159,27 @@ def parse_mapping(text: str, *, origin: str = "<string>") -> MappingTable:
         except yaml.YAMLError as exc:
             _syntax_error(exc, origin)
     return mapping_from_data({} if data is None else data, origin=origin)
+
+
+def safe_documents(text: str, *, origin: str, error: type[MsPortError] = MappingError,
+                   limit: int = MAX_MAPPING_BYTES) -> list[Any]:
+    """Every document of a YAML text read with the safe loader, after the checks a mapping
+    file gets (size, no anchors or aliases): for configuration files of other tools that
+    ms-port reads (MindYOLO's, whose own loader is PyYAML's FullLoader). Errors are
+    ``error`` naming ``origin`` and the line."""
+    if len(text) > limit:
+        raise error(f"{origin}: {len(text)} characters is too large for a configuration file "
+                    f"(at most {limit}); refused", path=origin)
+    try:
+        _without_aliases(text, origin, _LOADER)
+        return list(yaml.load_all(text, Loader=_LOADER))
+    except MappingError as exc:
+        raise error(str(exc), path=origin) from None
+    except yaml.YAMLError as exc:
+        where = getattr(exc, "problem_mark", None)
+        line = f" at line {where.line + 1}" if where is not None else ""
+        raise error(f"{origin}: YAML syntax error{line} ({getattr(exc, 'problem', exc)}); "
+                    "fix the file", path=origin) from None
 
 
 def _load(text: str, origin: str, loader: Any) -> Any:

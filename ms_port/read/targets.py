@@ -208,6 +208,12 @@ def _mindcv_factory(name: str, option: str) -> Callable[..., Any]:
     return lambda **kw: models.create_model(name, pretrained=False, **kw)
 
 
+def _mindyolo_factory(name: str, option: str) -> Callable[..., Any]:
+    """``mindyolo:CONFIG.yaml``: MindYOLO's network for a config file
+    (:mod:`ms_port.archs.mindyolo`)."""
+    return importlib.import_module("ms_port.archs.mindyolo").factory(name, option)
+
+
 def _timm_factory(name: str, option: str) -> Callable[..., Any]:
     """``timm:NAME``: ``timm.create_model(NAME, pretrained=False)`` (no download)."""
     try:
@@ -243,7 +249,8 @@ def _zoo_model(name: str, option: str, zoo: str, known: list[str],
 
 #: known zoo families: ``PREFIX:NAME`` builds the network without a user factory; the
 #: MindSpore side's, and the PyTorch side's (``--torch-model timm:NAME``)
-ZOOS: dict[str, Callable[[str, str], Callable[..., Any]]] = {"mindcv": _mindcv_factory}
+ZOOS: dict[str, Callable[[str, str], Callable[..., Any]]] = {
+    "mindcv": _mindcv_factory, "mindyolo": _mindyolo_factory}
 TORCH_ZOOS: dict[str, Callable[[str, str], Callable[..., Any]]] = {
     "timm": _timm_factory, "torchvision": _torchvision_factory}
 
@@ -359,6 +366,8 @@ FAMILY_NETWORKS = {
 #: the model zoos a ``PREFIX:NAME`` names, each side, with what it calls
 ZOO_HELP = {
     "--ms-model mindcv:NAME": "MindCV 0.3.0's create_model(NAME), no download",
+    "--ms-model mindyolo:CONFIG.yaml": "MindYOLO 0.5.0's network for its training config "
+                                       "(with its __BASE__ files)",
     "--torch-model timm:NAME": "timm.create_model(NAME, pretrained=False)",
     "--torch-model torchvision:NAME": "torchvision.models.get_model(NAME), no weights",
 }

@@ -1,0 +1,224 @@
+"""Detection: ultralytics checkpoints into MindYOLO (``--ms-model mindyolo:CONFIG.yaml``).
+
+The ultralytics file is read as data (a whole pickled DetectionModel in float16, never run);
+MindYOLO's network is built from the config file its users train with (``__BASE__`` files
+merged, every layer-table string checked before MindYOLO evals it). The conversion takes no
+mapping file: the structure aligns. MindYOLO's forward, loaded with the conversion, computes
+ultralytics' output (B×84×N there, B×N×84 here) within float32 rounding, with BatchNorm
+statistics estimated on data; a swapped pair of head convolutions does not.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import yaml
+from yolo_configs import YOLOV8, write_config
+
+import ms_port
+from ms_port.archs import mindyolo
+from ms_port.errors import TargetError
+
+# -- the config file, without MindYOLO -------------------------------------------------------
+
+
+def test_base_files_merge_as_mindyolo_merges_them(tmp_path):
+    model = write_config(tmp_path)
+    config = mindyolo.read_config(model)
+    assert config["data"]["nc"] == 80 and config["epochs"] == 1
+    # the model file's keys over its bases', dicts merged key by key
+    assert config["network"]["width_multiple"] == 0.25
+    assert config["network"]["model_name"] == "yolov8"
+    assert config["network"]["head"][-1][2] == "YOLOv8Head"
+    network, nc = mindyolo.network_of(config, "x")
+    assert nc == 80 and network is config["network"]
+
+
+def _variant(tmp_path: Path, **changes) -> Path:
+    network = copy.deepcopy(YOLOV8)
+    network.update(changes)
+    return write_config(tmp_path, network)
+
+
+@pytest.mark.parametrize("where, bad, says", [
+    ("args", "__import__('os').system('touch x')", "expression MindYOLO would eval"),
+    ("args", "nc*2", "expression MindYOLO would eval"),
+    ("args", "k=open('x')", "expression MindYOLO would eval"),
+    ("module", "__import__('os').getcwd()", "is not a name"),
+])
+def test_a_layer_table_string_mindyolo_would_eval_as_code_is_refused(tmp_path, where, bad,
+                                                                       says):
+    network = copy.deepcopy(YOLOV8)
+    row = network["head"][0]
+    if where == "args":
+        row[3] = [bad, 2, "nearest"]
+    else:
+        row[2] = bad
+    model = write_config(tmp_path, network)
+    with pytest.raises(TargetError, match=says):
+        mindyolo.network_of(mindyolo.read_config(model), "cfg")
+    # the same refusal before anything is imported, from the --ms-model spec
+    torch.save({"w": torch.zeros(1)}, tmp_path / "w.pt")
+    with pytest.raises(TargetError, match=says):
+        ms_port.convert(tmp_path / "w.pt", ms_model=f"mindyolo:{model}",
+                        output=tmp_path / "o.ckpt")
+    assert not (tmp_path / "o.ckpt").exists() and not (tmp_path / "x").exists()
+
+
+def test_layer_indices_must_be_integers(tmp_path):
+    network = copy.deepcopy(YOLOV8)
+    network["head"][1][0] = [-1, "6"]
+    with pytest.raises(TargetError, match="must be integers"):
+        mindyolo.network_of(mindyolo.read_config(write_config(tmp_path, network)), "cfg")
+
+
+def test_plain_names_and_keyword_names_pass(tmp_path):
+    network = copy.deepcopy(YOLOV8)
+    network["head"][0][3] = ["None", 2, "nearest", "align_corners=False", "scale=2.0"]
+    mindyolo.network_of(mindyolo.read_config(write_config(tmp_path, network)), "cfg")
+
+
+def test_config_errors_are_one_line(tmp_path):
+    loop = tmp_path / "a.yaml"
+    loop.write_text("__BASE__: ['./b.yaml']\n")
+    (tmp_path / "b.yaml").write_text("__BASE__: ['./a.yaml']\n")
+    with pytest.raises(TargetError, match="leads back to itself"):
+        mindyolo.read_config(loop)
+    with pytest.raises(TargetError, match=r"cannot read the MindYOLO config .*missing.yaml.* "
+                                          r"not in its wheel"):
+        mindyolo.read_config(tmp_path / "missing.yaml")
+    aliased = tmp_path / "alias.yaml"
+    aliased.write_text("a: &x [1]\nb: *x\n")
+    with pytest.raises(TargetError, match="anchors and aliases"):
+        mindyolo.read_config(aliased)
+    (tmp_path / "nonc.yaml").write_text(yaml.safe_dump({"network": {"model_name": "yolov8"}}))
+    with pytest.raises(TargetError, match=r"data\.nc is None"):
+        mindyolo.network_of(mindyolo.read_config(tmp_path / "nonc.yaml"), "nonc.yaml")
+    with pytest.raises(TargetError, match="expected a MindYOLO config file"):
+        mindyolo.read_config(tmp_path / "x.json")
+
+
+def test_without_mindyolo_the_target_says_what_to_install(tmp_path, monkeypatch):
+    import importlib
+
+    real = importlib.import_module
+
+    def absent(name, *args):
+        if name.startswith("mindyolo"):
+            raise ImportError("No module named 'cv2'")
+        return real(name, *args)
+
+    monkeypatch.setattr(importlib, "import_module", absent)
+    with pytest.raises(TargetError, match=r"needs MindYOLO .*opencv-python-headless"):
+        mindyolo.build(write_config(tmp_path))
+
+
+# -- ultralytics' file into MindYOLO's network ---------------------------------------------
+
+
+def _estimated(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
+    """BatchNorm statistics estimated on data (a few seeded batches in train mode)."""
+    gen = torch.Generator().manual_seed(seed)
+    for m in model.modules():
+        if isinstance(m, torch.nn.BatchNorm2d):
+            m.momentum = None  # the cumulative average
+    model.train()
+    with torch.no_grad():
+        for _ in range(3):
+            model(torch.rand(2, 3, 64, 64, generator=gen))
+    return model.eval()
+
+
+@pytest.fixture(scope="module")
+def yolov8(tmp_path_factory):
+    """A seeded yolov8n saved as ultralytics saves a released best.pt, the MindYOLO config
+    for it, and the float32 reference built from the float16 weights it holds."""
+    pytest.importorskip("mindyolo")
+    pytest.importorskip("cv2")
+    ultralytics = pytest.importorskip("ultralytics")
+    from ultralytics.nn.tasks import DetectionModel
+
+    root = tmp_path_factory.mktemp("yolov8")
+    torch.manual_seed(0)
+    model = _estimated(DetectionModel("yolov8n.yaml", nc=80, verbose=False))
+    torch.save({"date": "2026-11-28", "version": ultralytics.__version__, "epoch": -1,
+                "model": copy.deepcopy(model).half(), "ema": None, "optimizer": None,
+                "train_args": {"model": "yolov8n.yaml", "imgsz": 64}}, root / "best.pt")
+    reference = copy.deepcopy(model).half().float().eval()
+    return root, root / "best.pt", write_config(root), reference
+
+
+def _mindyolo_output(config: Path, ckpt: Path, x: np.ndarray) -> np.ndarray:
+    import mindspore as ms
+
+    ms.set_context(mode=ms.PYNATIVE_MODE, device_target="CPU")
+    net = mindyolo.build(config)
+    net.set_train(False)
+    missing, _ = ms.load_param_into_net(net, ms.load_checkpoint(str(ckpt)))
+    assert not missing
+    return net(ms.Tensor(x))[0].asnumpy()
+
+
+def test_yolov8_converts_with_no_mapping_file_and_computes_ultralytics_outputs(yolov8):
+    root, best, config, reference = yolov8
+    ckpt = root / "yolov8n.ckpt"
+    report = ms_port.convert(best, ms_model=f"mindyolo:{config}", output=ckpt)
+    assert report.ok
+    summary = report.to_dict()
+    assert summary["filled"] == summary["total"] == 299 and not summary["unused"]
+    # no mapping file: the structure aligns; the head's stride is the network's own
+    assert summary["counts"]["aligned"] == 298 and summary["counts"]["initialised"] == 1
+    assert {d["reason"] for d in summary["dropped"]} == {
+        "known drop: BatchNorm step counter; MindSpore's BatchNorm has none"}
+    assert any("whole pickled" in n for n in report.plan.source.notes)
+    x = np.random.default_rng(0).random((1, 3, 64, 64), dtype=np.float32)
+    with torch.no_grad():
+        want = reference(torch.from_numpy(x))[0].numpy()  # B x 84 x N
+    got = _mindyolo_output(config, ckpt, x)  # B x N x 84
+    assert got.shape == want.transpose(0, 2, 1).shape == (1, 84, 84)  # 64x64: 84 anchors
+    error = np.linalg.norm(got - want.transpose(0, 2, 1)) / np.linalg.norm(want)
+    assert error < 3e-5, error
+
+
+def test_swapped_head_convolutions_change_mindyolos_outputs(yolov8):
+    """The twin: the same check is far off for a wrong conversion (two levels' box
+    convolutions swapped), so the agreement above could have failed."""
+    from ms_port.testing import rewrite_checkpoint
+
+    root, best, config, reference = yolov8
+    ckpt = root / "yolov8n-ok.ckpt"
+    ms_port.convert(best, ms_model=f"mindyolo:{config}", output=ckpt)
+    a, b = "model.model.22.cv2.0.2.weight", "model.model.22.cv2.1.2.weight"
+
+    def swap(arrays: dict) -> None:
+        arrays[a], arrays[b] = arrays[b], arrays[a]
+
+    bad = rewrite_checkpoint(ckpt, root / "yolov8n-bad.ckpt", swap)
+    x = np.random.default_rng(1).random((1, 3, 64, 64), dtype=np.float32)
+    with torch.no_grad():
+        want = reference(torch.from_numpy(x))[0].numpy().transpose(0, 2, 1)
+    got = _mindyolo_output(config, bad, x)
+    assert np.linalg.norm(got - want) / np.linalg.norm(want) > 1e-3
+
+
+def test_convert_on_the_command_line_names_the_module_read(yolov8, tmp_path):
+    from click.testing import CliRunner
+
+    from ms_port.cli import main
+
+    _, best, config, _ = yolov8
+    done = CliRunner().invoke(main, ["convert", str(best), "--ms-model", f"mindyolo:{config}",
+                                     "-o", str(tmp_path / "o.ckpt"), "--json"])
+    assert done.exit_code == 0, done.output
+    report = json.loads(done.output)
+    assert report["filled"] == 299 and report["ok"]
+    human = CliRunner().invoke(main, ["convert", str(best), "--ms-model", f"mindyolo:{config}",
+                                      "-o", str(tmp_path / "o.ckpt"), "--force"])
+    assert human.exit_code == 0
+    assert "whole pickled 'ultralytics.nn.tasks.DetectionModel'" in " ".join(human.output.split())
+    assert "Parse Model" not in human.output and "uninitialized" not in human.output
