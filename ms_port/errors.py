@@ -10,12 +10,24 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+#: a name read from a file (a tensor, a key, a path) is shown whole up to this length: it
+#: is what the user must act on; past it (a crafted name), its head and its distinguishing
+#: tail are kept
+NAME_LIMIT = 256
+
 
 def shown(value: Any, limit: int = 40) -> str:
-    """``repr(value)`` cut to about ``limit`` characters: a value read from a file, quoted
-    in a message (its control characters escaped by repr, its length bounded)."""
+    """``repr(value)``, bounded: a value read from a file, quoted in a message (its control
+    characters escaped by repr). A string (a name) is shown whole up to
+    :data:`NAME_LIMIT` characters; anything longer keeps its head and its tail
+    (``'decoder.layers.0…linear_qkv.weight'``), since names differ at the end."""
     text = repr(value)
-    return text if len(text) <= limit else f"{text[:limit - 3]}..."
+    if isinstance(value, str):
+        limit = max(limit, NAME_LIMIT)
+    if len(text) <= limit:
+        return text
+    head = limit // 3
+    return f"{text[:head]}...{text[len(text) - (limit - head - 3):]}"
 
 
 class MsPortError(Exception):

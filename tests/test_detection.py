@@ -176,11 +176,11 @@ def test_yolov8_converts_with_no_mapping_file_and_computes_ultralytics_outputs(y
     assert {d["reason"] for d in summary["dropped"]} == {
         "known drop: BatchNorm step counter; MindSpore's BatchNorm has none"}
     assert any("whole pickled" in n for n in report.plan.source.notes)
-    x = np.random.default_rng(0).random((1, 3, 64, 64), dtype=np.float32)
+    x = np.random.default_rng(0).random((1, 3, 96, 96), dtype=np.float32)
     with torch.no_grad():
         want = reference(torch.from_numpy(x))[0].numpy()  # B x 84 x N
     got = _mindyolo_output(config, ckpt, x)  # B x N x 84
-    assert got.shape == want.transpose(0, 2, 1).shape == (1, 84, 84)  # 64x64: 84 anchors
+    assert got.shape == want.transpose(0, 2, 1).shape == (1, 189, 84)  # 144 + 36 + 9
     error = np.linalg.norm(got - want.transpose(0, 2, 1)) / np.linalg.norm(want)
     assert error < 3e-5, error
 
@@ -199,7 +199,7 @@ def test_swapped_head_convolutions_change_mindyolos_outputs(yolov8):
         arrays[a], arrays[b] = arrays[b], arrays[a]
 
     bad = rewrite_checkpoint(ckpt, root / "yolov8n-bad.ckpt", swap)
-    x = np.random.default_rng(1).random((1, 3, 64, 64), dtype=np.float32)
+    x = np.random.default_rng(1).random((1, 3, 96, 96), dtype=np.float32)
     with torch.no_grad():
         want = reference(torch.from_numpy(x))[0].numpy().transpose(0, 2, 1)
     got = _mindyolo_output(config, bad, x)
@@ -222,3 +222,76 @@ def test_convert_on_the_command_line_names_the_module_read(yolov8, tmp_path):
     assert human.exit_code == 0
     assert "whole pickled 'ultralytics.nn.tasks.DetectionModel'" in " ".join(human.output.split())
     assert "Parse Model" not in human.output and "uninitialized" not in human.output
+
+
+# -- verify: the outputs paired across layouts ------------------------------------------------
+
+#: inputs of 96x96: 189 anchors, not the 84 channels (at 64x64 both are 84: no layout shows)
+SHAPE = (3, 96, 96)
+
+
+def _verify(best: Path, ckpt: Path, config: Path, **kw):
+    kw.setdefault("input_shape", SHAPE)
+    return ms_port.verify(best, ckpt, ms_model=f"mindyolo:{config}",
+                          torch_model="ultralytics", **kw)
+
+
+def test_verify_passes_pairing_the_detectors_outputs_across_layouts(yolov8):
+    """ultralytics' B×84×N against MindYOLO's B×N×84, and its boxes and scores (B×64×N,
+    B×80×N) against MindYOLO's three per-level maps (B×144×Hᵢ×Wᵢ): compared, and said how;
+    the PyTorch side built by ultralytics from the architecture the file describes."""
+    root, best, config, _ = yolov8
+    ckpt = root / "verify.ckpt"
+    ms_port.convert(best, ms_model=f"mindyolo:{config}", output=ckpt)
+    report = _verify(best, ckpt, config)
+    assert report.verdict == "PASS", report.message
+    by_name = {o.name: o for o in report.outputs}
+    assert by_name["0"].layout == "MindSpore 1×189×84 compared transposed with PyTorch 1×84×189"
+    joined = by_name["1.{boxes,scores}"]
+    assert joined.torch_shape == (1, 144, 189) and "flattened and joined" in joined.layout
+    assert all(o.error < o.bound and o.sensitivity > 10 * o.bound for o in report.outputs)
+    assert report.layers_checked > 150
+    assert any("outputs compared in another layout" in n for n in report.notes)
+
+
+@pytest.mark.parametrize("edit, layer", [
+    (("model.model.22.cv2.0.2.weight", "model.model.22.cv2.1.2.weight"), "model.model.22.cv2.0.2"),
+    (("model.model.3.bn.moving_mean", "model.model.3.bn.moving_variance"), "model.model.3.bn"),
+])
+def test_a_wrong_conversion_fails_naming_the_layer(yolov8, tmp_path, edit, layer):
+    from ms_port.testing import rewrite_checkpoint
+
+    root, best, config, _ = yolov8
+    ckpt = root / "verify.ckpt"
+    if not ckpt.exists():
+        ms_port.convert(best, ms_model=f"mindyolo:{config}", output=ckpt)
+    a, b = edit
+
+    def swap(arrays: dict) -> None:
+        arrays[a], arrays[b] = np.abs(arrays[b]), arrays[a]
+
+    report = _verify(best, rewrite_checkpoint(ckpt, tmp_path / "bad.ckpt", swap), config)
+    assert report.verdict == "FAIL"
+    assert f"first divergence at {layer} " in report.message and a in report.message
+
+
+def test_a_randomly_initialised_detector_is_inconclusive_saying_why(yolov8, tmp_path):
+    from ultralytics.nn.tasks import DetectionModel
+
+    _, _, config, _ = yolov8
+    torch.manual_seed(0)
+    fresh = DetectionModel("yolov8n.yaml", nc=80, verbose=False).eval()
+    torch.save({"model": fresh.half(), "ema": None}, tmp_path / "fresh.pt")
+    ms_port.convert(tmp_path / "fresh.pt", ms_model=f"mindyolo:{config}",
+                    output=tmp_path / "fresh.ckpt")
+    report = _verify(tmp_path / "fresh.pt", tmp_path / "fresh.ckpt", config)
+    assert report.verdict == "INCONCLUSIVE"
+    assert "barely depends on the input" in report.message
+    assert "estimate BatchNorm statistics" in report.message
+
+
+def test_the_input_size_is_the_configs_img_size(tmp_path):
+    from ms_port.read.targets import zoo_input_shape
+
+    model = write_config(tmp_path)
+    assert zoo_input_shape(f"mindyolo:{model}") == ((3, 64, 64), f"img_size 64 in '{model}'")

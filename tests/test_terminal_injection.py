@@ -63,3 +63,18 @@ def test_visible_escapes_every_control_and_bidi_character():
     shown = visible(controls)
     assert all(c.isprintable() and ord(c) < 127 for c in shown)
     assert visible("a\nb", newlines=True) == "a\nb" and visible("ok.weight") == "ok.weight"
+
+
+def test_a_name_the_user_must_act_on_is_never_cut():
+    """A tensor name in a message is shown whole (it was cut at 40 characters:
+    'decoder.layers.0.self_attention.line...'); a crafted name past 256 characters keeps its
+    head and its distinguishing tail, escaped."""
+    from ms_port.errors import NAME_LIMIT, shown
+
+    name = "decoder.layers.0.self_attention.linear_qkv.weight"
+    assert shown(name) == repr(name)
+    long = "layers." * 60 + "17.mlp.linear_fc2.weight\x1b[31m"
+    text = shown(long)
+    assert len(text) == NAME_LIMIT and text.endswith("17.mlp.linear_fc2.weight\\x1b[31m'")
+    assert text.startswith("'layers.layers.") and "..." in text
+    assert len(shown(list(range(100)))) == 40  # other values stay short

@@ -46,7 +46,8 @@ def nets(tmp_path_factory) -> dict[str, tuple[Path, Path]]:
 
 def _verify(pth: Path, ckpt: Path, **kw):
     kw.setdefault("ms_model", vn.MsNet)
-    return ms_port.verify(pth, ckpt, torch_model=vn.TorchNet, mapping="resnet",
+    kw.setdefault("torch_model", vn.TorchNet)
+    return ms_port.verify(pth, ckpt, mapping="resnet",
                           input_shape=vn.SHAPE, batch=2, **kw)
 
 
@@ -344,3 +345,33 @@ def test_the_drift_is_capped():
 def test_layers_bounded_by_tol_say_nothing_about_rounding():
     drift, layers = _climb([50.0, 1.5], tol=1e-4)  # 5e-5 < tol: passes, but not as rounding
     assert layers[0].status == "ok" and drift.ratio == 1.5 and drift.departure is None
+
+
+class _NoFloat64(vn.TorchNet):
+    """A PyTorch side whose float64 forward fails (a user's wrapper that casts its input
+    to float32, a kernel with no float64): the noise that sets each bound is unknown."""
+
+    def forward(self, x):
+        if x.dtype == torch.float64:
+            raise RuntimeError("expected scalar type Float but found Double")
+        return super().forward(x)
+
+
+def test_without_the_noise_a_near_miss_is_inconclusive_never_a_silent_tol_fail(nets):
+    """A miss of tol within what rounding reaches says the bound was not known; a miss far
+    past it is still a FAIL, saying which bound it used and why."""
+    report = _verify(*nets["realistic"], torch_model=_NoFloat64, tol=1e-9)
+    assert report.verdict == "INCONCLUSIVE", report.message
+    assert "not measured" in report.message and "float64" in report.message
+    assert report.exit_code == 3
+    pth, ckpt = nets["realistic"]
+    bad = rewrite_checkpoint(ckpt, Path(ckpt).with_name("bad-bn.ckpt"),
+                             _swap("layer1.0.bn2.moving_mean", "layer1.0.bn2.moving_variance"))
+    failed = _verify(pth, bad, torch_model=_NoFloat64, tol=1e-9)
+    assert failed.verdict == "FAIL"
+    assert "bound: tol 1e-09 alone (the float32 noise was not measured" in failed.message
+    # an early layer's rounding above tol is no divergence: the first past rounding is named
+    assert "first divergence at layer1.0.bn2" in failed.message
+    # with the noise measured, the right conversion passes at the same tol: the noise is
+    # what tells rounding from error
+    assert _verify(*nets["realistic"], tol=1e-9).verdict == "PASS"

@@ -223,6 +223,15 @@ def build(path: str | Path) -> Any:
                               path=str(path)) from exc
 
 
+def input_shape(name: str) -> tuple[tuple[int, ...], str]:
+    """The input a config's network is trained on: 3 × ``img_size`` × ``img_size``."""
+    size = read_config(name).get("img_size", 640)
+    if isinstance(size, bool) or not isinstance(size, int) or not 32 <= size <= 8192 or size % 32:
+        raise TargetError(f"{shown(name)}: img_size is {shown(size)}; expected a multiple of "
+                          "32 (the detectors' largest stride)")
+    return (3, size, size), f"img_size {size} in {shown(name)}"
+
+
 def factory(name: str, option: str) -> Callable[..., Any]:
     """``mindyolo:CONFIG.yaml`` for ``--ms-model``: the network's builder (the config read
     and checked at once, so a bad path is one line before anything is imported)."""
@@ -233,5 +242,5 @@ def factory(name: str, option: str) -> Callable[..., Any]:
     return lambda **_: build(os.path.expanduser(name))
 
 
-__all__ = ["INSTALL", "MAX_BASE_DEPTH", "PREFIX", "build", "factory", "network_of",
-           "read_config"]
+__all__ = ["INSTALL", "MAX_BASE_DEPTH", "PREFIX", "build", "factory", "input_shape",
+           "network_of", "read_config"]

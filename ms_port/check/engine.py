@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import importlib
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -30,7 +30,7 @@ from ..match.plan import Plan, make_plan
 from ..options import VerifyOptions
 from ..read.distributed import cluster_notes, find_training_output
 from ..read.sources import MINDSPORE_FORMATS, Source, read_source
-from ..read.targets import from_cell, from_family
+from ..read.targets import from_cell, from_family, torch_reference
 from ..resolve import family_fits, read_with_config, resolve_mapping
 from ..write.writers import check_not_input, check_output, write_text
 
@@ -109,6 +109,8 @@ def verify(source: str | Path, checkpoint: str | Path, options: VerifyOptions,
         source, checkpoint = checkpoint, source
     src, reference_notes = (src, []) if opts.torch_model is not None else \
         _reference_view(src, opts.ms_model)  # a PyTorch model given holds its own names
+    # a PyTorch twin built from what the checkpoint describes of itself (ultralytics)
+    opts = replace(opts, torch_model=torch_reference(opts.torch_model, src.described))
     language = opts.arch is None and is_language_model(src.config)
     if opts.arch is None and (opts.ms_model is None
                               or (opts.torch_model is None and not language)):
@@ -506,8 +508,8 @@ def _torch_runs(tnet: Any, draws: tuple[np.ndarray, np.ndarray], run: Any,
             runs["64"] = forward(devices.torch_variant(tnet, torch.float64, cpu), draws[0],
                              "torch float64 forward")
         except MsPortError as exc:
-            run.notes.append(f"noise not measured: {exc.message.split('; check')[0]}; the "
-                             "bound is tol")
+            run.unmeasured = exc.message.split("; check")[0]
+            run.notes.append(f"noise not measured: {run.unmeasured}; the bound is tol")
     runs["2"] = forward(tnet, draws[1], "torch second-input forward")
     return runs
 

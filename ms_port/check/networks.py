@@ -107,11 +107,18 @@ def load_ms_weights(net: Any, checkpoint: str | Path | Source) -> tuple[list[str
     read = (checkpoint if isinstance(checkpoint, Source)
             else read_source(checkpoint, strip_prefixes=False))
     path = Path(read.path)
+    # a narrower float held where the network computes in float32 (ultralytics' float16
+    # weights) is widened here, exactly, rather than by MindSpore with a warning per tensor
+    wide = {p.name for p in net.get_parameters() if p.dtype == ms.float32}
     params = {}
     for info in read:
         array = info.load()
-        tensor = (ms.Tensor(array.astype(np.float32), dtype=ms.bfloat16)
-                  if info.dtype == "bfloat16" else ms.Tensor(np.asarray(array)))  # copies; 0-d kept
+        if info.name in wide and info.dtype in ("float16", "bfloat16"):
+            tensor = ms.Tensor(np.asarray(array, dtype=np.float32))
+        elif info.dtype == "bfloat16":
+            tensor = ms.Tensor(array.astype(np.float32), dtype=ms.bfloat16)
+        else:
+            tensor = ms.Tensor(np.asarray(array))  # copies; 0-d kept
         params[info.name] = ms.Parameter(tensor, name=info.name)
     try:
         not_loaded, unused = ms.load_param_into_net(net, params)

@@ -105,9 +105,11 @@ def enclosing_block(torch_name: str, pairs: list[tuple[str, str]]) -> tuple[str,
 
 
 def pair_outputs(torch_outs: list[tuple[str, np.ndarray]],
-                  ms_outs: list[tuple[str, np.ndarray]]) -> list[tuple[int, int]]:
-    """Outputs paired by name (where the shapes agree), then by shape, then by position:
-    a lone output is named ``0``, like the first of a tuple, so a name alone proves little."""
+                 ms_outs: list[tuple[str, np.ndarray]], *,
+                 by_position: bool = True) -> list[tuple[int, int]]:
+    """Outputs paired by name (where the shapes agree), then by shape, then (unless
+    ``by_position`` is false) by position: a lone output is named ``0``, like the first of a
+    tuple, so a name alone proves little."""
     free = list(range(len(ms_outs)))
     pairs: list[tuple[int, int]] = []
 
@@ -115,7 +117,7 @@ def pair_outputs(torch_outs: list[tuple[str, np.ndarray]],
         return not isinstance(comparable(ms_outs[mi][1], torch_outs[ti][1]), str)
 
     rules = (lambda ti, mi: ms_outs[mi][0] == torch_outs[ti][0] and fits(ti, mi), fits,
-             lambda ti, mi: True)
+             lambda ti, mi: True)[:3 if by_position else 2]
     rest = list(range(len(torch_outs)))
     for rule in rules:
         left = []

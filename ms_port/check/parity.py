@@ -66,7 +66,7 @@ from .report import (
     ParityReport,
     pair_name,
 )
-from .verdict import Drift, K, bound_for, decide, pass_message, status_of
+from .verdict import ROUNDING_REACH, Drift, K, bound_for, decide, pass_message, status_of
 
 __all__ = ["ERROR_DEFINITION", "FAIL", "INCONCLUSIVE", "PASS", "Divergence",
            "LayerComparison", "OutputComparison", "ParityReport", "correspondence_from_pairs",
@@ -138,17 +138,42 @@ def _validate(tol: float, dtype: str, batch: int) -> None:
         raise ParityError(f"tol must be a number >= 0, got {tol!r}")
 
 
-def _compare_output(index: int, tname: str, mname: str, ms_arr: np.ndarray,
-                    torch_arr: np.ndarray, *, tol: float, noise: float | None,
-                    sensitivity: float | None, scaled: bool,
-                    drift: float = 1.0) -> OutputComparison:
+@dataclass(frozen=True)
+class OutputPair:
+    """A PyTorch output and its MindSpore counterpart (in PyTorch's layout), with PyTorch's
+    float32 noise and input sensitivity on it, and how the MindSpore one was laid out where
+    that differs (:mod:`ms_port.check.relayout`)."""
+
+    tname: str
+    mname: str
+    torch: np.ndarray
+    ms: np.ndarray
+    noise: float | None = None
+    sensitivity: float | None = None
+    layout: str | None = None
+    #: the outputs of each side it stands for (several, where joined), PyTorch's first
+    members: tuple[tuple[str, ...], tuple[str, ...]] = ((), ())
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """What an output's bound is made of: ``max(tol, k × noise × drift)``."""
+
+    tol: float
+    scaled: bool
+    drift: float = 1.0
+
+
+def _compare_output(index: int, pair: OutputPair, bounds: Bounds) -> OutputComparison:
+    tname, ms_arr, torch_arr = pair.tname, pair.ms, pair.torch
     (ms_nan, ms_inf), (torch_nan, torch_inf) = nonfinite(ms_arr), nonfinite(torch_arr)
     counts = {"ms_nan_count": ms_nan, "ms_inf_count": ms_inf, "torch_nan_count": torch_nan,
               "torch_inf_count": torch_inf}
-    bound = bound_for(tol, noise, scaled=scaled, drift=drift)
-    common = {"index": index, "name": tname, "ms_name": mname, "ms_shape": ms_arr.shape,
-              "torch_shape": torch_arr.shape, "noise": noise, "bound": bound, "drift": drift,
-              "sensitivity": sensitivity, **counts}
+    bound = bound_for(bounds.tol, pair.noise, scaled=bounds.scaled, drift=bounds.drift)
+    common = {"index": index, "name": tname, "ms_name": pair.mname, "ms_shape": ms_arr.shape,
+              "torch_shape": torch_arr.shape, "noise": pair.noise, "bound": bound,
+              "drift": bounds.drift, "sensitivity": pair.sensitivity, "layout": pair.layout,
+              **counts}
     shaped = comparable(ms_arr, torch_arr)
     if isinstance(shaped, str):
         return OutputComparison(error=math.inf, max_abs=math.inf, cosine=None,
@@ -162,7 +187,7 @@ def _compare_output(index: int, tname: str, mname: str, ms_arr: np.ndarray,
         ("MindSpore", "NaN", "ms_nan_count"), ("MindSpore", "Inf", "ms_inf_count"),
         ("PyTorch", "NaN", "torch_nan_count"), ("PyTorch", "Inf", "torch_inf_count"),
     ) if counts[key]]
-    status = status_of(error, bound, sensitivity)
+    status = status_of(error, bound, pair.sensitivity)
     problem = ", ".join(bad) if bad else None
     if problem is None and status in ("fail", "nonfinite"):
         problem = f"output {tname}: error {fmt(error)} > bound {fmt(bound)}"
@@ -391,6 +416,10 @@ class Run:
     noise_floor: bool = True
     progress: Callable[[str], None] | None = None
     notes: list[str] = field(default_factory=list)
+    #: why the float32 noise was asked for and not measured (its forward failed): the
+    #: bound is then tol alone, and the verdict says so (:func:`~ms_port.check.verdict.
+    #: decide`)
+    unmeasured: str | None = None
     timings: dict[str, float] = field(default_factory=dict)
     started: float = field(default_factory=time.perf_counter)
 
@@ -582,34 +611,103 @@ def _noise(torch_model: Any, x: list[np.ndarray], run: Run, ran: _Forwards,
             ran.t_events, "float64").run(
                 alt, lambda: torch_run(alt, x, f"{name} forward", alt_dtype)))
     except Exception as exc:  # optional; the comparison itself stands
-        run.notes.append(f"noise not measured: PyTorch {name} forward failed "
-                         f"({devices.first_line(exc)}); the bound is tol")
+        run.unmeasured = f"PyTorch's {name} forward failed ({devices.first_line(exc)})"
+        run.notes.append(f"noise not measured: {run.unmeasured}; the bound is tol")
 
 
 def _compare_outputs(t_float: list[tuple[str, np.ndarray]], m_float: list[tuple[str, np.ndarray]],
                      alt_by_name: dict[str, np.ndarray], sens_by_name: dict[str, np.ndarray], *,
                      tol: float, scaled: bool, drift: Drift,
                      notes: list[str]) -> list[OutputComparison]:
-    """Pair the floating-point outputs and compare each against its bound."""
-    outputs = []
-    output_pairs = pair_outputs(t_float, m_float)
-    for ti, mi in output_pairs:
-        (tname, tarr), (mname, marr) = t_float[ti], m_float[mi]
-        alt, other = alt_by_name.get(tname), sens_by_name.get(tname)
-        n = (distance(tarr, alt, "float64")
-             if alt is not None and alt.shape == tarr.shape else None)
-        s = (distance(tarr, other, "recorded")
-             if other is not None and other.shape == tarr.shape else None)
-        outputs.append(_compare_output(len(outputs), tname, mname, marr, tarr, tol=tol,
-                                       noise=n, sensitivity=s, scaled=scaled,
-                                       drift=drift.ratio))
-    paired_t = {t_float[ti][0] for ti, _ in output_pairs}
-    paired_m = {m_float[mi][0] for _, mi in output_pairs}
-    unpaired = [f"PyTorch {n}" for n, _ in t_float if n not in paired_t]
-    unpaired += [f"MindSpore {n}" for n, _ in m_float if n not in paired_m]
+    """Pair the floating-point outputs (by name, shape, position; then those left over in
+    another layout) and compare each against its bound."""
+
+    def measured(tname: str, tarr: np.ndarray, alt: Any, other: Any) -> tuple[Any, Any]:
+        n = distance(tarr, alt, "float64") if alt is not None and alt.shape == tarr.shape \
+            else None
+        s = distance(tarr, other, "recorded") \
+            if other is not None and other.shape == tarr.shape else None
+        return n, s
+
+    def plain(t_outs: list[tuple[str, np.ndarray]], m_outs: list[tuple[str, np.ndarray]],
+              by_position: bool) -> list[OutputPair]:
+        found = []
+        for ti, mi in pair_outputs(t_outs, m_outs, by_position=by_position):
+            (tname, tarr), (mname, marr) = t_outs[ti], m_outs[mi]
+            n, s = measured(tname, tarr, alt_by_name.get(tname), sens_by_name.get(tname))
+            found.append(OutputPair(tname, mname, tarr, marr, n, s, None,
+                                    ((tname,), (mname,))))
+        return found
+
+    used_t: set[str] = set()
+    used_m: set[str] = set()
+    items: list[OutputPair] = []
+    # by name and shape; then in another layout; then what is left, by position where
+    # as many are left on each side (a detector's top-k detections, which one side
+    # computes after its head and the other does not, are no counterpart of its raw maps)
+    for step in (lambda t, m: plain(t, m, False),
+                 lambda t, m: _relaid(t, m, alt_by_name, sens_by_name, measured),
+                 lambda t, m: plain(t, m, True) if len(t) == len(m) else []):
+        found = step([o for o in t_float if o[0] not in used_t],
+                     [o for o in m_float if o[0] not in used_m])
+        for pair in found:
+            used_t.update(pair.members[0])
+            used_m.update(pair.members[1])
+        items += found
+    relaid = any(p.layout for p in items)
+    bounds = Bounds(tol, scaled, drift.ratio)
+    outputs = [_compare_output(i, pair, bounds) for i, pair in enumerate(items)]
+    if relaid:
+        notes.append("outputs compared in another layout: "
+                     + "; ".join(f"{o.name}: {o.layout}" for o in outputs if o.layout))
+    unpaired = [f"PyTorch {n}" for n, _ in t_float if n not in used_t]
+    unpaired += [f"MindSpore {n}" for n, _ in m_float if n not in used_m]
     if unpaired:
         notes.append(f"outputs not compared (no counterpart): {', '.join(unpaired[:6])}")
     return outputs
+
+
+def _relaid(left_t: list[tuple[str, np.ndarray]], left_m: list[tuple[str, np.ndarray]],
+            alt: dict[str, np.ndarray], sens: dict[str, np.ndarray],
+            measured: Callable[..., tuple[Any, Any]]) -> list[OutputPair]:
+    """Pairs of the outputs the plain pairing left, in another layout
+    (:mod:`ms_port.check.relayout`): a MindSpore B×N×C against PyTorch's B×C×N, and outputs
+    under one parent joined on either side."""
+    from .relayout import groups, transposed, transposition_note
+
+    pairs: list[OutputPair] = []
+    free_m = dict(left_m)
+    for tname, tarr in left_t:
+        mname = next((m for m, a in free_m.items() if transposed(a, tarr)), None)
+        if mname is not None:
+            marr = free_m.pop(mname)
+            n, s = measured(tname, tarr, alt.get(tname), sens.get(tname))
+            pairs.append(OutputPair(tname, mname, tarr, marr.transpose(0, 2, 1), n, s,
+                                    transposition_note(marr, tarr), ((tname,), (mname,))))
+    taken = {p.tname for p in pairs}
+    t_rest = [(n, a) for n, a in left_t if n not in taken]
+    t_all = dict(t_rest)
+    t_joins = [(j.name, j.of(t_all), j) for j in groups(t_rest)]
+    m_joins = [(j.name, j.of(free_m), j) for j in groups(list(free_m.items()))]
+    t_cands = [(n, a, None) for n, a in t_rest] + t_joins
+    m_cands = [(n, a, None) for n, a in free_m.items()] + m_joins
+    for tname, tarr, tjoin in t_cands:
+        if tjoin is None and not m_joins:
+            continue
+        match = next(((mn, ma, mj) for mn, ma, mj in m_cands
+                      if (tjoin or mj) and ma.shape == tarr.shape), None)
+        if match is None:
+            continue
+        mname, marr, mjoin = match
+        m_cands = [c for c in m_cands if c[0] != mname]
+        t_members = tjoin.members if tjoin else (tname,)
+        n, s = measured(tname, tarr, tjoin.of(alt) if tjoin else alt.get(tname),
+                        tjoin.of(sens) if tjoin else sens.get(tname))
+        how = "; ".join(f"{side} {j.describe()}" for side, j in (("PyTorch", tjoin),
+                                                                 ("MindSpore", mjoin)) if j)
+        pairs.append(OutputPair(tname, mname, tarr, marr, n, s, how,
+                                (t_members, mjoin.members if mjoin else (mname,))))
+    return pairs
 
 
 @dataclass(frozen=True)
@@ -621,6 +719,17 @@ class Networks:
 
     params_of: Callable[[str, bool], list[str]]
     known: Callable[[LayerComparison], list[str]]
+
+
+def _first_bad(compared: list[LayerComparison], unmeasured: str | None
+               ) -> LayerComparison | None:
+    """The first layer above its bound; where the noise that sets the bounds is unknown
+    (``unmeasured``), the first one past what rounding alone reaches, if any: an early
+    layer's rounding above ``tol`` is no divergence."""
+    bad = [c for c in compared if c.status in ("fail", "nonfinite")]
+    if unmeasured:
+        bad = [c for c in bad if c.status == "nonfinite" or c.error > ROUNDING_REACH] or bad
+    return bad[0] if bad else None
 
 
 def judge(outputs: list[OutputComparison], compared: list[LayerComparison], drift: Drift,
@@ -648,7 +757,7 @@ def judge(outputs: list[OutputComparison], compared: list[LayerComparison], drif
     _blocks_with_other_bounds(compared, outputs, notes)
     _blocks_not_carried(compared, notes)
     _leaves_drawn_differently(compared, notes)
-    first_bad = next((c for c in compared if c.status in ("fail", "nonfinite")), None)
+    first_bad = _first_bad(compared, run.unmeasured if run.scaled else None)
     divergence = (None if first_bad is None else
                   _divergence(first_bad, networks, correspondence, tensor_diff))
     known = [] if first_bad is None else (networks.known(first_bad)
@@ -668,7 +777,8 @@ def judge(outputs: list[OutputComparison], compared: list[LayerComparison], drif
                 f"through the plan: {shown}{'; …' if len(differing) > 3 else ''}")
     verdict, reasons = decide(outputs, compared, problems=problems,
                               tensor_problems=tensor_problems,
-                              first=_first_text(divergence, drift), tol=tol)
+                              first=_first_text(divergence, drift), tol=tol,
+                              unmeasured=run.unmeasured if run.scaled else None)
     if verdict == FAIL:
         parted = _shapes_part(skipped, first_bad, networks)
         if parted:

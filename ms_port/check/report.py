@@ -42,6 +42,8 @@ class OutputComparison:
             the output depends on the input at all.
         status: ``ok``, ``fail``, ``nonfinite``, ``shape`` or ``insensitive`` (agrees,
             but barely depends on the input: proves little).
+        layout: how MindSpore's output was laid out to compare it where that differs
+            (transposed, per-level maps joined: :mod:`ms_port.check.relayout`), else None.
     """
 
     index: int
@@ -64,6 +66,7 @@ class OutputComparison:
     sensitivity: float | None = None
     status: str = "ok"
     drift: float = 1.0
+    layout: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return jsonable(asdict(self))

@@ -159,7 +159,7 @@ def _storage(path: Path, storage: dict[str, Any],
             if not isinstance(name, str) or not isinstance(piece, int):
                 raise ValueError("not (name, (index,))")
         except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
-            raise SourceError(f"{path}: storage_data key {shown(key[:120])} is not "
+            raise SourceError(f"{path}: storage_data key {shown(key)} is not "
                               "('name', (index,))", path=path) from None
         names = []
         for e in entries if isinstance(entries, list) else []:

@@ -46,6 +46,20 @@ class ModuleRead:
     #: the key to read where the caller gave none (``ema`` over ``model``), else None
     preferred: str | None = None
     notes: list[str] = field(default_factory=list)
+    #: each module's own description of itself, by key (``None``: the file is the module):
+    #: its class and its plain-data ``yaml`` attribute (ultralytics' architecture), where
+    #: it holds one
+    described: dict[str | None, Description] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Description:
+    """What a pickled module says of itself, as data: its class (``module.Class``, never
+    imported) and its ``yaml`` attribute where that is plain data (ultralytics keeps the
+    architecture it was built from there: layer table, scale, ``nc``)."""
+
+    cls: str
+    architecture: dict[str, Any] | None = None
 
 
 def holds_modules(tree: Any) -> bool:
@@ -62,7 +76,35 @@ def read_modules(tree: Any, where: str) -> ModuleRead:
         SourceError: a module tree with a cycle, deeper than :data:`MAX_DEPTH` or giving
             more than :data:`MAX_NAMES` names (``where`` names the file).
     """
-    return _read(tree, is_module, lambda m: _state_dict(m, where), _data_note)
+    read = _read(tree, is_module, lambda m: _state_dict(m, where), _data_note)
+    modules = {None: tree} if is_module(tree) else {
+        str(k): v for k, v in tree.items() if is_module(v)}
+    read.described = {k: Description(str(m.cls), _plain_dict(m.state.get("yaml")))
+                      for k, m in modules.items()}
+    return read
+
+
+def _plain_dict(value: Any, depth: int = 0) -> Any:
+    """``value`` where it is plain data (dicts with string keys, lists, strings, numbers,
+    booleans, None) at most 32 deep, else ``None``."""
+    if depth > 32:
+        return None
+    if isinstance(value, dict):
+        out = {}
+        for k, v in value.items():
+            inner = _plain_dict(v, depth + 1)
+            if not isinstance(k, str) or (inner is None and v is not None):
+                return None
+            out[k] = inner
+        return out if depth else out or None
+    if isinstance(value, (list, tuple)):
+        items = [_plain_dict(v, depth + 1) for v in value]
+        if any(i is None and v is not None for i, v in zip(items, value)):
+            return None
+        return items
+    if value is None or type(value) in (str, int, float, bool):
+        return value
+    return None
 
 
 def live_modules(tree: Any) -> ModuleRead | None:
@@ -171,5 +213,5 @@ def _walk(module: Instance, prefix: str, path: tuple[int, ...], where: str,
         yield from _walk(child, f"{prefix}{name}.", (*path, id(module)), where, hooked)
 
 
-__all__ = ["MAX_DEPTH", "MAX_NAMES", "MODULE_KEYS", "ModuleRead", "holds_modules", "is_module",
-           "live_modules", "read_modules"]
+__all__ = ["MAX_DEPTH", "MAX_NAMES", "MODULE_KEYS", "Description", "ModuleRead",
+           "holds_modules", "is_module", "live_modules", "read_modules"]

@@ -454,6 +454,7 @@ def _whole_module_source(path: Path, fmt: str, whole: ModuleRead, *, key: str | 
     key = key or whole.preferred
     source = _from_tree(path, fmt, whole.tree, key=key, strip=strip, leaf=_tensor_leaf)
     source.notes = whole.notes
+    source.described = whole.described.get(key.split(".")[0] if key else None)
     if key is not None and isinstance(whole.tree, Mapping):
         top = key.split(".")[0]
         source.skipped[:0] = [Skipped(str(k), type(v).__name__,
@@ -573,7 +574,7 @@ def _flatten(obj: Mapping, leaf, prefix: str = "", depth: int = 0):
     """Yield (name, TensorInfo | Skipped); nested dicts of tensors become dotted names."""
     if depth > MAX_NESTING:
         raise SourceError(f"tensors nested more than {MAX_NESTING} dicts deep (at "
-                          f"{prefix[:80]!r}...); not a state dict ms-port can read")
+                          f"{shown(prefix)}); not a state dict ms-port can read")
     for k, v in obj.items():
         name = f"{prefix}{k}"
         if isinstance(v, Mapping) and _is_tensor_dict(v, leaf):

@@ -409,7 +409,7 @@ def _checked(path: Path, name: str, stage: int, raw: dict[str, Any]) -> ParamLay
             raise ValueError("uneven rows (param_split_shape) with an optimizer shard")
         return layout
     except (ValueError, KeyError, TypeError) as exc:
-        raise SourceError(f"{path}: the layout of {shown(name[:200])} is impossible ({exc}); "
+        raise SourceError(f"{path}: the layout of {shown(name)} is impossible ({exc}); "
                           "pass the strategy training wrote", path=path) from None
 
 

@@ -255,9 +255,30 @@ TORCH_ZOOS: dict[str, Callable[[str, str], Callable[..., Any]]] = {
     "timm": _timm_factory, "torchvision": _torchvision_factory}
 
 
+#: PyTorch references built from what the checkpoint itself describes (its pickled module's
+#: architecture): ``--torch-model PREFIX[:NAME]`` -> ``module:function(name, described)``
+REFERENCES = {"ultralytics": "ms_port.archs.ultralytics:reference"}
+
+
+def torch_reference(spec: Any, described: Any) -> Any:
+    """``spec`` as verify builds it: a :data:`REFERENCES` prefix becomes its builder (told
+    what the checkpoint describes of itself), anything else is returned as it is."""
+    if not isinstance(spec, str):
+        return spec
+    prefix, _, name = spec.partition(":")
+    if prefix not in REFERENCES:
+        return spec
+    module, _, function = REFERENCES[prefix].partition(":")
+    return getattr(importlib.import_module(module), function)(name, described)
+
+
 def zoo_input_shape(spec: Any) -> tuple[tuple[int, ...], str] | None:
-    """The input a zoo model is made for, and where that was read, for ``mindcv:NAME``:
-    its default configuration's ``input_size``, else MindCV's 3×224×224."""
+    """The input a zoo model is made for, and where that was read: for ``mindcv:NAME`` its
+    default configuration's ``input_size``, else MindCV's 3×224×224; for
+    ``mindyolo:CONFIG.yaml`` the config's ``img_size`` (MindYOLO's default 640)."""
+    if isinstance(spec, str) and spec.startswith("mindyolo:"):
+        return importlib.import_module("ms_port.archs.mindyolo").input_shape(
+            spec.partition(":")[2])
     if not isinstance(spec, str) or not spec.startswith("mindcv:"):
         return None
     name = spec.partition(":")[2]
@@ -370,6 +391,8 @@ ZOO_HELP = {
                                        "(with its __BASE__ files)",
     "--torch-model timm:NAME": "timm.create_model(NAME, pretrained=False)",
     "--torch-model torchvision:NAME": "torchvision.models.get_model(NAME), no weights",
+    "--torch-model ultralytics[:NAME.yaml]": "ultralytics' network, as the checkpoint's own "
+                                             "pickled module describes it (or NAME.yaml)",
 }
 
 

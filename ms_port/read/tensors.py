@@ -273,6 +273,9 @@ class Source:
     #: what the reader wants said about how it read the file (a whole pickled module
     #: read as data, and which of its copies was taken)
     notes: list[str] = field(default_factory=list)
+    #: a whole pickled module's own description (:class:`~ms_port.read.modules.
+    #: Description`: its class, ultralytics' architecture), for building its PyTorch twin
+    described: Any = None
 
     def __len__(self) -> int:
         return len(self.tensors)
