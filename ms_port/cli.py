@@ -290,7 +290,9 @@ def convert(source: str, arch: str | None, template: str | None, ms_model: str |
                    "||torch||₂ <= max(tol, 4 × its float32 noise); NaN/Inf always fails.")
 @click.option("--input", "input_file", metavar="FILE",
               help="Real inputs: .npy, or .npz/.safetensors/.pt with one array per "
-                   "positional input (batch axis first; integer arrays for token ids).")
+                   "positional input (batch axis first; integer arrays for token ids); or "
+                   "an image or a folder of images, resized to --input-shape (default: the "
+                   "target's) and scaled as the target expects.")
 @click.option("--input-shape", "input_shapes", multiple=True, metavar="C,H,W",
               help="One sample's shape per input, repeatable (default: the architecture's).")
 @click.option("--input-dtype", "input_dtypes", multiple=True, metavar="DTYPE",
@@ -354,15 +356,19 @@ def verify(source: str, checkpoint: str, arch: str | None, torch_model: str | No
     """
     from . import api
     from .check.devices import prefer_fast_cpu_kernels
+    from .check.images import is_images
     from .check.inputs import parse_range, parse_shape
 
     prefer_fast_cpu_kernels()  # this process is ours: before MindSpore's first operation
     if arch is None and ms_model is None:
         raise click.UsageError("give --arch NAME, or --ms-model (with --torch-model unless "
                                "SOURCE is a Hugging Face model with its config.json)")
-    if input_file and (input_shapes or input_dtypes or input_ranges):
+    images = input_file is not None and is_images(input_file)
+    if input_file and (input_dtypes or input_ranges or (input_shapes and not images)):
         raise click.UsageError("--input feeds a file's arrays; --input-shape/--input-dtype/"
-                               "--input-range describe generated ones: give one or the other")
+                               "--input-range describe generated ones: give one or the other "
+                               "(with images, --input-shape 3,H,W is the size they are "
+                               "resized to)")
     shapes = [parse_shape(s) for s in input_shapes]
     ranges = [parse_range(r) for r in input_ranges]
     steps = None

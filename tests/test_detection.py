@@ -295,3 +295,47 @@ def test_the_input_size_is_the_configs_img_size(tmp_path):
 
     model = write_config(tmp_path)
     assert zoo_input_shape(f"mindyolo:{model}") == ((3, 64, 64), f"img_size 64 in '{model}'")
+
+
+def _images(folder: Path, count: int = 2) -> Path:
+    """Seeded synthetic photographs (gradients and noise), saved as JPEG files."""
+    from PIL import Image
+
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(0)
+    y, x = np.mgrid[0:120, 0:160]
+    for i in range(count):
+        img = np.stack([(x * (i + 1)) % 255, (y * 2) % 255, ((x + y) * 3 + 50 * i) % 255], -1)
+        img = np.clip(img + rng.normal(0, 20, img.shape), 0, 255).astype(np.uint8)
+        Image.fromarray(img).save(folder / f"img{i}.jpg")
+    return folder
+
+
+def test_verify_feeds_real_images_resized_and_scaled_for_the_detector(yolov8, tmp_path):
+    root, best, config, _ = yolov8
+    ckpt = root / "verify.ckpt"
+    if not ckpt.exists():
+        ms_port.convert(best, ms_model=f"mindyolo:{config}", output=ckpt)
+    report = _verify(best, ckpt, config, inputs=_images(tmp_path / "photos"))
+    assert report.verdict == "PASS", report.message
+    assert report.batch == 2 and report.input_shape == SHAPE
+    origin = report.inputs[0]["origin"]
+    assert "img0.jpg, img1.jpg" in origin and "resized to 96×96, scaled to [0, 1]" in origin
+
+
+def test_image_inputs_are_checked_and_prepared_per_target(tmp_path):
+    from ms_port.check.images import ImageError, load_images, preparation
+
+    photos = _images(tmp_path / "p", 1)
+    detector = preparation((3, 32, 48), "mindyolo:x.yaml")
+    batch, names = load_images(photos, detector)
+    assert batch.shape == (1, 3, 32, 48) and names == ["img0.jpg"]
+    assert batch.dtype == np.float32 and batch.min() >= 0.0 and batch.max() <= 1.0
+    classifier = preparation((3, 32, 48), "mindcv:resnet18")
+    normalised, _ = load_images(photos / "img0.jpg", classifier)
+    assert np.allclose(normalised[0, 0], (batch[0, 0] - 0.485) / 0.229, atol=1e-5)
+    (tmp_path / "fake.jpg").write_bytes(b"not an image")
+    with pytest.raises(ImageError, match=r"fake\.jpg: not an image Pillow can decode"):
+        load_images(tmp_path / "fake.jpg", detector)
+    with pytest.raises(ImageError, match="3-channel input shape"):
+        preparation((1, 28, 28), "mindcv:x")

@@ -177,17 +177,20 @@ def _inputs(opts: VerifyOptions, src: Source, entry: Any,
             language: bool) -> tuple[list[Any], tuple[Any, str] | None]:
     """(the inputs both networks run on, MindCV's input size where that chose it)."""
     from ..read.targets import zoo_input_shape
+    from .images import is_images
     from .inputs import generate_inputs, load_inputs
 
-    if isinstance(opts.inputs, (str, Path)):
+    if isinstance(opts.inputs, (str, Path)) and not is_images(opts.inputs):
         return load_inputs(opts.inputs), None
-    if opts.inputs is not None:
+    if opts.inputs is not None and not isinstance(opts.inputs, (str, Path)):
         return opts.inputs, None
     shapes = opts.input_shape or (entry.input_shape if entry else None)
     dtypes, ranges = opts.input_dtype, opts.input_range
     zoo_shape = None if shapes or language else zoo_input_shape(opts.ms_model)
     if zoo_shape is not None:
         shapes = zoo_shape[0]
+    if opts.inputs is not None:  # real images, prepared for this target
+        return _images(opts.inputs, shapes, opts.ms_model), zoo_shape
     if language:  # token ids from the vocabulary unless told otherwise
         from .language import token_defaults
 
@@ -204,6 +207,20 @@ def _inputs(opts: VerifyOptions, src: Source, entry: Any,
     feed = generate_inputs([tuple(s) for s in shapes], batch=opts.batch, seed=opts.seed,
                            dtypes=dtypes or ("float32",), ranges=ranges or (None,))
     return feed, zoo_shape
+
+
+def _images(path: str | Path, shape: Any, ms_model: Any) -> list[Any]:
+    """``--input`` naming image files: one batch, resized and scaled as the target expects
+    (:mod:`ms_port.check.images`)."""
+    from .images import load_images, preparation
+    from .inputs import InputArray
+
+    if shape and isinstance(shape[0], (tuple, list)):
+        shape = shape[0] if len(shape) == 1 else None
+    prep = preparation(tuple(shape) if shape else None, ms_model)
+    batch, names = load_images(path, prep)
+    shown = ", ".join(names[:3]) + (f", … ({len(names)} images)" if len(names) > 3 else "")
+    return [InputArray("input0", batch, f"file {path}: {shown}; {prep.describe()}")]
 
 
 def _dispatch(request: Request, entry: Any, language: bool) -> Any:
