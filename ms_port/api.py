@@ -298,12 +298,12 @@ def _check_ranks(opts: ConvertOptions) -> None:
     from .write.ranks import check_ranks_output
 
     asked = [flag for flag, given in (("--max-shard-size", opts.max_shard_size is not None),
-                                      ("--format safetensors", opts.format != "ckpt"),
                                       ("--crc", opts.crc),
                                       ("--model-config", opts.model_config is not None))
              if given]
     if asked:
-        raise MsPortError(f"--strategy writes one .ckpt per rank; {', '.join(asked)} does not "
+        raise MsPortError(f"--strategy writes one file per rank (.ckpt, or .safetensors for "
+                          f"the families that train from it); {', '.join(asked)} does not "
                           "apply to it — drop it")
     strategy_paths(opts.strategy)
     check_ranks_output(opts.output, force=opts.force)
@@ -325,9 +325,10 @@ def _write(p: Plan, opts: ConvertOptions, progress: Progress | None) -> Any:
     """The plan written: one file, safetensors shards with their name map, or the slices
     of every rank of a strategy."""
     if opts.strategy is not None:
-        from .write.ranks import write_ranks
+        from .write.ranks import rank_format, write_ranks
 
-        return write_ranks(p, opts.output, opts.strategy, force=opts.force, progress=progress)
+        return write_ranks(p, opts.output, opts.strategy, force=opts.force, progress=progress,
+                           fmt=rank_format(p, opts.format))
     if opts.max_shard_size is not None:
         from .write.directory import write_directory
 

@@ -519,3 +519,43 @@ def test_a_declared_accumulator_left_out_is_taken_as_declared(tmp_path, mode):
     failed = ms_port.verify(src, holed, ms_model="mindformers:qwen3_moe", mode=mode)
     assert failed.verdict == "FAIL" and "decoder.layers.0.input_layernorm.weight" in \
         failed.message
+
+
+def test_strategy_output_is_safetensors_per_rank_as_its_training_loads(tmp_path):
+    """MindFormers' parallel_core networks train from safetensors: convert --strategy writes
+    each rank's slices as MindSpore safetensors, which MindSpore's own loader and its merge
+    of the rank files read back to the whole conversion."""
+    import mindspore as ms
+
+    from ms_port.read.sources import read_source
+
+    hf = tiny_qwen3(tmp_path / "qwen3")
+    whole = tmp_path / "whole.ckpt"
+    assert ms_port.convert(hf, ms_model="mindformers:qwen3", output=whole).ok
+    tensors = read_source(whole, strip_prefixes=False)
+    split = [n for n, t in tensors.tensors.items() if len(t.shape) == 2][:3]
+    (tmp_path / "strategy").mkdir()
+    layout = {"dev_matrix": [2], "tensor_map": [0, -1], "field": 0,
+              "opt_weight_shard_step": 0, "opt_weight_shard_size": 0}
+    (tmp_path / "strategy" / "strategy.json").write_text(json.dumps(
+        {"parallel_layout_item": {n: layout for n in split}}))
+    ranks = tmp_path / "ranks"
+    report = ms_port.convert(hf, ms_model="mindformers:qwen3", output=ranks,
+                             strategy=tmp_path / "strategy")
+    assert report.written.kind == "safetensors"
+    assert report.written.format == "2 rank files, safetensors, with the strategy"
+    files = sorted(ranks.glob("rank_*/*"))
+    assert [f.name for f in files] == ["checkpoint_rank_0.safetensors",
+                                       "checkpoint_rank_1.safetensors"]
+    own = ms.load_checkpoint(str(files[1]), format="safetensors")  # MindSpore's loader
+    row = tensors[split[0]].load()
+    assert np.array_equal(own[split[0]].asnumpy(), row[row.shape[0] // 2:])
+    back = read_source(ranks)
+    assert set(back.tensors) == set(tensors.tensors)
+    for info in tensors:
+        assert np.array_equal(back[info.name].load(), info.load()), info.name
+    ms.transform_checkpoints(str(ranks), str(tmp_path / "merged"), "m",
+                             str(ranks / "strategy" / "strategy.json"), None)
+    merged = read_source(next((tmp_path / "merged" / "rank_0").iterdir()),
+                         strip_prefixes=False)
+    assert all(np.array_equal(merged[n].load(), tensors[n].load()) for n in tensors.tensors)

@@ -204,12 +204,16 @@ BLOCKS = "ms_port.archs.parallel_core_blocks:qwen3_blocks"
 FORWARD = "ms_port.archs.parallel_core_cpu"
 #: why verify runs no forward for this family (its verdict is then the tensors' and
 #: INCONCLUSIVE)
+#: the per-rank format the family's training loads (convert --strategy writes it):
+#: MindFormers forces safetensors for its parallel_core networks
+RANK_FORMAT = "safetensors"
 NO_FORWARD = ("MindFormers' parallel_core networks have no CPU kernels for RmsNorm and "
               "FlashAttentionScore, and run only in GRAPH mode")
 
 __all__ = [
     "OPTIONS",
     "QWEN3",
+    "RANK_FORMAT",
     "VARIANTS",
     "Qwen3Sizes",
     "qwen3_sizes",

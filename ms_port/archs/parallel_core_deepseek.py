@@ -54,7 +54,7 @@ from ..errors import TargetError, shown
 from ..match.mapping import select_table, selected_model_types
 from ..read.targets import Target, TargetTensor
 from .config_values import Rope, read_bool, read_layers, read_rope
-from .parallel_core import INTERLEAVED, NO_FORWARD, mlp_note
+from .parallel_core import INTERLEAVED, NO_FORWARD, RANK_FORMAT, mlp_note
 
 FAMILY = "mindformers:deepseek3"
 #: what transformers' and MindFormers' DeepseekV3Config both assume where config.json is
@@ -296,5 +296,6 @@ FORWARD = "ms_port.archs.parallel_core_cpu"
 #: the blocks, for verify one block at a time (imported only then: they import MindSpore)
 BLOCKS = "ms_port.archs.parallel_core_blocks:deepseek_blocks"
 
-__all__ = ["FAMILY", "FORWARD", "NO_FORWARD", "OPTIONS", "VARIANTS", "DeepseekSizes",
+__all__ = ["FAMILY", "FORWARD", "NO_FORWARD", "OPTIONS", "RANK_FORMAT", "VARIANTS",
+           "DeepseekSizes",
            "deepseek_sizes", "deepseek_target", "deepseek_tensors", "mindformers_settings"]

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from .parallel_core import NO_FORWARD, QWEN3_MOE, qwen3_moe_target
+from .parallel_core import NO_FORWARD, QWEN3_MOE, RANK_FORMAT, qwen3_moe_target
 
 OPTIONS = {"seq_length": int}
 VARIANTS = ({},)
@@ -16,4 +16,4 @@ BLOCKS = "ms_port.archs.parallel_core_blocks:qwen3_moe_blocks"
 #: kernels it lacks on a CPU (verify runs it; NO_FORWARD says why where it cannot run)
 FORWARD = "ms_port.archs.parallel_core_cpu"
 
-__all__ = ["FAMILY", "NO_FORWARD", "OPTIONS", "VARIANTS"]
+__all__ = ["FAMILY", "NO_FORWARD", "OPTIONS", "RANK_FORMAT", "VARIANTS"]

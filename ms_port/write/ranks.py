@@ -1,7 +1,10 @@
 """Write a plan as the per-rank slices a strategy gives: what a cluster's training reads.
 
 ``convert SRC --ms-model … --strategy STRATEGY -o OUT`` writes ``OUT/rank_{i}/
-checkpoint_rank_{i}.ckpt`` for every rank of the strategy, each holding exactly its slices
+checkpoint_rank_{i}.ckpt`` for every rank of the strategy — ``.safetensors`` where the
+family trains from safetensors (MindFormers' parallel_core networks: Qwen3, Qwen3-MoE,
+DeepSeek-V3, whose ``RANK_FORMAT`` says so) or ``--format safetensors`` asks — each holding
+exactly its slices
 (:class:`~ms_port.read.strategy.ParamLayout`: the dev matrix, the tensor map, the
 optimizer shard, the pipeline stage), and ``OUT/strategy/`` with the strategy files
 copied, so that MindSpore's ``load_distributed_checkpoint`` and MindFormers
@@ -18,6 +21,7 @@ assembled under a temporary name, read back whole through
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 import shutil
@@ -56,12 +60,15 @@ class RanksResult:
     index: Any = None
     config: Any = None
 
+    #: the rank files' format: ``ckpt`` or ``safetensors``
+    kind: str = "ckpt"
+
     @property
     def format(self) -> str:
-        return f"{self.ranks} rank files, ckpt, with the strategy"
+        return f"{self.ranks} rank files, {self.kind}, with the strategy"
 
     def to_dict(self) -> dict[str, Any]:
-        return {"path": self.path, "format": "ckpt per rank", "ranks": self.ranks,
+        return {"path": self.path, "format": f"{self.kind} per rank", "ranks": self.ranks,
                 "tensors": self.tensors, "bytes": self.nbytes, "readback": self.readback,
                 "replaced": self.replaced, "seconds": round(self.seconds, 3),
                 "strategy": self.strategy, "notes": self.notes}
@@ -147,9 +154,21 @@ def _ranks_of(lay: ParamLayout | None, strategy: Strategy) -> range:
     return range(first, first + lay.devices)
 
 
+def rank_format(plan: Any, asked: str = "ckpt") -> str:
+    """The rank files' format: ``safetensors`` where asked or where the target family trains
+    from it (its module's ``RANK_FORMAT``), else ``ckpt``."""
+    from ..read.targets import FAMILIES, family_module
+
+    family = getattr(plan.target, "family", None)
+    trains = getattr(family_module(family), "RANK_FORMAT", "ckpt") if family in FAMILIES \
+        else "ckpt"
+    return "safetensors" if "safetensors" in (asked, trains) else "ckpt"
+
+
 def write_ranks(plan: Any, output: str | Path, strategy: str | Path, *, force: bool = False,
-                progress: Any = None) -> RanksResult:
-    """Write ``plan`` as per-rank slices for ``strategy`` (module docstring).
+                progress: Any = None, fmt: str = "ckpt") -> RanksResult:
+    """Write ``plan`` as per-rank slices for ``strategy`` (module docstring), in ``fmt``
+    (``ckpt`` or ``safetensors``).
 
     Raises:
         WriteError: the strategy does not fit the network, or the folder cannot be written;
@@ -165,7 +184,7 @@ def write_ranks(plan: Any, output: str | Path, strategy: str | Path, *, force: b
     work = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".ms-port-{os.getpid()}-"))
     old: Path | None = None
     try:
-        digests, nbytes = _write_all(plan, work, parsed, layouts, progress)
+        digests, nbytes = _write_all(plan, work, parsed, layouts, progress, fmt)
         (work / "strategy").mkdir()
         for f in files:
             shutil.copyfile(f, work / "strategy" / f.name)
@@ -184,12 +203,13 @@ def write_ranks(plan: Any, output: str | Path, strategy: str | Path, *, force: b
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
     return RanksResult(str(final), parsed.devices, len(plan.matches), nbytes, "bit-exact",
-                       replaced, time.perf_counter() - start, [f.name for f in files], notes)
+                       replaced, time.perf_counter() - start, [f.name for f in files], notes,
+                       kind=fmt)
 
 
 def _write_all(plan: Any, work: Path, strategy: Strategy,
-               layouts: dict[str, ParamLayout | None], progress: Any) -> tuple[dict[str, str],
-                                                                               int]:
+               layouts: dict[str, ParamLayout | None], progress: Any,
+               fmt: str = "ckpt") -> tuple[dict[str, str], int]:
     """Every target once, cut for every rank that holds it; a digest of each whole."""
     digests: dict[str, str] = {}
     nbytes = 0
@@ -197,19 +217,19 @@ def _write_all(plan: Any, work: Path, strategy: Strategy,
     done = 0
     with ExitStack() as stack:
         writers = {}
+        entries = _rank_entries(plan, strategy, layouts) if fmt == "safetensors" else {}
         for rank in range(strategy.devices):
             folder = work / f"rank_{rank}"
             folder.mkdir()
-            f = stack.enter_context(open(folder / f"checkpoint_rank_{rank}.ckpt", "wb"))
-            writers[rank] = stack.enter_context(CkptWriter(f))
+            f = stack.enter_context(open(folder / f"checkpoint_rank_{rank}.{fmt}", "wb"))
+            writers[rank] = stack.enter_context(
+                SafetensorsStream(f, entries[rank]) if fmt == "safetensors" else CkptWriter(f))
         for m in plan.matches:
             array = np.ascontiguousarray(plan.expected(m))
             digests[m.target] = _digest(array)
             lay = layouts[m.target]
             for rank in _ranks_of(lay, strategy):
-                part = array if lay is None else array[tuple(
-                    slice(a, b) for a, b in lay.box(rank - _ranks_of(lay, strategy)[0],
-                                                    array.shape))]
+                part = array[_box(lay, strategy, rank, array.shape)]
                 writers[rank].write(m.target, np.ascontiguousarray(part))
                 nbytes += part.nbytes
             del array
@@ -217,6 +237,79 @@ def _write_all(plan: Any, work: Path, strategy: Strategy,
             if progress:
                 progress("write", done, total)
     return digests, nbytes
+
+
+def _box(lay: ParamLayout | None, strategy: Strategy, rank: int,
+         shape: tuple[int, ...]) -> tuple[slice, ...]:
+    """The slice of a tensor of ``shape`` that ``rank`` holds (all of it: replicated)."""
+    if lay is None:
+        return tuple(slice(0, n) for n in shape)
+    first = _ranks_of(lay, strategy)[0]
+    return tuple(slice(a, b) for a, b in lay.box(rank - first, shape))
+
+
+def _rank_entries(plan: Any, strategy: Strategy, layouts: dict[str, ParamLayout | None]
+                  ) -> dict[int, list[tuple[str, str, tuple[int, ...]]]]:
+    """Each rank's (name, dtype, shape) in writing order: a safetensors header is written
+    before its data, and every slice's shape is known from the plan and the layout."""
+    entries: dict[int, list[tuple[str, str, tuple[int, ...]]]] = {
+        r: [] for r in range(strategy.devices)}
+    for m in plan.matches:
+        lay = layouts[m.target]
+        for rank in _ranks_of(lay, strategy):
+            box = _box(lay, strategy, rank, tuple(m.shape))
+            entries[rank].append((m.target, m.out_dtype,
+                                  tuple(b.stop - b.start for b in box)))
+    return entries
+
+
+class SafetensorsStream:
+    """Stream tensors into a MindSpore safetensors file (``{"format": "ms"}``, as
+    ``save_checkpoint(format="safetensors")`` writes it) whose entries are declared first:
+    the header goes out at once, then each tensor as it comes, each checked against its
+    declared name, dtype and shape (a mismatch would misplace every later byte)."""
+
+    def __init__(self, file: Any, entries: list[tuple[str, str, tuple[int, ...]]]) -> None:
+        from ..read.tensors import numpy_dtype
+        from .writers import SAFETENSORS_CODES
+
+        self._file, self._entries, self._next = file, entries, 0
+        header: dict[str, Any] = {"__metadata__": {"format": "ms"}}
+        offset = 0
+        for name, dtype, shape in entries:
+            if dtype not in SAFETENSORS_CODES:
+                raise WriteError(f"tensor {shown(name)} has dtype {dtype}, which MindSpore's "
+                                 "safetensors cannot hold", tensor=name)
+            size = int(np.prod(shape, dtype=np.int64)) * numpy_dtype(dtype).itemsize
+            header[name] = {"dtype": SAFETENSORS_CODES[dtype], "shape": list(shape),
+                            "data_offsets": [offset, offset + size]}
+            offset += size
+        blob = json.dumps(header, separators=(",", ":")).encode()
+        blob += b" " * (-len(blob) % 8)
+        file.write(len(blob).to_bytes(8, "little") + blob)
+
+    def __enter__(self) -> SafetensorsStream:
+        return self
+
+    def __exit__(self, kind: Any, *_: Any) -> None:
+        if kind is None and self._next != len(self._entries):
+            raise WriteError(f"{getattr(self._file, 'name', 'a rank file')}: "
+                             f"{len(self._entries) - self._next} declared tensor(s) never "
+                             "written")
+
+    def write(self, name: str, array: np.ndarray) -> None:
+        from ..read.tensors import dtype_name
+
+        if self._next >= len(self._entries):
+            raise WriteError(f"tensor {shown(name)} was not declared for this rank file")
+        want = self._entries[self._next]
+        got = (name, dtype_name(array.dtype), tuple(array.shape))
+        if got != want:
+            raise WriteError(f"rank file entry {self._next}: {shown(name)} "
+                             f"{got[1]} {list(got[2])} where {shown(want[0])} {want[1]} "
+                             f"{list(want[2])} was declared", tensor=name)
+        self._file.write(np.ascontiguousarray(array).reshape(-1).view(np.uint8).data)
+        self._next += 1
 
 
 def _digest(array: np.ndarray) -> str:

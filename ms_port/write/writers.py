@@ -35,7 +35,7 @@ from ..read.tensors import FLOAT_DTYPES, itemsize, numpy_dtype, released_chunks
 from .proof import Checks, Progress, readback
 
 FORMATS = ("ckpt", "safetensors", "pth")  # pth: export, MindSpore -> PyTorch
-_ST_CODES = {v: k for k, v in SAFETENSORS_DTYPES.items()}
+_ST_CODES = SAFETENSORS_CODES = {v: k for k, v in SAFETENSORS_DTYPES.items()}
 
 @dataclass(frozen=True)
 class WriteResult:
