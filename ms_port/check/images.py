@@ -99,7 +99,8 @@ def load_images(path: str | Path, prep: Preparation) -> tuple[np.ndarray, list[s
                 rgb = image.convert("RGB").resize((prep.width, prep.height),
                                                   Image.Resampling.BILINEAR)
                 batch.append(np.asarray(rgb, dtype=np.float32) / 255.0)
-        except (OSError, ValueError, Image.DecompressionBombError) as exc:
+        except Exception as exc:  # a decoder on untrusted bytes (and on Pillow as others
+            # patched it: ultralytics wraps Image.open): any failure is "not an image"
             raise ImageError(f"{file}: not an image Pillow can decode ({type(exc).__name__}: "
                              f"{exc}); check the file", path=file) from None
     array = np.stack(batch).transpose(0, 3, 1, 2)
