@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import mindspore as ms
@@ -89,39 +90,51 @@ class _Head(nn.Cell):
         return self.output(h)[0]
 
 
+@dataclass(frozen=True)
+class BlockShape:
+    """How a family's network is cut into blocks and built small.
+
+    Attributes:
+        family: the target (``mindformers:qwen3``…).
+        layers: the model's decoder layers.
+        tied: MindFormers' head is the embedding's weight (no ``output_layer``).
+        seq_length: the input length the small networks are built for.
+        slots: per layer, which decoder layer of the small networks runs it (default: all
+            the one layer).
+        small: the small networks' config keys (default: one decoder layer).
+        options: the layout the checkpoint was converted with (its target's).
+        build_options: the layout MindFormers' small network is built in.
+        not_run: what the checkpoint holds that no block runs, each a line for the report.
+    """
+
+    family: str
+    layers: int
+    tied: bool
+    seq_length: int = 16
+    slots: tuple[int, ...] | None = None
+    small: dict[str, Any] | None = None
+    options: dict[str, Any] | None = None
+    build_options: dict[str, Any] | None = None
+    not_run: tuple[str, ...] = ()
+
+
 class ParallelCoreBlocks(HuggingFaceSide):
     """The pieces of a Hugging Face Qwen3 / Qwen3-MoE and of MindFormers'
     ``TrainingQwen3ForCausalLM`` / ``TrainingQwen3MoeForCausalLM`` built from the same
     config, and one step of each (the five methods :mod:`ms_port.check.blocks` drives,
     and ``session()``, which holds GRAPH mode and the stand-ins across the blocks)."""
 
-    def __init__(self, config: dict[str, Any], build_torch: Callable[[dict[str, Any]], Any], *,
-                 family: str, layers: int, tied: bool, seq_length: int = 16,
-                 slots: tuple[int, ...] | None = None, small: dict[str, Any] | None = None,
-                 options: dict[str, Any] | None = None,
-                 build_options: dict[str, Any] | None = None,
-                 not_run: tuple[str, ...] = ()) -> None:
-        """
-        Args:
-            layers: the model's decoder layers.
-            tied: MindFormers' head is the embedding's weight (no ``output_layer``).
-            slots: per layer, which decoder layer of the small networks runs it (default:
-                all the one layer).
-            small: the small networks' config keys (default: one decoder layer).
-            options: the layout the checkpoint was converted with (its target's).
-            build_options: the layout MindFormers' small network is built in.
-            not_run: what the checkpoint holds that no block runs, each a line for the
-                report.
-        """
+    def __init__(self, config: dict[str, Any], build_torch: Callable[[dict[str, Any]], Any],
+                 shape: BlockShape) -> None:
         super().__init__(config, build_torch)
-        self.family = family
-        self.layers, self.tied = layers, tied
-        self.slots = slots if slots is not None else (0,) * layers
-        self.small = dict(small or {"num_hidden_layers": 1})
-        self.seq_length = seq_length
-        self.options: dict[str, Any] = dict(options or {})
-        self.build_options: dict[str, Any] = dict(build_options or {})
-        self.not_run = tuple(not_run)
+        self.family = shape.family
+        self.layers, self.tied = shape.layers, shape.tied
+        self.slots = shape.slots if shape.slots is not None else (0,) * shape.layers
+        self.small = dict(shape.small or {"num_hidden_layers": 1})
+        self.seq_length = shape.seq_length
+        self.options: dict[str, Any] = dict(shape.options or {})
+        self.build_options: dict[str, Any] = dict(shape.build_options or {})
+        self.not_run = tuple(shape.not_run)
         self._net: Any = None
         self._cells: dict[str, nn.Cell] = {}
         self._params: dict[str, Any] = {}
@@ -228,9 +241,8 @@ def qwen3_blocks(config: dict[str, Any], build_torch: Any, *, seq_length: int = 
     sizes = qwen3_sizes(config, family)
     # qwen3_moe takes no such option (no dense MLP): the default is left unsaid
     layout = {} if use_interleaved_weight_layout_mlp else {INTERLEAVED: False}
-    return ParallelCoreBlocks(config, build_torch, family=family, layers=sizes.layers,
-                              tied=sizes.tied, seq_length=seq_length, options=layout,
-                              build_options=layout)
+    return ParallelCoreBlocks(config, build_torch, BlockShape(
+        family, sizes.layers, sizes.tied, seq_length, options=layout, build_options=layout))
 
 
 def qwen3_moe_blocks(config: dict[str, Any], build_torch: Any, *, seq_length: int = 16) -> Any:
@@ -260,13 +272,11 @@ def deepseek_blocks(config: dict[str, Any], build_torch: Any, *, seq_length: int
         "mtp.*) "
         "not run: it gives only a training loss, never the logits; its tensors are "
         "compared one by one",)
-    return ParallelCoreBlocks(config, build_torch, family=DEEPSEEK, layers=sizes.layers,
-                              tied=False, seq_length=seq_length, slots=slots, small=small,
-                              options=options,
-                              build_options={"mla_qkv_concat": mla_qkv_concat, "mtp": False,
-                                             **interleaved},
-                              not_run=not_run)
+    return ParallelCoreBlocks(config, build_torch, BlockShape(
+        DEEPSEEK, sizes.layers, False, seq_length, slots=slots, small=small, options=options,
+        build_options={"mla_qkv_concat": mla_qkv_concat, "mtp": False, **interleaved},
+        not_run=not_run))
 
 
-__all__ = ["MS_LOCAL", "ParallelCoreBlocks", "deepseek_blocks", "qwen3_blocks",
+__all__ = ["MS_LOCAL", "BlockShape", "ParallelCoreBlocks", "deepseek_blocks", "qwen3_blocks",
            "qwen3_moe_blocks"]

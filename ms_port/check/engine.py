@@ -66,24 +66,26 @@ class Request:
                                 target=target)
         return make_plan(self.src, target, table, allow_missing=True, allow_unused=True)
 
-    def run(self, notes: list[str] | None = None) -> Any:
-        """A :class:`~ms_port.check.parity.Run` on this request's inputs, on the CPU in
-        float32 (the drivers that run the family's own way)."""
-        from .parity import Run
+    def run(self, notes: list[str] | None = None, *, whole: bool = False) -> Any:
+        """A :class:`~ms_port.check.parity.Run` on this request's inputs: in the options'
+        dtype and on their devices for the whole-network driver (``whole``), else on the
+        CPU in float32 (the drivers that run the family's own way)."""
+        from .parity import Run, check_run
 
         opts = self.options
-        return Run(self.feed, seed=opts.seed, tol=opts.tol, noise_floor=opts.noise_floor,
-                   progress=self.progress, notes=list(notes or []))
+        run = Run(self.feed, seed=opts.seed, tol=opts.tol, noise_floor=opts.noise_floor,
+                  progress=self.progress, notes=list(notes or []))
+        if whole:
+            run.dtype, run.torch_device, run.ms_device = (
+                opts.dtype, self.torch_device, self.ms_device)
+            check_run(run)
+        return run
 
     def not_loaded(self, missing: list[str], unused: list[str], *,
                    whole: bool = False) -> Any:
         from .networks import not_loaded_report
 
-        return not_loaded_report(
-            self.names[1], missing, unused, tol=self.options.tol, feed=self.feed,
-            seed=self.options.seed, dtype=self.options.dtype if whole else "float32",
-            torch_device=self.torch_device if whole else "cpu",
-            ms_device=self.ms_device if whole else "cpu")
+        return not_loaded_report(self.names[1], missing, unused, self.run(whole=whole))
 
 
 # -- the door's steps --------------------------------------------------------------------
@@ -387,7 +389,7 @@ def by_layers(request: Request, blocks: Any) -> Any:
 def whole(request: Request, entry: Any, torch_model: Any, ms_model: Any) -> Any:
     """verify with both whole networks built, loaded and run at once."""
     from .networks import build_network, load_ms_weights, load_torch_weights
-    from .parity import correspondence_from_pairs, run_parity
+    from .parity import compare_networks, correspondence_from_pairs
     from .tensors import compare_through_plan
 
     src, ckpt, opts = request.src, request.ckpt, request.options
@@ -419,11 +421,8 @@ def whole(request: Request, entry: Any, torch_model: Any, ms_model: Any) -> Any:
     values = {param.name: (lambda p=param: p.asnumpy())
               for _, param in mnet.parameters_and_names()}
     tensors = compare_through_plan(plan, values, a=str(source), b=str(checkpoint))
-    result = run_parity(tnet, mnet, inputs=request.feed, seed=opts.seed, tol=opts.tol,
-                        dtype=opts.dtype, torch_device=request.torch_device,
-                        ms_device=request.ms_device, correspondence=correspondence,
-                        noise_floor=opts.noise_floor, tensor_diff=tensors,
-                        progress=request.progress)
+    result = compare_networks(tnet, mnet, request.run(whole=True),
+                              correspondence=correspondence, tensor_diff=tensors)
     result.notes += declared + list(getattr(mnet, "ms_port_notes", []))
     if unused:
         result.notes.append(f"{len(unused)} checkpoint entries unused by the network: "

@@ -129,19 +129,22 @@ def load_ms_weights(net: Any, checkpoint: str | Path | Source) -> tuple[list[str
     return list(not_loaded), list(unused)
 
 
-def not_loaded_report(checkpoint: Any, not_loaded: list[str], unused: list[str], *,
-                      tol: float, feed: list[Any], seed: int, dtype: str, torch_device: str,
-                      ms_device: str) -> ParityReport:
+def not_loaded_report(checkpoint: Any, not_loaded: list[str], unused: list[str],
+                      run: Any) -> ParityReport:
+    """The FAIL of a checkpoint that lacks tensors the network needs, before any forward;
+    ``run`` (a :class:`~ms_port.check.parity.Run`) is how the forward would have run."""
     names = ", ".join(not_loaded[:5]) + (" …" if len(not_loaded) > 5 else "")
     message = (f"FAIL: {checkpoint} lacks {len(not_loaded)} tensor"
                f"{'s' * (len(not_loaded) != 1)} the MindSpore network needs: {names} — "
                "nothing was run; convert again")
     notes = [f"not in the checkpoint: {n}" for n in not_loaded]
     notes += [f"in the checkpoint but unused: {n}" for n in unused]
+    feed = run.feed
     first = np.asarray(feed[0].array) if feed else np.zeros((1,))
     return ParityReport(
-        ok=False, tol=tol, error=float("inf"), max_abs=float("inf"), outputs=[],
+        ok=False, tol=run.tol, error=float("inf"), max_abs=float("inf"), outputs=[],
         noise_floor=None, first_divergence=None, input_shape=tuple(first.shape[1:]),
-        batch=int(first.shape[0]), seed=seed, dtype=dtype, torch_device=torch_device,
-        ms_device=ms_device, message=message, notes=notes, verdict=FAIL,
+        batch=int(first.shape[0]), seed=run.seed, dtype=run.dtype,
+        torch_device=run.torch_device, ms_device=run.ms_device, message=message, notes=notes,
+        verdict=FAIL,
         reasons=[message[len("FAIL: "):]], inputs=[i.to_dict() for i in feed])

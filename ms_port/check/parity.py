@@ -69,8 +69,8 @@ from .report import (
 from .verdict import ROUNDING_REACH, Drift, K, bound_for, decide, pass_message, status_of
 
 __all__ = ["ERROR_DEFINITION", "FAIL", "INCONCLUSIVE", "PASS", "Divergence",
-           "LayerComparison", "OutputComparison", "ParityReport", "correspondence_from_pairs",
-           "run_parity"]
+           "LayerComparison", "OutputComparison", "ParityReport", "check_run", "compare_networks",
+           "correspondence_from_pairs", "run_parity"]
 
 _DTYPES = ("float32", "float64")
 #: a passing error this many times the noise gets a note: something besides rounding
@@ -136,6 +136,11 @@ def _validate(tol: float, dtype: str, batch: int) -> None:
         raise ParityError(f"batch must be at least 1, got {batch}")
     if not (isinstance(tol, (int, float)) and tol >= 0):  # also rejects NaN
         raise ParityError(f"tol must be a number >= 0, got {tol!r}")
+
+
+def check_run(run: Run) -> None:
+    """Refuse a run whose dtype or tol cannot be compared with (a ParityError)."""
+    _validate(run.tol, run.dtype, 1)
 
 
 @dataclass(frozen=True)
@@ -506,6 +511,18 @@ def run_parity(
     run = Run(_as_inputs(inputs, input_shape, batch, seed), seed=seed, tol=tol, dtype=dtype,
               torch_device=torch_device, ms_device=ms_device, noise_floor=noise_floor,
               progress=progress)
+    return compare_networks(torch_model, ms_model, run, correspondence=correspondence,
+                            layers=layers, tensor_diff=tensor_diff)
+
+
+def compare_networks(torch_model: Any, ms_model: Any, run: Run, *,
+                     correspondence: list[tuple[str, str]] | None = None, layers: bool = True,
+                     tensor_diff: Any = None) -> ParityReport:
+    """:func:`run_parity`'s work, on a :class:`Run` (the inputs and how they run): both
+    networks forward, every paired layer and output compared, the verdict judged. The
+    public door takes the user's keywords and packs them into the ``Run``; the verify
+    engine makes its own."""
+    tol, ms_device = run.tol, run.ms_device
     torch_model.eval()
     ms_model.set_train(False)
     ran = _forwards(torch_model, ms_model, run, layers)
