@@ -214,3 +214,25 @@ def test_glm4_with_a_rope_scaling_converts_and_its_network_is_refused(tmp_path):
 
     with pytest.raises(MsPortError, match="ChatGLM2 has no RoPE scaling"):
         glm_sizes(config).require_plain_rope()
+
+
+@pytest.mark.parametrize("model_type, family, says", [
+    ("deepseek_v32", "mindformers:deepseek3", "DeepSeek-V3.2 .*mindformers:deepseek32, is not "
+                                              "built yet"),
+    ("deepseek_v4", "mindformers:deepseek3", "DeepSeek-V4 .*mindformers:deepseek4, is not "
+                                             "built yet"),
+    ("qwen3", "mindformers:deepseek3", "it is mindformers:qwen3's: pass --ms-model "
+                                       "mindformers:qwen3"),
+    ("qwen2", "mindformers:qwen3", "it is mindformers:llama's"),
+    ("glm", "mindformers:llama", "it is mindformers:glm4's"),
+    ("llama", "mindformers:glm4", "it is mindformers:llama's"),
+])
+def test_a_family_handed_another_model_type_says_which_takes_it(model_type, family, says):
+    with pytest.raises(MsPortError, match=says):
+        from_family(family, {"model_type": model_type, "hidden_size": 64})
+
+
+def test_a_model_type_nobody_takes_gets_no_invented_advice():
+    with pytest.raises(MsPortError) as refused:
+        from_family("mindformers:qwen3", {"model_type": "mamba", "hidden_size": 64})
+    assert "it is" not in str(refused.value) and "pass --ms-model" not in str(refused.value)

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import TargetError, shown
+from ..match.mapping import elsewhere
 from ..read.targets import Target, TargetTensor
 from .config_values import read_bool, read_float, read_int, read_layers, read_rope
 
@@ -116,7 +117,8 @@ def glm_sizes(config: dict[str, Any]) -> GlmSizes:
     else:
         raise TargetError(f"config.json: model_type {shown(model_type)}; {FAMILY} takes "
                           "GLM-4-9B's configs: 'glm' (the -hf repos) or 'chatglm' (the "
-                          "original remote-code repo). GLM-4-0414 ('glm4') is another network")
+                          "original remote-code repo). GLM-4-0414 ('glm4') is another network"
+                          + elsewhere(model_type, FAMILY))
     if sizes.heads % sizes.kv_groups:
         raise TargetError(f"config.json: {sizes.heads} heads in {sizes.kv_groups} KV groups; "
                           "the heads must divide into the groups")

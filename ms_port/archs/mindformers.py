@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import TargetError, shown
-from ..match.mapping import select_table, selected_model_types
+from ..match.mapping import elsewhere, select_table, selected_model_types
 from ..read.targets import Target, TargetTensor
 from .config_values import Rope, read_bool, read_float, read_int, read_layers, read_rope
 
@@ -93,8 +93,9 @@ def llama_sizes(config: dict[str, Any]) -> LlamaSizes:
     if table is None:
         raise TargetError(f"config.json: model_type {shown(model_type)} is not one {FAMILY} "
                           f"holds: the mapping tables in mappings/ take "
-                          f"{', '.join(selected_model_types(FAMILY))}; a family of LLaMA's "
-                          "structure is added as a table (docs/llm.md: 'Adding a family')")
+                          f"{', '.join(selected_model_types(FAMILY))}"
+                          + (elsewhere(model_type, FAMILY) or "; a family of LLaMA's "
+                             "structure is added as a table (docs/llm.md: 'Adding a family')"))
     implied = _implied(table, model_type)
     heads = _int(config, "num_attention_heads")
     hidden = _int(config, "hidden_size")

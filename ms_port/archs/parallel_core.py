@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import TargetError, shown
-from ..match.mapping import select_table, selected_model_types
+from ..match.mapping import elsewhere, select_table, selected_model_types
 from ..read.targets import Target, TargetTensor
 from .config_values import Rope, read_layers, read_rope
 from .config_values import read_bool as _bool
@@ -63,7 +63,8 @@ def _table(config: dict[str, Any], family: str) -> Any:
     if table is None:
         raise TargetError(f"config.json: model_type {shown(config.get('model_type'))} is not "
                           f"one {family} holds: the mapping tables in mappings/ take "
-                          f"{', '.join(selected_model_types(family)) or 'none'}")
+                          f"{', '.join(selected_model_types(family)) or 'none'}"
+                          + elsewhere(config.get("model_type"), family))
     return table
 
 

@@ -51,7 +51,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ..errors import TargetError, shown
-from ..match.mapping import select_table, selected_model_types
+from ..match.mapping import elsewhere, select_table, selected_model_types
 from ..read.targets import Target, TargetTensor
 from .config_values import Rope, read_bool, read_layers, read_rope
 from .parallel_core import INTERLEAVED, NO_FORWARD, RANK_FORMAT, mlp_note
@@ -106,7 +106,8 @@ def deepseek_sizes(config: dict[str, Any], *, mtp: bool | None = None) -> Deepse
     if select_table(config, (FAMILY,)) is None:
         raise TargetError(f"config.json: model_type {shown(config.get('model_type'))} is not "
                           f"one {FAMILY} holds: the mapping tables in mappings/ take "
-                          f"{', '.join(selected_model_types(FAMILY)) or 'none'}")
+                          f"{', '.join(selected_model_types(FAMILY)) or 'none'}"
+                          + elsewhere(config.get("model_type"), FAMILY))
     act = config.get("hidden_act", "silu")
     if act != "silu":
         raise TargetError(f"config.json: hidden_act {shown(act)}; MindFormers' DeepSeek-V3 "
