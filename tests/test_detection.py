@@ -339,3 +339,18 @@ def test_image_inputs_are_checked_and_prepared_per_target(tmp_path):
         load_images(tmp_path / "fake.jpg", detector)
     with pytest.raises(ImageError, match="3-channel input shape"):
         preparation((1, 28, 28), "mindcv:x")
+
+
+def test_with_unsafe_pickle_the_checkpoints_own_module_is_the_pytorch_side(yolov8):
+    """The user trusts the file (and has ultralytics): its own DetectionModel runs as the
+    PyTorch side, said in a note."""
+    root, best, config, _ = yolov8
+    ckpt = root / "verify.ckpt"
+    if not ckpt.exists():
+        ms_port.convert(best, ms_model=f"mindyolo:{config}", output=ckpt)
+    with pytest.warns(UserWarning, match="without weights_only"):
+        report = ms_port.verify(best, ckpt, ms_model=f"mindyolo:{config}", unsafe_pickle=True,
+                                input_shape=SHAPE)
+    assert report.verdict == "PASS", report.message
+    assert any("the checkpoint's own ultralytics.nn.tasks.DetectionModel, unpickled with its "
+               "code" in n for n in report.notes)

@@ -111,8 +111,14 @@ def verify(source: str | Path, checkpoint: str | Path, options: VerifyOptions,
         source, checkpoint = checkpoint, source
     src, reference_notes = (src, []) if opts.torch_model is not None else \
         _reference_view(src, opts.ms_model)  # a PyTorch model given holds its own names
-    # a PyTorch twin built from what the checkpoint describes of itself (ultralytics)
+    # a PyTorch twin built from what the checkpoint describes of itself (ultralytics), or,
+    # where the user trusted the file with its code, the module it holds
     opts = replace(opts, torch_model=torch_reference(opts.torch_model, src.described))
+    own = getattr(src.described, "module", None)
+    if opts.torch_model is None and own is not None:
+        opts = replace(opts, torch_model=lambda: own.float().eval())
+        reference_notes.append(f"the PyTorch side is the checkpoint's own "
+                               f"{src.described.cls}, unpickled with its code (--unsafe-pickle)")
     language = opts.arch is None and is_language_model(src.config)
     if opts.arch is None and (opts.ms_model is None
                               or (opts.torch_model is None and not language)):

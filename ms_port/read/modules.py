@@ -60,6 +60,9 @@ class Description:
 
     cls: str
     architecture: dict[str, Any] | None = None
+    #: the live module, where the file was unpickled with its code (``--unsafe-pickle``):
+    #: verify's PyTorch side when the user names none
+    module: Any = field(default=None, compare=False, repr=False)
 
 
 def holds_modules(tree: Any) -> bool:
@@ -117,7 +120,13 @@ def live_modules(tree: Any) -> ModuleRead | None:
 
     if not (live(tree) or (isinstance(tree, Mapping) and any(map(live, tree.values())))):
         return None
-    return _read(tree, live, lambda m: (dict(m.state_dict()), []), _live_note)
+    read = _read(tree, live, lambda m: (dict(m.state_dict()), []), _live_note)
+    modules = {None: tree} if live(tree) else {str(k): v for k, v in tree.items() if live(v)}
+    read.described = {
+        k: Description(f"{type(m).__module__}.{type(m).__qualname__}",
+                       _plain_dict(getattr(m, "yaml", None)), module=m)
+        for k, m in modules.items()}
+    return read
 
 
 def _read(tree: Any, module: Callable[[Any], bool],
