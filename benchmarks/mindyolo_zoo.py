@@ -22,7 +22,8 @@ seeded weights and BatchNorm statistics estimated on seeded data, saved in ultra
 format (a whole pickled ``DetectionModel`` in float16); ``ms_port.convert(best.pt,
 ms_model="mindyolo:CONFIG")`` with no mapping file; where it converted, ``ms_port.verify``
 with ``--torch-model ultralytics`` at ``--size`` (160: more anchors than channels, and the
-300 YOLOv10's head takes). A pair's process is stopped after ``--timeout`` seconds.
+300 YOLOv10's head takes; a P6 network's input rounded up to a multiple of 64). A pair's
+process is stopped after ``--timeout`` seconds.
 
 No downloads: every weight is generated.
 """
@@ -56,7 +57,7 @@ TWINS = (
     # anchor-free "u" versions of anchor-based MindYOLO networks: must be refused
     (r"yolov3", "yolov3u.yaml"),
     (r"yolov5([nslmx])", "yolov5{0}u.yaml"),
-    (r"yolov5([nslmx])6", "yolov5{0}6u.yaml"),
+    (r"yolov5([nslmx])6", "yolov5{0}-p6u.yaml"),
 )
 
 
@@ -145,9 +146,11 @@ def run(folder: Path, only: set[str] | None, size: int, timeout: int) -> list[di
         if name is None:
             rows.append({"config": str(path.relative_to(folder)), "outcome": "no twin"})
             continue
+        # a P6 network's largest stride is 64: its input a multiple of it
+        side = -(-size // 64) * 64 if path.stem.endswith("6") else size
         with tempfile.TemporaryDirectory() as work:
             try:
-                done = subprocess.run([PY, __file__, "--one", str(path), name, str(size), work],
+                done = subprocess.run([PY, __file__, "--one", str(path), name, str(side), work],
                                       capture_output=True, text=True, timeout=timeout)
                 line = [x for x in done.stdout.splitlines() if x.startswith("{")]
                 row = json.loads(line[-1]) if line else {
@@ -166,8 +169,11 @@ def table(rows: list[dict]) -> str:
         if r["outcome"] == "no twin":
             lines.append(f"| `{r['config']}` | none | — | — |")
             continue
-        convert = (f"{r['filled']}/{r['total']}" if r["outcome"] == "converted"
-                   else f"refused: {r.get('why', r['outcome'])[:140]}")
+        if r["outcome"] in ("error", "timeout"):  # the harness's, not a verdict
+            convert = f"not run: {r.get('why', r['outcome'])[:140]}"
+        else:
+            convert = (f"{r['filled']}/{r['total']}" if r["outcome"] == "converted"
+                       else f"refused: {r.get('why', r['outcome'])[:140]}")
         verify = (f"{r['verdict']} {r['error']:.1e}" if r.get("verdict") else "—")
         lines.append(f"| `{r['config']}` | `{r['twin']}` | {convert} | {verify} |")
     return "\n".join(lines)
