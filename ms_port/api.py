@@ -91,10 +91,20 @@ _CONFIG_KEYS = ("model_type", "architectures", "hidden_size", "num_hidden_layers
 
 
 def _config_summary(source: Source) -> dict[str, Any]:
+    """The config's keys a conversion uses, and which ms-port target takes its model type
+    (or what it is, where none does yet)."""
+    from .match.mapping import PLANNED_MODEL_TYPES, families_for
+
     if source.config is None:
         return {}
+    model_type = source.config.get("model_type")
+    families = families_for(model_type)
+    planned = PLANNED_MODEL_TYPES.get(model_type) if isinstance(model_type, str) else None
+    target = (" or ".join(families) if families
+              else f"none yet ({planned})" if planned else None)
     return {"path": source.config_path,
-            **{k: source.config[k] for k in _CONFIG_KEYS if k in source.config}}
+            **{k: source.config[k] for k in _CONFIG_KEYS if k in source.config},
+            **({"ms_port_target": target} if target else {})}
 
 
 def _regex(pattern: str | None) -> Pattern | None:

@@ -236,3 +236,21 @@ def test_a_model_type_nobody_takes_gets_no_invented_advice():
     with pytest.raises(MsPortError) as refused:
         from_family("mindformers:qwen3", {"model_type": "mamba", "hidden_size": 64})
     assert "it is" not in str(refused.value) and "pass --ms-model" not in str(refused.value)
+
+
+def test_inspect_says_which_target_takes_the_model_type(tmp_path):
+    """inspect of a Hugging Face folder names the family that converts it, or says there is
+    none yet (a DeepSeek-V4 had been listed with no word)."""
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    import ms_port
+
+    for model_type, says in (("qwen3", "mindformers:qwen3"),
+                             ("deepseek_v4", "none yet (DeepSeek-V4"), ("mamba", None)):
+        folder = tmp_path / model_type
+        folder.mkdir()
+        (folder / "config.json").write_text(json.dumps({"model_type": model_type}))
+        save_file({"w": np.zeros(2, np.float32)}, str(folder / "model.safetensors"))
+        target = ms_port.inspect(folder).config.get("ms_port_target")
+        assert (target is None) if says is None else target.startswith(says)

@@ -51,14 +51,19 @@ PLANNED_MODEL_TYPES = {
 }
 
 
+def families_for(model_type: object) -> list[str]:
+    """The families (``mindformers:llama``…) whose shipped tables take ``model_type``."""
+    return sorted({target for t in shipped_tables()
+                   if model_type in t.select.get("model_type", ())
+                   for target in t.select.get("target", ())
+                   if ":" in target})  # families, not class paths
+
+
 def elsewhere(model_type: object, family: str) -> str:
     """What to say of a ``model_type`` that ``family`` refuses: the other family whose
     shipped tables take it (``--ms-model`` that one), or what it is where none does yet
     (:data:`PLANNED_MODEL_TYPES`); empty where ms-port knows nothing of it."""
-    others = sorted({target for t in shipped_tables()
-                     if model_type in t.select.get("model_type", ())
-                     for target in t.select.get("target", ())
-                     if target != family and ":" in target})  # families, not class paths
+    others = [f for f in families_for(model_type) if f != family]
     if others:
         return f"; it is {' or '.join(others)}'s: pass --ms-model {others[0]}"
     planned = PLANNED_MODEL_TYPES.get(model_type) if isinstance(model_type, str) else None
@@ -162,6 +167,7 @@ __all__ = [
     "Template",
     "builtin_mappings",
     "elsewhere",
+    "families_for",
     "layered",
     "load_mapping",
     "mapping_from_data",
