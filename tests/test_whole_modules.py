@@ -248,3 +248,23 @@ def test_mutated_module_files_are_read_or_refused_never_worse(files, tmp_path):
     assert outcomes["refused"], outcomes
     with pytest.raises(pickle.UnpicklingError):  # torch refuses the original outright
         torch.load(files["released"], weights_only=True)
+
+
+def test_numpy_metrics_as_older_ultralytics_files_keep_them_read_as_data(detector, tmp_path):
+    """ultralytics before 8.1 kept train_metrics and best_fitness as numpy floats (pickled
+    as numpy.core.multiarray.scalar of a dtype and its bytes): read as numbers, the file's
+    tensors as before; an object dtype is still refused."""
+    metrics = {"metrics/mAP50(B)": np.float64(0.5), "fitness": np.float32(0.25),
+               "epochs": np.int64(3), "ok": np.bool_(True)}
+    path = save_ultralytics(tmp_path / "old.pt", detector, train_metrics=metrics,
+                            best_fitness=np.float64(0.75))
+    source = read_source(path)
+    assert len(source) == 47
+    from ms_port.read import torchzip
+
+    tree = torchzip.load(path, modules=True)
+    assert tree["best_fitness"] == 0.75 and tree["train_metrics"] == metrics
+    hostile = save_ultralytics(tmp_path / "objects.pt", detector,
+                               train_metrics={"x": np.array([object()], dtype=object)})
+    with pytest.raises(UnsafePickleError):
+        read_source(hostile)

@@ -28,7 +28,9 @@ not hold becomes an inert :class:`ClassRef` (a name; nothing is imported), ``NEW
 ``REDUCE`` of one with no arguments an :class:`Instance` of it, and ``BUILD`` keeps the state
 it would set as a plain dict on that instance. Nothing is ever called: ``REDUCE`` of a name
 with arguments is refused (:class:`CodeRefused`), except the few data builders torch's own
-unpickler allows (:data:`_DATA_BUILDERS`: ``set``, ``frozenset``, ``torch.Size``), computed
+unpickler allows, and numpy's numeric scalars (:data:`_DATA_BUILDERS`: ``set``,
+``frozenset``, ``torch.Size``, ``numpy.dtype`` of a number, ``numpy`` scalars from their
+bytes, protocol 2's ``_codecs.encode(text, 'latin1')`` for bytes), computed
 here. :mod:`ms_port.read.modules` then walks the instances' ``_parameters``, ``_buffers``
 and ``_modules`` for the names ``state_dict()`` would give.
 
@@ -324,6 +326,12 @@ def _reduce(m: _Machine, read: Any, push: Any) -> None:
 def _build(m: _Machine, read: Any, push: Any) -> None:
     state = m._pop()
     inst = m._top()
+    if isinstance(inst, np.dtype) and m.modules:
+        # numpy's dtype state: (version, byte order, ...); only this machine's order is
+        # taken (a big-endian number would need the dtype replaced under its memo entry)
+        if type(state) is not tuple or len(state) < 2 or state[1] not in ("<", "|", "="):
+            raise CodeRefused(f"BUILD of numpy dtype {inst} with state {state!r:.60}")
+        return
     if isinstance(inst, Instance):
         if type(state) is not dict or inst.state is not None:
             raise CodeRefused(f"BUILD on {inst.cls} with a {type(state).__name__} state "
@@ -405,13 +413,54 @@ def _as_size(dims: Any = ()) -> tuple:
     return dims
 
 
-#: what a whole-module pickle may build with arguments, computed here as torch's own
-#: unpickler computes it (each returns plain data)
+#: numeric numpy kinds a scalar may hold: bool, ints, floats, complex (never objects)
+_NUMPY_KINDS = "biufc"
+
+
+def _numpy_dtype(name: Any = None, align: Any = False, copy: Any = True) -> np.dtype:
+    """``numpy.dtype('f8', False, True)``, as numpy pickles a dtype: numeric kinds only."""
+    if type(name) is not str or type(align) is not bool or type(copy) is not bool:
+        raise CodeRefused("numpy.dtype of something other than a name")
+    try:
+        dtype = np.dtype(name)
+    except TypeError:
+        raise Refused(f"numpy dtype {name!r} is not one numpy knows") from None
+    if dtype.kind not in _NUMPY_KINDS or dtype.fields is not None or dtype.shape:
+        raise CodeRefused(f"numpy dtype {name!r} is not a plain number")
+    return dtype
+
+
+def _numpy_scalar(dtype: Any = None, data: Any = None) -> Any:
+    """``numpy.core.multiarray.scalar(dtype, bytes)``: one number read from its bytes
+    (older ultralytics files keep their metrics as numpy floats)."""
+    if not isinstance(dtype, np.dtype) or type(data) is not bytes:
+        raise CodeRefused("numpy scalar of something other than a dtype and its bytes")
+    if len(data) != dtype.itemsize:
+        raise Refused(f"numpy {dtype} scalar of {len(data)} bytes")
+    return np.frombuffer(data, dtype, count=1)[0]
+
+
+def _latin1(text: Any = None, encoding: Any = None) -> bytes:
+    """``_codecs.encode(text, 'latin1')``: how pickle protocol 2 writes ``bytes``."""
+    if type(text) is not str or encoding not in ("latin1", "latin-1"):
+        raise CodeRefused("_codecs.encode of something other than latin-1 text")
+    try:
+        return text.encode("latin1")
+    except UnicodeEncodeError:
+        raise Refused("_codecs.encode of text that is not latin-1") from None
+
+
+#: what a whole-module pickle may build with arguments, computed here as data (each
+#: returns plain data; none calls anything the file names)
 _DATA_BUILDERS: dict[tuple[str, str], Callable[..., Any]] = {
     ("builtins", "set"): _as_set, ("__builtin__", "set"): _as_set,
     ("builtins", "frozenset"): lambda items=(): frozenset(_as_set(items)),
     ("__builtin__", "frozenset"): lambda items=(): frozenset(_as_set(items)),
     ("torch", "Size"): _as_size,
+    ("numpy", "dtype"): _numpy_dtype,
+    ("numpy.core.multiarray", "scalar"): _numpy_scalar,
+    ("numpy._core.multiarray", "scalar"): _numpy_scalar,
+    ("_codecs", "encode"): _latin1,
 }
 #: instances one pickle may make (each at least 4 bytes of pickle: bounded anyway)
 MAX_INSTANCES = 1 << 20
