@@ -320,6 +320,7 @@ def _torch_load(path: Path, fmt: str, *, unsafe_pickle: bool) -> Any:
     """The unpickled checkpoint: torch-free where possible, else torch.load(weights_only)."""
     import pickle
 
+    calls: str | None = None  # what the whole-module pass found the file calls, if it ran
     if fmt == "torch-zip":
         _check_zip(path)
         if not unsafe_pickle:
@@ -338,8 +339,6 @@ def _torch_load(path: Path, fmt: str, *, unsafe_pickle: bool) -> Any:
             whole, calls = _whole_modules(path)
             if whole is not None:
                 return whole
-    else:
-        calls = None
     if not unsafe_pickle:
         from .torchguard import prescan
 
