@@ -81,7 +81,18 @@ def inspect(
                          skipped=source.skipped, metadata=source.metadata, filter=opts.filter,
                          config=_config_summary(source), hub=source.hub,
                          cluster=source.cluster, training_state=source.training_state,
-                         notes=source.notes)
+                         notes=source.notes, optimizer=_trainer_state(path))
+
+
+def _trainer_state(path: Any) -> Any:
+    """A Trainer ``checkpoint-N/`` folder's optimizer state, named by position (inspect
+    builds no model to name it), or None where ``path`` is no such folder."""
+    from .read.trainer import holds_training_state, read_trainer_state
+
+    folder = Path(path) if isinstance(path, (str, Path)) else None
+    if folder is None or not folder.is_dir() or not holds_training_state(folder):
+        return None
+    return read_trainer_state(folder)
 
 
 #: config.json keys worth a line in inspect (what a conversion takes from it)
@@ -195,6 +206,7 @@ def convert(
     revision: str | None = None,
     model_config: str | Path | None = None,
     strategy: str | Path | None = None,
+    training_state: bool = False,
 ) -> ConversionReport:
     """Convert a PyTorch checkpoint into a MindSpore one, proving every byte.
 
@@ -229,6 +241,12 @@ def convert(
             it): ``output`` is then a folder of ``rank_N/`` files, each holding exactly the
             slices that rank holds, with the strategy copied beside
             (:mod:`ms_port.write.ranks`).
+        training_state: ``source`` is a Hugging Face Trainer ``checkpoint-N/`` folder:
+            also write its AdamW moments, each made by its weight's own match
+            (``adam_m.``/``adam_v.`` + the target's name, float32), and the counters
+            MindFormers resumes from (``global_step``, ``step_num``, ``epoch_num``);
+            see :mod:`ms_port.match.training`. Without it the output holds the weights
+            alone, whatever the folder holds.
 
     Returns:
         A :class:`~ms_port.reports.ConversionReport`; ``ok`` is False and nothing is
@@ -246,7 +264,7 @@ def convert(
         allow_shape_match=allow_shape_match, check_finite=check_finite, crc=crc, key=key,
         unsafe_pickle=unsafe_pickle, align=align, config=config, ms_options=ms_options,
         max_shard_size=max_shard_size, revision=revision, model_config=model_config,
-        strategy=strategy)
+        strategy=strategy, training_state=training_state)
     _check_outputs(source, opts)
     p = plan(source, arch=arch, target=target, ms_model=ms_model, mapping=mapping,
              allow_missing=allow_missing, allow_unused=allow_unused,
@@ -255,6 +273,8 @@ def convert(
              revision=revision)
     if output is not None and not dry_run:  # the files a model folder resolved to are inputs
         check_not_input(output, p.source.path, p.source.config_path, *p.source.shards)
+    if training_state and p.ok:
+        p = _with_training_state(p)
     saved = None
     if save_map is not None:  # the same rules as every output: no clobbering, atomic
         saved = str(write_text(save_map, p.to_yaml(), force=force))
@@ -300,6 +320,18 @@ def _check_outputs(source: Any, opts: ConvertOptions) -> None:
         check_model_config(opts.model_config, ms_model=opts.ms_model, arch=opts.arch,
                            template=opts.target, force=opts.force, dry_run=opts.dry_run,
                            inputs=tuple(inputs), outputs=(opts.output, opts.save_map))
+
+
+def _with_training_state(p: Plan) -> Plan:
+    """``p`` with the training state of the Trainer folder its weights were read from."""
+    from .match.training import with_training_state
+    from .read.trainer import read_trainer_state
+
+    if p.source.format in ("mindspore-ckpt",) or p.source.cluster is not None:
+        raise MsPortError(f"{p.source.path} is a MindSpore checkpoint; --training-state "
+                          "converts a Hugging Face Trainer checkpoint-N/ folder's state")
+    folder = Path(p.source.path).parent
+    return with_training_state(p, read_trainer_state(folder, p.source))
 
 
 def _check_ranks(opts: ConvertOptions) -> None:

@@ -230,6 +230,10 @@ def _progress_bar(enabled: bool):
                    "(model_config computed from config.json, load_checkpoint: the output; "
                    "run settings left to you, commented). Written after the checkpoint, "
                    "never replacing a file without --force; --dry-run writes nothing.")
+@click.option("--training-state", is_flag=True,
+              help="SOURCE is a Trainer checkpoint-N/ folder: also write its AdamW moments "
+                   "(made as their weights are) and the step counters MindFormers resumes "
+                   "from (resume_training). See docs/training.md.")
 @click.option("--show", type=click.Choice(["summary", "all"]), default="summary",
               show_default=True, help="'all' adds the per-tensor table.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
@@ -243,7 +247,7 @@ def convert(source: str, arch: str | None, template: str | None, ms_model: str |
             crc: bool, show: str, as_json: bool, quiet: bool, key: str | None,
             unsafe_pickle: bool, config: str | None, ms_options: tuple[str, ...],
             max_shard_size: str | None, revision: str | None,
-            model_config: str | None, strategy: str | None) -> None:
+            model_config: str | None, strategy: str | None, training_state: bool) -> None:
     """Convert a PyTorch checkpoint SOURCE into a MindSpore checkpoint.
 
     Every target tensor is matched (mapping table, exact name, built-in rule, then the
@@ -269,7 +273,7 @@ def convert(source: str, arch: str | None, template: str | None, ms_model: str |
             key=key, unsafe_pickle=unsafe_pickle, progress=progress, align=not no_align,
             config=config, ms_options=_options(ms_options) or None,
             max_shard_size=max_shard_size, revision=revision, model_config=model_config,
-            strategy=strategy)
+            strategy=strategy, training_state=training_state)
     finally:
         stop()
     _finish(report, as_json=as_json, show=show)

@@ -106,6 +106,8 @@ class ConvertOptions(SourceOptions):
     strategy: Any = _opt(None, "write the per-rank slices this strategy gives: the output "
                                "is a folder of rank_N/")
     model_config: Any = _opt(None, "also write MindFormers' YAML here")
+    training_state: bool = _opt(False, "also write the optimizer's state and counters "
+                                       "(a Trainer checkpoint-N/ folder's) for resuming")
 
 
 

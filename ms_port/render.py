@@ -69,7 +69,7 @@ def _inspect(r: Any, *, limit: int | None, show: str) -> Any:
         shown = {k: v for k, v in r.config.items() if k != "path"}
         lines.append(f"config: {r.config['path']}: "
                      + ", ".join(f"{k}={_short(v)}" for k, v in shown.items()))
-    lines += _cluster_lines(r)
+    lines += _cluster_lines(r) + _state_lines(r)
     parts.append(Text(visible("\n".join(lines), newlines=True)))
     if r.skipped:
         skipped = Table(title="skipped (not tensors)", title_justify="left")
@@ -124,13 +124,19 @@ def _conversion(r: Any, *, limit: int | None, show: str) -> Any:
 def _plan_lines(plan: Any) -> list[str]:
     """The plan's header: source, target, what matched and how, the layouts, the config's
     numbers, what the reader unwrapped or dequantized, what was dropped."""
-    counts = ", ".join(f"{k} {v}" for k, v in plan.counts.items() if v) or "none"
+    counts = ", ".join(f"{k} {v}" for k, v in plan.counts.items()
+                       if v and k != "state") or "none"
+    state = sum(m.how == "state" for m in plan.matches)
     lines = [
-        f"source:  {escape(plan.source.path)} ({plan.source.format}, {len(plan.source)} tensors)",
+        f"source:  {escape(plan.source.path)} ({plan.source.format}, "
+        f"{len(plan.source) - state} tensors)",
         f"target:  {escape(plan.target.description)} ({plan.target.kind}, "
         f"{len(plan.target)} tensors)",
-        f"matched: {len(plan.matches)}/{len(plan.target)} — {counts}",
+        f"matched: {len(plan.matches) - state}/{len(plan.target)} — {counts}",
     ]
+    if plan.training_state is not None:
+        lines.append(escape(f"state:   {state} tensors beside the weights — "
+                            f"{plan.training_state.line()}"))
     hub = getattr(plan.source, "hub", None)
     if hub is not None:  # what the Hub id on the command line resolved to
         lines.insert(1, f"hub:     {escape(hub)} (Hugging Face cache)")
@@ -215,6 +221,20 @@ def _problem_parts(plan: Any, limit: int | None) -> list[Any]:
     if len(shown) < len(problems):
         parts.append(Text(f"… {len(problems) - len(shown)} more (--show all, or --json)"))
     return parts
+
+
+def _state_lines(r: Any) -> list[str]:
+    """The training state inspect found beside the weights: a Trainer folder's optimizer,
+    or a MindSpore checkpoint's moments and counters (a training output's are told with
+    its layout)."""
+    from .read.training_state import mindformers_line
+
+    if getattr(r, "optimizer", None) is not None:
+        return [f"training state (apart, not weights): {r.optimizer.line()}"]
+    state = getattr(r, "training_state", [])
+    if state and getattr(r, "cluster", None) is None:
+        return [f"training state (apart, not weights): {mindformers_line(state)}"]
+    return []
 
 
 def _cluster_lines(r: Any) -> list[str]:

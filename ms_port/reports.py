@@ -49,6 +49,9 @@ class InspectReport(Renderable):
     training_state: list[TensorInfo] = field(default_factory=list)
     #: how the reader read the file (:attr:`~ms_port.read.tensors.Source.notes`)
     notes: list[str] = field(default_factory=list)
+    #: a Trainer ``checkpoint-N/`` folder's optimizer state (:class:`~ms_port.read.
+    #: training_state.TrainingState`, its moments named by position)
+    optimizer: Any = None
 
     @property
     def parameters(self) -> int:
@@ -74,6 +77,7 @@ class InspectReport(Renderable):
             "hub": self.hub.to_dict() if self.hub else None,
             "cluster": self.cluster.to_dict() if self.cluster is not None else None,
             "training_state": [t.to_dict() for t in self.training_state],
+            "optimizer": None if self.optimizer is None else self.optimizer.to_dict(),
             "notes": self.notes,
         }
 

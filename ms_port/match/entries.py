@@ -17,8 +17,10 @@ from .transforms import Transform, shape_after
 
 #: how a target was filled; "initialised": a declared value where PyTorch has no
 #: counterpart; "restored": export only
-#: "tied": filled from the tensor a tied one is the same as (a tied LM head)
-HOW = ("exact", "rule", "mapping", "aligned", "fallback", "initialised", "tied", "restored")
+#: "tied": filled from the tensor a tied one is the same as (a tied LM head);
+#: "state": training state (a weight's optimizer moments, made as the weight is; counters)
+HOW = ("exact", "rule", "mapping", "aligned", "fallback", "initialised", "tied", "restored",
+       "state")
 
 
 @dataclass(frozen=True)

@@ -50,6 +50,9 @@ class Plan(Renderable):
     #: how the two networks differ, where the leftovers show it
     #: (:mod:`ms_port.match.differences`): each a line that replaces its tensors' own
     differences: list[Any] = field(default_factory=list)
+    #: the training state written beside the weights (:mod:`ms_port.match.training`):
+    #: its matches are ``how == "state"``
+    training_state: Any = None
 
     @property
     def ok(self) -> bool:
@@ -61,7 +64,7 @@ class Plan(Renderable):
     def counts(self) -> dict[str, int]:
         """Matches by how they were found."""
         c = Counter(m.how for m in self.matches)
-        shown_if_any = ("aligned", "initialised", "restored")
+        shown_if_any = ("aligned", "initialised", "restored", "state")
         return {how: c[how] for how in HOW if how not in shown_if_any or c[how]}
 
     @property

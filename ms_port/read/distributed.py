@@ -96,7 +96,10 @@ def cluster_notes(ckpt: Any) -> list[str]:
     training state left out."""
     c = ckpt.cluster
     if c is None:
-        return []
+        state = getattr(ckpt, "training_state", [])
+        return [f"left out {len(state)} training-state tensors ("
+                f"{size_text(sum(t.nbytes for t in state))}: optimizer moments, step "
+                f"counters), e.g. {state[0].name}"] if state else []
     notes = [f"a training output of {c.devices} devices ({c.stages} stage"
              f"{'s' * (c.stages > 1)}): slices of {c.ranks_read} ranks joined, {c.save}"]
     state = ckpt.training_state

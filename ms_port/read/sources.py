@@ -239,8 +239,10 @@ def read_source(
 
 
 def _file_tensors(path: Path) -> dict[str, TensorInfo]:
-    """One file's tensors, names as saved (a rank's or a piece's, for read/distributed.py)."""
-    return dict(read_source(path, strip_prefixes=False, config=False).tensors)
+    """One file's tensors, names as saved, its training state with them (a rank's or a
+    piece's: read/distributed.py keeps the state apart itself)."""
+    source = read_source(path, strip_prefixes=False, config=False)
+    return {**source.tensors, **{t.name: t for t in source.training_state}}
 
 
 def _read(path: Path, *, key: str | None, strip_prefixes: bool, unsafe_pickle: bool) -> Source:
@@ -260,15 +262,29 @@ def _read(path: Path, *, key: str | None, strip_prefixes: bool, unsafe_pickle: b
             raise
     if fmt == "safetensors":
         tensors, metadata = _safetensors_tensors(path)
+        skipped = []
     elif fmt == "sharded":
         source = _sharded(path, key=key, unsafe_pickle=unsafe_pickle)
         return _strip(source) if strip_prefixes else source
     else:
         tensors, metadata, skipped = _ckpt_tensors(path)
-        source = Source(str(path), fmt, tensors, skipped=skipped, metadata=metadata)
-        return _strip(source) if strip_prefixes else source
-    source = Source(str(path), fmt, tensors, metadata=metadata)
+    tensors, state = _state_apart(tensors)
+    source = Source(str(path), fmt, tensors, skipped=skipped, metadata=metadata)
+    source.training_state = state
     return _strip(source) if strip_prefixes else source
+
+
+def _state_apart(tensors: dict[str, TensorInfo]) -> tuple[dict[str, TensorInfo],
+                                                          list[TensorInfo]]:
+    """A MindSpore checkpoint's weights, and its training state (optimizer moments,
+    counters: :func:`~ms_port.read.distributed.is_training_state`) apart. Only where it
+    holds moments: a file of weights alone keeps every name it has."""
+    from .distributed import TRAINING_STATE_PREFIXES, is_training_state
+
+    if not any(n.startswith(TRAINING_STATE_PREFIXES) for n in tensors):
+        return tensors, []
+    state = [i for n, i in tensors.items() if is_training_state(n)]
+    return {n: i for n, i in tensors.items() if not is_training_state(n)}, state
 
 
 #: all tensors together may hold this many times the file's bytes: several names can
@@ -443,6 +459,24 @@ def torch_to_numpy(t: Any) -> np.ndarray:
     if t.dtype == torch.bfloat16:
         return t.view(torch.int16).numpy().view(numpy_dtype("bfloat16"))
     return t.numpy()
+
+
+def read_torch_tree(path: str | Path) -> Any:
+    """A PyTorch file's unpickled objects (an optimizer's or a scheduler's state dict), read
+    no wider than ``torch.load(weights_only=True)``; tensors as :func:`tensor_leaf` takes
+    them."""
+    path = Path(path)
+    fmt = detect_format(path)
+    if not fmt.startswith("torch"):
+        raise SourceError(f"{path}: a {fmt} file, where a PyTorch pickle was expected",
+                          path=path)
+    return _torch_load(path, fmt, unsafe_pickle=False)
+
+
+def tensor_leaf(name: str, value: Any) -> TensorInfo | None:
+    """``value`` as a tensor named ``name``, or None where it is no tensor ms-port reads."""
+    leaf = _tensor_leaf(name, value)
+    return leaf if isinstance(leaf, TensorInfo) else None
 
 
 def _whole_module_source(path: Path, fmt: str, whole: ModuleRead, *, key: str | None,

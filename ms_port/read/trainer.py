@@ -1,0 +1,344 @@
+"""A Hugging Face Trainer checkpoint's training state (``checkpoint-N/``), read as data.
+
+Beside the weights the Trainer saves ``optimizer.pt`` (torch's optimizer state dict:
+``state[i] = {step, exp_avg, exp_avg_sq}`` keyed by position, and ``param_groups``),
+``scheduler.pt`` (LambdaLR's position: ``last_epoch``, ``base_lrs``, ``_last_lr``; its
+lambdas are saved empty), ``trainer_state.json`` (``global_step``, ``epoch``) and
+``training_args.bin`` (a pickled TrainingArguments: never loaded). Both ``.pt`` files are
+read no wider than ``torch.load(weights_only=True)``.
+
+``optimizer.pt`` names no weight. Its positions run over the Trainer's two groups, the
+weights it decays and then the rest, each in ``model.named_parameters()`` order (a tied
+duplicate appears once). That order is the model's: it is computed by building the model
+from ``config.json`` on PyTorch's meta device with transformers (nothing allocated, no
+remote code), and the decay set as the Trainer computes it (:data:`DECAY_RULES`: the one
+whose group sizes the file's groups have). Each position's moments must have its weight's
+shape in the weights file, or the folder is refused.
+
+Only AdamW's elementwise state is taken; every other optimizer is refused naming why
+(:func:`_refuse_other_optimizers`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..errors import SourceError, shown
+from .sources import read_torch_tree, tensor_leaf
+from .tensors import Source, TensorInfo
+from .training_state import Group, Schedule, TrainingState
+
+OPTIMIZER = "optimizer.pt"
+SCHEDULER = "scheduler.pt"
+TRAINER_STATE = "trainer_state.json"
+#: a trainer_state.json is a log: far smaller than this
+MAX_STATE_JSON = 64 << 20
+
+#: the Trainer's weight-decay grouping, newest first: (which transformers, the name
+#: patterns it exempts). Both also exempt every parameter of an ``nn.LayerNorm``.
+#: (``Trainer.get_decay_parameter_names``)
+DECAY_RULES: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("transformers >= 4.48 (biases and norms not decayed)",
+     (r"bias", r"layernorm", r"rmsnorm", r"(?:^|\.)norm(?:$|\.)", r"_norm(?:$|\.)")),
+    ("transformers < 4.48 (biases and nn.LayerNorm not decayed)", (r"bias",)),
+)
+
+#: a state entry's keys, for AdamW
+_ADAMW_KEYS = frozenset({"step", "exp_avg", "exp_avg_sq"})
+#: other optimizers' state keys -> what they are (refused: not AdamW's elementwise step)
+_OTHER_STATE = {
+    "max_exp_avg_sq": "amsgrad (a running maximum of the second moment)",
+    "exp_avg_sq_row": "a factored second moment (Adafactor)",
+    "exp_avg_sq_col": "a factored second moment (Adafactor)",
+    "momentum_buffer": "SGD with momentum",
+    "square_avg": "RMSprop",
+    "sum": "Adagrad",
+    "acc_delta": "Adadelta",
+    "exp_inf": "Adamax",
+    "mu_product": "NAdam",
+    "prev": "Rprop",
+}
+
+
+def holds_training_state(folder: Path) -> bool:
+    """Whether ``folder`` is a Trainer checkpoint with an optimizer state."""
+    return (folder / OPTIMIZER).is_file()
+
+
+@dataclass
+class _Raw:
+    """``optimizer.pt`` as read: positions, not yet names."""
+
+    groups: list[dict[str, Any]]
+    positions: list[list[int]]
+    state: dict[int, dict[str, Any]]
+
+
+def read_trainer_state(folder: str | Path, source: Source | None = None) -> TrainingState:
+    """The training state of a Trainer ``checkpoint-N/`` folder.
+
+    Args:
+        folder: the checkpoint folder (``optimizer.pt`` and the rest in it).
+        source: its weights, read: the moments are then named after the weights they
+            belong to (and their shapes checked against them). Without it they are named
+            by position (``#0``, ``#1``...), which is enough to list them.
+
+    Raises:
+        SourceError: a file is missing or unreadable, the optimizer is not AdamW, the
+            steps differ, or the positions do not fit the model's parameters.
+    """
+    folder = Path(folder)
+    path = folder / OPTIMIZER
+    if not path.is_file():
+        raise SourceError(f"{folder}: no {OPTIMIZER} (the Trainer saved no optimizer state: "
+                          "save_only_model?); there is no training state to take",
+                          path=folder)
+    raw = _read_optimizer(path)
+    names = (_names(folder, raw, source) if source is not None
+             else [[f"#{i}" for i in group] for group in raw.positions])
+    moments: dict[str, tuple[TensorInfo, TensorInfo]] = {}
+    steps: dict[str, float] = {}
+    without: list[str] = []
+    for group_names, positions in zip(names, raw.positions):
+        for name, index in zip(group_names, positions):
+            entry = raw.state.get(index)
+            if not entry:  # no gradient ever reached it
+                without.append(name)
+                continue
+            moments[name] = _moments(path, name, index, entry, source)
+            steps[name] = _step(path, index, entry["step"])
+    step = _one_step(path, steps)
+    groups = [_group(g, n) for g, n in zip(raw.groups, names)]
+    state = TrainingState(str(folder), "torch.optim.AdamW", step, moments, groups,
+                          schedule=_schedule(folder / SCHEDULER, step),
+                          without_state=without)
+    _trainer_counters(folder / TRAINER_STATE, state)
+    return state
+
+
+def _read_optimizer(path: Path) -> _Raw:
+    tree = read_torch_tree(path)
+    if not isinstance(tree, Mapping) or not isinstance(tree.get("state"), Mapping) \
+            or not isinstance(tree.get("param_groups"), list):
+        raise SourceError(f"{path}: not a torch optimizer state dict (no 'state' and "
+                          "'param_groups')", path=path)
+    groups = tree["param_groups"]
+    positions: list[list[int]] = []
+    for i, g in enumerate(groups):
+        params = g.get("params") if isinstance(g, Mapping) else None
+        if not isinstance(params, list) or not all(type(p) is int for p in params):
+            raise SourceError(f"{path}: param_groups[{i}] lists no parameter positions",
+                              path=path)
+        positions.append(params)
+    flat = [p for ps in positions for p in ps]
+    if len(set(flat)) != len(flat):
+        raise SourceError(f"{path}: a parameter position appears in two groups", path=path)
+    state = {k: v for k, v in tree["state"].items()}
+    stray = [k for k in state if k not in set(flat)]
+    if stray:
+        raise SourceError(f"{path}: state for position {shown(stray[0])}, which no group "
+                          "holds", path=path)
+    _refuse_other_optimizers(path, groups, state)
+    return _Raw(list(groups), positions, state)
+
+
+def _refuse_other_optimizers(path: Path, groups: list[Any], state: dict[Any, Any]) -> None:
+    """Only AdamW's elementwise update carries over; name what else the file holds."""
+    for i, g in enumerate(groups):
+        if g.get("amsgrad"):
+            raise SourceError(f"{path}: group {i} uses amsgrad (a running maximum of the "
+                              "second moment), which MindFormers' AdamW has not; refused",
+                              path=path)
+        if g.get("maximize"):
+            raise SourceError(f"{path}: group {i} maximizes; refused", path=path)
+        if g.get("decoupled_weight_decay") is False and g.get("weight_decay"):
+            raise SourceError(f"{path}: group {i} is Adam with L2 weight decay (added to "
+                              "the gradient), not AdamW's decoupled decay; refused",
+                              path=path)
+        for key in ("lr", "eps", "weight_decay"):
+            if not _number(g.get(key)):
+                raise SourceError(f"{path}: group {i} has no number {key!r}; not an "
+                                  "AdamW state", path=path)
+        betas = g.get("betas")
+        if not (isinstance(betas, (tuple, list)) and len(betas) == 2
+                and all(_number(b) for b in betas)):
+            raise SourceError(f"{path}: group {i} has no (beta1, beta2); not an AdamW "
+                              "state", path=path)
+    for index, entry in state.items():
+        if not isinstance(entry, Mapping):
+            raise SourceError(f"{path}: state of position {shown(index)} is no dict",
+                              path=path)
+        keys = set(map(str, entry))
+        other = sorted(keys - _ADAMW_KEYS)
+        if other:
+            what = next((_OTHER_STATE[k] for k in other if k in _OTHER_STATE),
+                        f"state {', '.join(map(shown, other))}")
+            raise SourceError(f"{path}: the optimizer keeps {what}, not AdamW's two "
+                              "elementwise moments; MindFormers' AdamW cannot continue from "
+                              "it — refused", path=path)
+        if entry and keys != _ADAMW_KEYS:
+            raise SourceError(f"{path}: state of position {index} holds "
+                              f"{', '.join(sorted(keys))}, not step, exp_avg and exp_avg_sq",
+                              path=path)
+
+
+def _number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _moments(path: Path, name: str, index: int, entry: Mapping[str, Any],
+             source: Source | None) -> tuple[TensorInfo, TensorInfo]:
+    pair = []
+    for key in ("exp_avg", "exp_avg_sq"):
+        info = tensor_leaf(f"{key}.{name}", entry[key])
+        if info is None or info.dtype not in ("float32", "bfloat16", "float16"):
+            raise SourceError(f"{path}: {key} of {shown(name)} (position {index}) is not a "
+                              "floating-point tensor", path=path, tensor=name)
+        pair.append(info)
+    if pair[0].shape != pair[1].shape:
+        raise SourceError(f"{path}: the moments of {shown(name)} differ in shape",
+                          path=path, tensor=name)
+    if source is not None and source.tensors[name].shape != pair[0].shape:
+        raise SourceError(
+            f"{path}: position {index}'s moments are {list(pair[0].shape)}, the weight it "
+            f"falls on, {shown(name)}, is {list(source.tensors[name].shape)}: the "
+            "optimizer's parameter order is not the model's (a custom optimizer?)",
+            path=path, tensor=name)
+    return pair[0], pair[1]
+
+
+def _step(path: Path, index: int, value: Any) -> float:
+    if _number(value):
+        return float(value)
+    info = tensor_leaf("step", value)
+    if info is None or info.numel != 1:
+        raise SourceError(f"{path}: position {index}'s step is not a number", path=path)
+    return float(info.load().reshape(()).astype("float64"))
+
+
+def _one_step(path: Path, steps: dict[str, float]) -> int:
+    """The one step every weight took: MindFormers keeps one ``global_step``."""
+    values = sorted(set(steps.values()))
+    if not values:
+        raise SourceError(f"{path}: the optimizer holds no state (no step was taken)",
+                          path=path)
+    if len(values) > 1:
+        by = {v: [n for n, s in steps.items() if s == v] for v in values}
+        shown_ = "; ".join(f"step {v:g}: {', '.join(map(shown, ns[:3]))}"
+                           f"{' …' if len(ns) > 3 else ''}" for v, ns in by.items())
+        raise SourceError(f"{path}: the weights took different numbers of steps ({shown_}); "
+                          "MindFormers keeps one global_step for all — refused", path=path)
+    if values[0] != int(values[0]) or values[0] < 1:
+        raise SourceError(f"{path}: step {values[0]} is not a whole count", path=path)
+    return int(values[0])
+
+
+def _group(g: Mapping[str, Any], names: list[str]) -> Group:
+    initial = g.get("initial_lr")
+    return Group(float(g["lr"]), (float(g["betas"][0]), float(g["betas"][1])),
+                 float(g["eps"]), float(g["weight_decay"]), tuple(names),
+                 float(initial) if _number(initial) else None)
+
+
+def _schedule(path: Path, step: int) -> Schedule | None:
+    if not path.is_file():
+        return None
+    tree = read_torch_tree(path)
+    last, base, lrs = (tree.get(k) if isinstance(tree, Mapping) else None
+                       for k in ("last_epoch", "base_lrs", "_last_lr"))
+    if type(last) is not int or not isinstance(base, list) or not isinstance(lrs, list) \
+            or not all(_number(x) for x in [*base, *lrs]):
+        raise SourceError(f"{path}: not a torch LR scheduler's state (last_epoch, base_lrs, "
+                          "_last_lr)", path=path)
+    if last != step:
+        raise SourceError(f"{path}: the schedule stands at step {last}, the optimizer at "
+                          f"{step}; the schedule cannot be stated — refused", path=path)
+    return Schedule(last, tuple(map(float, base)), tuple(map(float, lrs)))
+
+
+def _trainer_counters(path: Path, state: TrainingState) -> None:
+    """``trainer_state.json``'s epoch, its global_step checked against the optimizer's."""
+    if not path.is_file():
+        state.notes.append(f"no {TRAINER_STATE}: the epoch is unknown (the Trainer needs "
+                           "it to resume)")
+        return
+    if path.stat().st_size > MAX_STATE_JSON:
+        raise SourceError(f"{path}: {path.stat().st_size} bytes, more than a trainer state "
+                          "holds", path=path)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise SourceError(f"{path}: not JSON ({exc})", path=path) from None
+    if not isinstance(data, dict):
+        raise SourceError(f"{path}: not a trainer state", path=path)
+    global_step, epoch = data.get("global_step"), data.get("epoch")
+    if type(global_step) is int and global_step != state.step:
+        raise SourceError(f"{path}: global_step {global_step}, the optimizer's step "
+                          f"{state.step}; which to resume from cannot be told — refused",
+                          path=path)
+    if _number(epoch):
+        state.epoch = float(epoch)
+
+
+def _names(folder: Path, raw: _Raw, source: Source) -> list[list[str]]:
+    """Each group's positions named: the model's trainable parameters in order, split as
+    the Trainer splits them (:data:`DECAY_RULES`)."""
+    order, decays = _parameter_order(folder, source)
+    missing = [n for n in order if n not in source.tensors]
+    if missing:
+        raise SourceError(f"{folder}: the model built from config.json has "
+                          f"{shown(missing[0])}, which the weights file lacks ("
+                          f"{len(missing)} such); the config and weights disagree",
+                          path=folder)
+    sizes = [len(p) for p in raw.positions]
+    tried = []
+    for label, decayed in decays:
+        groups = [[n for n in order if n in decayed], [n for n in order if n not in decayed]]
+        groups = [g for g in groups if g] if len(sizes) < 2 else groups
+        if [len(g) for g in groups] == sizes:
+            return groups
+        tried.append(f"{label}: {'+'.join(str(len(g)) for g in groups)}")
+    raise SourceError(
+        f"{folder / OPTIMIZER}: its groups hold {'+'.join(map(str, sizes))} parameters; the "
+        f"Trainer's grouping of this model gives {'; '.join(tried)}. The optimizer was not "
+        "the Trainer's default (a custom create_optimizer?): its order cannot be named",
+        path=folder)
+
+
+def _parameter_order(folder: Path, source: Source) -> tuple[list[str], list[tuple[str, set]]]:
+    """The model's trainable parameters in ``named_parameters()`` order, and the decayed
+    set under each of :data:`DECAY_RULES`, from ``config.json`` on the meta device."""
+    if source.config is None:
+        raise SourceError(f"{folder}: no config.json beside the weights; the optimizer's "
+                          "parameter order is computed from it", path=folder)
+    if "auto_map" in source.config:
+        raise SourceError(f"{folder}: config.json names remote code (auto_map); ms-port "
+                          "runs none, so the parameter order cannot be computed", path=folder)
+    try:
+        import torch
+        import transformers
+        from transformers.trainer_pt_utils import get_parameter_names
+    except ImportError as exc:
+        raise SourceError(f"the optimizer's parameter order is computed with transformers, "
+                          f"which is not importable ({exc}); pip install transformers",
+                          path=folder) from None
+    try:
+        config = transformers.AutoConfig.for_model(**source.config)
+        arch = (source.config.get("architectures") or [None])[0]
+        cls = getattr(transformers, arch, None) if isinstance(arch, str) else None
+        with torch.device("meta"):
+            model = (cls(config) if cls is not None and hasattr(cls, "config_class")
+                     else transformers.AutoModelForCausalLM.from_config(config))
+    except Exception as exc:  # transformers' own errors: any config it cannot build
+        raise SourceError(f"{folder}: transformers cannot build the model of config.json "
+                          f"({type(exc).__name__}: {exc}); its parameter order is needed to "
+                          "name the optimizer's state", path=folder) from None
+    order = [n for n, p in model.named_parameters() if p.requires_grad]
+    decays = [(label, set(get_parameter_names(model, [torch.nn.LayerNorm], list(patterns))))
+              for label, patterns in DECAY_RULES]
+    return order, decays
