@@ -357,10 +357,15 @@ def _mindformers_yaml(p: Plan, opts: ConvertOptions) -> Any:
 
     if not opts.dry_run:  # the files found beside the source are inputs too
         check_not_input(opts.model_config, p.source.path, p.source.config_path)
-    return family_yaml(opts.ms_model, p.source.config, opts.ms_options,
-                       origin=str(p.source.config_path), checkpoint=opts.output,
-                       checkpoint_format=("safetensors" if opts.max_shard_size is not None
-                                          else opts.format))
+    built = family_yaml(opts.ms_model, p.source.config, opts.ms_options,
+                        origin=str(p.source.config_path), checkpoint=opts.output,
+                        checkpoint_format=("safetensors" if opts.max_shard_size is not None
+                                           else opts.format))
+    if p.training_state is None:
+        return built
+    from .write.train_yaml import with_training
+
+    return with_training(built, p.training_state)
 
 
 def _write(p: Plan, opts: ConvertOptions, progress: Progress | None) -> Any:
@@ -498,6 +503,8 @@ def export(
     ms_options: dict[str, Any] | None = None,
     strategy: str | Path | None = None,
     step: str | None = None,
+    training_state: bool = False,
+    train_config: str | Path | None = None,
 ) -> Any:
     """Convert a MindSpore checkpoint back to PyTorch, through the conversion plan inverted.
 
@@ -526,6 +533,14 @@ def export(
             (``{"use_interleaved_weight_layout_mlp": False}``).
         strategy / step: a training output's strategy file or folder (default:
             ``strategy/`` beside ``checkpoint/``) and save (default the latest).
+        training_state: with ``config``: the directory is also a Trainer
+            ``checkpoint-N/`` that ``Trainer.train(resume_from_checkpoint=...)`` continues
+            from: the checkpoint's AdamW moments, each made by its weight's own match, in
+            ``optimizer.pt``, the schedule's position in ``scheduler.pt``, the step in
+            ``trainer_state.json`` (:mod:`ms_port.write.trainer`). Needs ``train_config``.
+        train_config: the MindFormers YAML the run trained with: the optimizer (only
+            ``AdamW``: ``AdamWeightDecay`` writes the same names and computes another step)
+            and the schedule, which a checkpoint does not hold.
 
     Returns:
         An :class:`~ms_port.match.inversion.ExportReport` (``ok``, ``plan``, ``written``);
@@ -542,11 +557,13 @@ def export(
         output=output, arch=arch, torch_model=torch_model, target=target, ms_model=ms_model,
         mapping=mapping, format=format, dtype=dtype, force=force, dry_run=dry_run,
         allow_missing=allow_missing, allow_unused=allow_unused, config=config,
-        max_shard_size=max_shard_size, ms_options=ms_options, strategy=strategy, step=step)
+        max_shard_size=max_shard_size, ms_options=ms_options, strategy=strategy, step=step,
+        training_state=training_state, train_config=train_config)
     if output is None and not dry_run:
         raise TargetError("no output given; pass -o FILE (output=...) or --dry-run")
     cfg, cfg_path, fmt = _export_format(opts)
     to_directory = cfg is not None
+    run_config = _train_config(opts, to_directory)
     if output is not None and not dry_run:
         if to_directory:
             from .write.directory import check_directory
@@ -560,13 +577,48 @@ def export(
     if not p.ok or dry_run:
         return ExportReport(p.ok, p, out, dry_run=dry_run)
     if to_directory:
-        from .write.directory import write_directory
+        from .write.directory import json_file, write_directory
 
+        extra = {"config.json": json_file(cfg)}
+        if run_config is not None:
+            extra.update(_trainer_files(p, run_config, cfg, cfg_path))
         written = write_directory(p, output, layout="hf", max_shard_size=max_shard_size,
-                                  force=force, config=cfg, progress=progress)
+                                  force=force, progress=progress, extra=extra)
     else:
         written = write_plan(p, output, format=fmt, force=force, progress=progress)
     return ExportReport(True, p, out, written=written, nonfinite=written.nonfinite)
+
+
+def _train_config(opts: ExportOptions, to_directory: bool) -> Any:
+    """The run's YAML for ``training_state`` (checked before any work), or None."""
+    if opts.train_config is not None and not opts.training_state:
+        raise TargetError("--train-config is for --training-state; add it or drop it")
+    if not opts.training_state:
+        return None
+    if not to_directory:
+        raise TargetError("--training-state writes a Trainer checkpoint folder: pass the "
+                          "model's --config config.json (and -o DIR)")
+    if opts.train_config is None:
+        raise TargetError("--training-state needs --train-config RUN.yaml, the MindFormers "
+                          "YAML the run trained with: a checkpoint names its moments "
+                          "adam_m/adam_v whether AdamW or AdamWeightDecay wrote them, and "
+                          "holds no learning rate or schedule")
+    from .read.train_config import read_train_config
+
+    return read_train_config(opts.train_config)
+
+
+def _trainer_files(p: Plan, run_config: Any, cfg: dict[str, Any], cfg_path: Any) -> Any:
+    """The Trainer's files of ``p``'s checkpoint's training state; their notes on ``p``."""
+    from .read.train_config import mindformers_state
+    from .write.trainer import trainer_files
+
+    weights = {s for m in p.matches for s in m.sources}
+    state = mindformers_state(p.source.path, p.source.training_state, weights, run_config)
+    files, notes = trainer_files(p, state, cfg, str(cfg_path))
+    p.notes += notes
+    p.notes[:] = [n for n in p.notes if not n.startswith("left out ")]
+    return files
 
 
 def _export_format(opts: ExportOptions) -> tuple[Any, str | None, str]:

@@ -431,13 +431,21 @@ def verify(source: str, checkpoint: str, arch: str | None, torch_model: str | No
 @click.option("--ms-option", "ms_options", multiple=True, metavar="KEY=VALUE",
               help="Option of a known --ms-model family the checkpoint was converted with, "
                    "repeatable (mindformers:qwen3: use_interleaved_weight_layout_mlp=false).")
+@click.option("--training-state", is_flag=True,
+              help="With --config: -o is also a Trainer checkpoint-N/ folder that "
+                   "resume_from_checkpoint continues from (optimizer.pt, scheduler.pt, "
+                   "trainer_state.json from the checkpoint's AdamW state). Needs "
+                   "--train-config. See docs/training.md.")
+@click.option("--train-config", metavar="RUN.yaml",
+              help="The MindFormers YAML the run trained with: its optimizer (AdamW) and "
+                   "lr_schedule, which a checkpoint does not hold.")
 @_cluster_options
 def export(checkpoint: str, arch: str | None, torch_model: str | None, template: str | None,
            ms_model: str | None, output: str | None, maps: tuple[str, ...], fmt: str | None,
            dtype: str | None, force: bool, dry_run: bool, allow_missing: bool,
            allow_unused: bool, show: str, as_json: bool, quiet: bool, config: str | None,
-           max_shard_size: str | None, ms_options: tuple[str, ...], strategy: str | None,
-           step: str | None) -> None:
+           max_shard_size: str | None, ms_options: tuple[str, ...], training_state: bool,
+           train_config: str | None, strategy: str | None, step: str | None) -> None:
     """Convert a MindSpore CHECKPOINT back to PyTorch (.pth or .safetensors), or to a
     Hugging Face model directory (--config; fused tensors split, a tied head kept tied).
     CHECKPOINT may be a distributed training output (a folder of rank_N/ folders, or the
@@ -465,7 +473,8 @@ def export(checkpoint: str, arch: str | None, torch_model: str | None, template:
                             allow_unused=allow_unused, progress=progress, config=config,
                             max_shard_size=max_shard_size,
                             ms_options=_options(ms_options) or None, strategy=strategy,
-                            step=step)
+                            step=step, training_state=training_state,
+                            train_config=train_config)
     finally:
         stop()
     _finish(report, as_json=as_json, show=show)

@@ -132,6 +132,10 @@ class ExportOptions(ClusterOptions):
     ms_options: dict[str, Any] | None = _opt(None, "the options of a known --ms-model "
                                                    "family it was converted with",
                                              "--ms-option")
+    training_state: bool = _opt(False, "also write the Trainer's optimizer.pt, scheduler.pt "
+                                       "and trainer_state.json from the checkpoint's state")
+    train_config: Any = _opt(None, "the MindFormers YAML the run trained with (its "
+                                   "optimizer and lr_schedule)")
 
 
 

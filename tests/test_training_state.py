@@ -72,10 +72,11 @@ def test_inspect_names_the_optimizer_state_apart(run, cli):
     r = cli(["inspect", run / "checkpoint-4", "--limit", "1"])
     assert r.exit_code == 0, r.output
     line = " ".join(r.output.split())
-    assert "training state (apart, not weights): torch.optim.AdamW; step 4; moments of 21 " \
-           "weights (float32" in line
+    assert "training state (apart, not weights): torch.optim.AdamW (fused); step 4; " \
+           "moments of 21 weights (float32" in line
     assert "lr 0.0025 wd 0.1 (16); lr 0.0025 wd 0 (5)" in line  # decayed, then not
-    assert "schedule at step 4 (next lr 0.0025); epoch 0.5; no loss scale" in line
+    assert "schedule cosine (warm-up 2, total 6), at step 4 (next lr 0.0025); epoch 0.5; " \
+           "no loss scale" in line
 
 
 @pytest.mark.parametrize("fused", [False, True], ids=["separate", "qkv_concat"])

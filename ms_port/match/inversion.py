@@ -213,7 +213,8 @@ def invert_plan(forward: Plan, checkpoint: Source, torch_side: Source) -> Plan:
             matches[d.name] = Match(d.name, key, "restored",
                                     "no MindSpore counterpart; restored as 0", info.shape,
                                     info.shape, "int64", "int64")
-    source = Source(checkpoint.path, checkpoint.format, {**checkpoint.tensors, **restored})
+    source = Source(checkpoint.path, checkpoint.format, {**checkpoint.tensors, **restored},
+                    training_state=checkpoint.training_state)
     target = from_infos(torch_side.tensors.values(), torch_side.path)
     target.kind = "pytorch"
     missing = [Missing(u.name, u.shape, u.dtype, u.candidates) for u in forward.unused]

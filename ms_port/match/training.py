@@ -34,8 +34,14 @@ COUNTERS = {"global_step": ((1,), "int32"), "step_num": ((), "int64"),
             "epoch_num": ((), "int64")}
 
 
-def with_training_state(plan: Plan, state: TrainingState) -> Plan:
+def with_training_state(plan: Plan, state: TrainingState, *,
+                        into: str = "mindformers") -> Plan:
     """``plan`` with each weight's two moments and the counters added after the weights.
+
+    ``into``: ``mindformers`` (a convert's plan: targets ``adam_m.``/``adam_v.`` + the
+    weight's, and the counters) or ``torch`` (an export's: targets ``exp_avg.``/
+    ``exp_avg_sq.`` + the weight's, no counters: :mod:`ms_port.write.trainer` puts them in
+    the Trainer's files).
 
     A target whose weights have no moments (never updated, or a buffer) gets none:
     MindFormers starts such a state at zero, as torch would have. A fused target some of
@@ -51,12 +57,13 @@ def with_training_state(plan: Plan, state: TrainingState) -> Plan:
         raise MappingError(f"the checkpoint holds a tensor named {shown(clash)}, the name "
                            "a moment is read under; rename it")
     added: list[Match] = []
-    for mf_prefix, torch_key in zip(MINDFORMERS_MOMENTS, TORCH_MOMENTS):
+    prefixes = MINDFORMERS_MOMENTS if into == "mindformers" else TORCH_MOMENTS
+    for k, prefix in enumerate(prefixes):
         for m in plan.matches:
-            made = _moment_match(m, state, mf_prefix, torch_key, moments)
+            made = _moment_match(m, state, k, prefix)
             if made is not None:
                 added.append(made)
-    counters = _counters(state)
+    counters = _counters(state) if into == "mindformers" else []
     tensors = {**plan.source.tensors, **moments, **{i.name: i for i in counters}}
     added += [Match(i.name, i.name, "state", "training state", i.shape, i.shape, i.dtype,
                     i.dtype) for i in counters]
@@ -70,9 +77,8 @@ def with_training_state(plan: Plan, state: TrainingState) -> Plan:
                    notes=plan.notes + _notes(plan, state), training_state=state)
 
 
-def _moment_match(m: Match, state: TrainingState, prefix: str, key: str,
-                  moments: dict[str, TensorInfo]) -> Match | None:
-    """``m`` made from the moment ``key`` of its sources, or None where they have none."""
+def _moment_match(m: Match, state: TrainingState, k: int, prefix: str) -> Match | None:
+    """``m`` made from the ``k``-th moment of its sources, or None where they have none."""
     if m.init is not None or not m.sources:
         return None
     held = [s in state.moments for s in m.sources]
@@ -83,10 +89,16 @@ def _moment_match(m: Match, state: TrainingState, prefix: str, key: str,
         raise MappingError(f"{shown(m.target)} is made of {len(m.sources)} weights and "
                            f"{shown(lacking[0])} has no optimizer state; its moments cannot "
                            "be made whole — convert the weights alone")
-    dtypes = {moments[f"{key}.{s}"].dtype for s in m.sources}
-    return replace(m, target=f"{prefix}.{m.target}", source=f"{key}.{m.source}",
-                   parts=tuple(f"{key}.{p}" for p in m.parts), how="state",
-                   detail=f"{key} of {m.target}", dtype=dtypes.pop(), out_dtype="float32")
+    def name(s: str) -> str:
+        return state.moments[s][k].name
+
+    dtypes = {state.moments[s][k].dtype for s in m.sources}
+    if len(dtypes) > 1:
+        raise MappingError(f"the moments {shown(m.target)} is made of differ in dtype "
+                           f"({', '.join(sorted(dtypes))})")
+    return replace(m, target=f"{prefix}.{m.target}", source=name(m.source),
+                   parts=tuple(name(p) for p in m.parts), how="state",
+                   detail=f"{prefix} of {m.target}", dtype=dtypes.pop(), out_dtype="float32")
 
 
 def _counters(state: TrainingState) -> list[TensorInfo]:

@@ -49,7 +49,7 @@ TRAINING_STATE_PREFIXES = ("adam_m.", "adam_v.", "exp_avg.", "exp_avg_sq.", "mom
 TRAINING_STATE_NAMES = frozenset({
     "global_step", "scale_sense", "loss_scale", "epoch_num", "step_num",
     "current_iterator_step", "last_overflow_iterator_step", "learning_rate",
-    "beta1_power", "beta2_power"})
+    "beta1_power", "beta2_power", "global_batch_size"})
 
 #: a rank folder
 _RANK = re.compile(r"^rank_([0-9]{1,6})$")

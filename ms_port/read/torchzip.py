@@ -450,9 +450,43 @@ def _latin1(text: Any = None, encoding: Any = None) -> bytes:
         raise Refused("_codecs.encode of text that is not latin-1") from None
 
 
+@dataclass(frozen=True)
+class NamedValue:
+    """A member of an enumeration the file names by its value (``SchedulerType('cosine')``,
+    ``torch.device('cpu')``), never looked up: the class's name and the value, as data."""
+
+    cls: ClassRef
+    value: str | tuple[str, int]
+
+    def __str__(self) -> str:
+        return self.value if isinstance(self.value, str) else ":".join(map(str, self.value))
+
+
+#: enumerations a Trainer's ``training_args.bin`` names members of by value
+_NAMED_VALUE_CLASSES = frozenset({
+    ("transformers.trainer_utils", "SchedulerType"),
+    ("transformers.trainer_utils", "IntervalStrategy"),
+    ("transformers.trainer_utils", "SaveStrategy"),
+    ("transformers.trainer_utils", "HubStrategy"),
+    ("transformers.training_args", "OptimizerNames"),
+    ("accelerate.utils.dataclasses", "DistributedType"),
+    ("torch", "device"),
+})
+
+
+def _named_value(module: str, name: str) -> Callable[..., NamedValue]:
+    def build(value: Any = None, index: Any = None) -> NamedValue:
+        if type(value) is not str or len(value) > 256 or not (
+                index is None or (type(index) is int and 0 <= index < 1 << 16)):
+            raise CodeRefused(f"{module}.{name} called with something other than a name")
+        return NamedValue(ClassRef(module, name), value if index is None else (value, index))
+    return build
+
+
 #: what a whole-module pickle may build with arguments, computed here as data (each
 #: returns plain data; none calls anything the file names)
 _DATA_BUILDERS: dict[tuple[str, str], Callable[..., Any]] = {
+    **{key: _named_value(*key) for key in _NAMED_VALUE_CLASSES},
     ("builtins", "set"): _as_set, ("__builtin__", "set"): _as_set,
     ("builtins", "frozenset"): lambda items=(): frozenset(_as_set(items)),
     ("__builtin__", "frozenset"): lambda items=(): frozenset(_as_set(items)),

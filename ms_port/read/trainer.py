@@ -36,6 +36,14 @@ from .training_state import Group, Schedule, TrainingState
 OPTIMIZER = "optimizer.pt"
 SCHEDULER = "scheduler.pt"
 TRAINER_STATE = "trainer_state.json"
+TRAINING_ARGS = "training_args.bin"
+#: TrainingArguments' fields read from training_args.bin (as data: nothing constructed)
+_ARGS = ("lr_scheduler_type", "lr_scheduler_kwargs", "warmup_steps", "warmup_ratio",
+         "learning_rate", "optim", "max_steps", "per_device_train_batch_size",
+         "gradient_accumulation_steps", "max_grad_norm", "save_steps", "logging_steps")
+#: the Trainer's AdamW optimizers (``optim``), by their torch class
+_ADAMW_OPTIMS = {"adamw_torch": "torch.optim.AdamW", "adamw_torch_fused":
+                 "torch.optim.AdamW (fused)", "adamw_hf": "transformers AdamW"}
 #: a trainer_state.json is a log: far smaller than this
 MAX_STATE_JSON = 64 << 20
 
@@ -114,11 +122,42 @@ def read_trainer_state(folder: str | Path, source: Source | None = None) -> Trai
             steps[name] = _step(path, index, entry["step"])
     step = _one_step(path, steps)
     groups = [_group(g, n) for g, n in zip(raw.groups, names)]
-    state = TrainingState(str(folder), "torch.optim.AdamW", step, moments, groups,
-                          schedule=_schedule(folder / SCHEDULER, step),
+    args = training_args(folder / TRAINING_ARGS)
+    optim = str(args.get("optim", "adamw_torch"))
+    if optim not in _ADAMW_OPTIMS:
+        raise SourceError(f"{folder / TRAINING_ARGS}: the run's optimizer is "
+                          f"{shown(optim)}, not one of the Trainer's AdamW ("
+                          f"{', '.join(_ADAMW_OPTIMS)}); refused", path=folder)
+    state = TrainingState(str(folder), _ADAMW_OPTIMS[optim], step, moments, groups,
                           without_state=without)
     _trainer_counters(folder / TRAINER_STATE, state)
+    state.schedule = _schedule(folder / SCHEDULER, step, args)
+    kwargs, clip = args.get("lr_scheduler_kwargs"), args.get("max_grad_norm")
+    state.schedule_kwargs = dict(kwargs) if isinstance(kwargs, dict) and kwargs else None
+    state.max_grad_norm = float(clip) if _number(clip) and clip > 0 else None
+    state.intervals = {k: int(args[k]) for k in ("save_steps", "logging_steps")
+                       if _number(args.get(k)) and args[k] >= 1}
     return state
+
+
+def training_args(path: Path) -> dict[str, Any]:
+    """The fields of ``training_args.bin`` (:data:`_ARGS`) that say the run's optimizer and
+    schedule, read as data by the whole-module pass (a TrainingArguments is never made;
+    its enumerations' members are their names); ``{}`` where the file is absent."""
+    from . import torchzip
+
+    if not path.is_file():
+        return {}
+    try:
+        obj = torchzip.load(path, modules=True)
+    except (torchzip.Unsupported, torchzip.Refused, OSError, ValueError) as exc:
+        raise SourceError(f"{path}: cannot be read as data ({exc}); move it away to convert "
+                          "without the run's schedule", path=path) from None
+    state = obj.state if isinstance(obj, torchzip.Instance) else None
+    if not isinstance(state, dict):
+        raise SourceError(f"{path}: not a TrainingArguments", path=path)
+    return {k: (str(v) if isinstance(v, torchzip.NamedValue) else v)
+            for k, v in state.items() if k in _ARGS}
 
 
 def _read_optimizer(path: Path) -> _Raw:
@@ -245,7 +284,7 @@ def _group(g: Mapping[str, Any], names: list[str]) -> Group:
                  float(initial) if _number(initial) else None)
 
 
-def _schedule(path: Path, step: int) -> Schedule | None:
+def _schedule(path: Path, step: int, args: dict[str, Any]) -> Schedule | None:
     if not path.is_file():
         return None
     tree = read_torch_tree(path)
@@ -258,7 +297,24 @@ def _schedule(path: Path, step: int) -> Schedule | None:
     if last != step:
         raise SourceError(f"{path}: the schedule stands at step {last}, the optimizer at "
                           f"{step}; the schedule cannot be stated — refused", path=path)
-    return Schedule(last, tuple(map(float, base)), tuple(map(float, lrs)))
+    kind = args.get("lr_scheduler_type")
+    total = args.get("max_steps")
+    total = total if type(total) is int and total > 0 else None
+    return Schedule(last, tuple(map(float, base)), tuple(map(float, lrs)),
+                    kind=kind if isinstance(kind, str) else None,
+                    warmup_steps=_warmup(args, total), total_steps=total)
+
+
+def _warmup(args: dict[str, Any], total: int | None) -> int | None:
+    """The whole warm-up steps the Trainer took: ``warmup_steps`` (below 1: a ratio, rounded
+    up, as transformers 5 does), else ``warmup_ratio`` of the total, rounded up."""
+    steps, ratio = args.get("warmup_steps"), args.get("warmup_ratio")
+    if _number(steps) and steps >= 1:
+        return int(steps)
+    share = steps if _number(steps) and steps > 0 else ratio
+    if _number(share) and share > 0:
+        return math.ceil(total * share) if total is not None else None
+    return 0 if _number(steps) else None
 
 
 def _trainer_counters(path: Path, state: TrainingState) -> None:
@@ -288,7 +344,10 @@ def _trainer_counters(path: Path, state: TrainingState) -> None:
 def _names(folder: Path, raw: _Raw, source: Source) -> list[list[str]]:
     """Each group's positions named: the model's trainable parameters in order, split as
     the Trainer splits them (:data:`DECAY_RULES`)."""
-    order, decays = _parameter_order(folder, source)
+    if source.config is None:
+        raise SourceError(f"{folder}: no config.json beside the weights; the optimizer's "
+                          "parameter order is computed from it", path=folder)
+    order, decays = parameter_order(source.config, str(folder))
     missing = [n for n in order if n not in source.tensors]
     if missing:
         raise SourceError(f"{folder}: the model built from config.json has "
@@ -310,15 +369,14 @@ def _names(folder: Path, raw: _Raw, source: Source) -> list[list[str]]:
         path=folder)
 
 
-def _parameter_order(folder: Path, source: Source) -> tuple[list[str], list[tuple[str, set]]]:
-    """The model's trainable parameters in ``named_parameters()`` order, and the decayed
-    set under each of :data:`DECAY_RULES`, from ``config.json`` on the meta device."""
-    if source.config is None:
-        raise SourceError(f"{folder}: no config.json beside the weights; the optimizer's "
-                          "parameter order is computed from it", path=folder)
-    if "auto_map" in source.config:
-        raise SourceError(f"{folder}: config.json names remote code (auto_map); ms-port "
-                          "runs none, so the parameter order cannot be computed", path=folder)
+def parameter_order(config: dict[str, Any], where: str
+                    ) -> tuple[list[str], list[tuple[str, set[str]]]]:
+    """A Hugging Face model's trainable parameters in ``named_parameters()`` order, and the
+    decayed set under each of :data:`DECAY_RULES`, from its ``config.json`` (``config``,
+    read from ``where``) on the meta device."""
+    if "auto_map" in config:
+        raise SourceError(f"{where}: config.json names remote code (auto_map); ms-port "
+                          "runs none, so the parameter order cannot be computed", path=where)
     try:
         import torch
         import transformers
@@ -326,19 +384,29 @@ def _parameter_order(folder: Path, source: Source) -> tuple[list[str], list[tupl
     except ImportError as exc:
         raise SourceError(f"the optimizer's parameter order is computed with transformers, "
                           f"which is not importable ({exc}); pip install transformers",
-                          path=folder) from None
+                          path=where) from None
     try:
-        config = transformers.AutoConfig.for_model(**source.config)
-        arch = (source.config.get("architectures") or [None])[0]
+        built = transformers.AutoConfig.for_model(**config)
+        arch = (config.get("architectures") or [None])[0]
         cls = getattr(transformers, arch, None) if isinstance(arch, str) else None
         with torch.device("meta"):
-            model = (cls(config) if cls is not None and hasattr(cls, "config_class")
-                     else transformers.AutoModelForCausalLM.from_config(config))
+            model = (cls(built) if cls is not None and hasattr(cls, "config_class")
+                     else transformers.AutoModelForCausalLM.from_config(built))
     except Exception as exc:  # transformers' own errors: any config it cannot build
-        raise SourceError(f"{folder}: transformers cannot build the model of config.json "
+        raise SourceError(f"{where}: transformers cannot build the model of config.json "
                           f"({type(exc).__name__}: {exc}); its parameter order is needed to "
-                          "name the optimizer's state", path=folder) from None
+                          "name the optimizer's state", path=where) from None
     order = [n for n, p in model.named_parameters() if p.requires_grad]
     decays = [(label, set(get_parameter_names(model, [torch.nn.LayerNorm], list(patterns))))
               for label, patterns in DECAY_RULES]
     return order, decays
+
+
+def installed_decay_rule() -> str:
+    """The label of :data:`DECAY_RULES` the installed transformers' Trainer groups by (the
+    one that will resume an exported folder)."""
+    import transformers
+    from packaging.version import Version
+
+    newest, older = DECAY_RULES
+    return (newest if Version(transformers.__version__) >= Version("4.48") else older)[0]

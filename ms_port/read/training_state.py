@@ -41,16 +41,28 @@ class Group:
 
 @dataclass(frozen=True)
 class Schedule:
-    """Where a learning-rate schedule stands (torch's ``scheduler.pt``): the steps taken,
-    the base rates and the rates of the next step. Its kind is not in the file."""
+    """Where a learning-rate schedule stands (torch's ``scheduler.pt``: the steps taken,
+    the base rates and the rates of the next step) and, where the run's arguments say it,
+    what it is: ``kind`` (transformers' name: ``cosine``, ``linear``,
+    ``constant_with_warmup``, ``constant``), whole warm-up and total steps."""
 
     last_epoch: int
     base_lrs: tuple[float, ...]
     last_lrs: tuple[float, ...]
+    kind: str | None = None
+    warmup_steps: int | None = None
+    total_steps: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"last_epoch": self.last_epoch, "base_lrs": list(self.base_lrs),
-                "last_lrs": list(self.last_lrs)}
+                "last_lrs": list(self.last_lrs), "kind": self.kind,
+                "warmup_steps": self.warmup_steps, "total_steps": self.total_steps}
+
+    def describe(self) -> str:
+        kind = (f"{self.kind} (warm-up {self.warmup_steps}, total {self.total_steps}), "
+                if self.kind else "")
+        lrs = ", ".join(f"{x:g}" for x in sorted(set(self.last_lrs)))
+        return f"schedule {kind}at step {self.last_epoch} (next lr {lrs})"
 
 
 @dataclass
@@ -80,6 +92,14 @@ class TrainingState:
     loss_scale: float | None = None
     without_state: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    #: the schedule's own arguments beyond its kind (``lr_scheduler_kwargs``), if any
+    schedule_kwargs: dict[str, Any] | None = None
+    #: the gradient clipping's norm (``max_grad_norm``), where the run clipped
+    max_grad_norm: float | None = None
+    #: the global batch (samples per optimizer step), where saved
+    batch_size: int | None = None
+    #: how often the run saved and logged (``save_steps``, ``logging_steps``), where said
+    intervals: dict[str, int] = field(default_factory=dict)
 
     @property
     def nbytes(self) -> int:
@@ -97,8 +117,7 @@ class TrainingState:
             parts.append("groups " + "; ".join(
                 f"lr {g.lr:g} wd {g.weight_decay:g} ({len(g.names)})" for g in self.groups))
         if self.schedule is not None:
-            lrs = ", ".join(f"{x:g}" for x in sorted(set(self.schedule.last_lrs)))
-            parts.append(f"schedule at step {self.schedule.last_epoch} (next lr {lrs})")
+            parts.append(self.schedule.describe())
         if self.epoch is not None:
             parts.append(f"epoch {self.epoch:g}")
         parts.append("no loss scale" if self.loss_scale is None

@@ -27,7 +27,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from ..errors import OutputExistsError, WriteError
 from ..match.plan import Match, Plan
@@ -95,7 +95,7 @@ def shard_groups(matches: list[Match], max_bytes: int | None) -> list[list[Match
 
 #: the files a model directory of ours holds; ``--force`` replaces a directory of only these
 _OURS = ("model.safetensors", "model.safetensors.index.json", "param_name_map.json",
-         "config.json")
+         "config.json", "optimizer.pt", "scheduler.pt", "trainer_state.json")
 
 
 def _ours(name: str) -> bool:
@@ -143,10 +143,15 @@ def _umask() -> int:
     return mask
 
 
+#: a file written beside the shards, before the directory is published: its name -> what
+#: writes it (given the path to write; the writer owns its own checks)
+Extra = Callable[[Path], None]
+
+
 def write_directory(plan: Plan, output: str | Path, *, layout: str = "mindspore",
                     max_shard_size: str | int | None = None, force: bool = False,
-                    config: dict[str, Any] | None = None, check_finite: bool = False,
-                    progress: Progress | None = None) -> DirectoryResult:
+                    check_finite: bool = False, progress: Progress | None = None,
+                    extra: dict[str, Extra] | None = None) -> DirectoryResult:
     """Write ``plan`` as a directory of safetensors shards with an index (see module doc).
 
     The directory is assembled under a temporary name beside ``output`` and renamed into
@@ -154,9 +159,11 @@ def write_directory(plan: Plan, output: str | Path, *, layout: str = "mindspore"
     is swapped out whole, so a failure at any point leaves the old one untouched.
 
     Args:
-        layout: ``mindspore`` (``param_name_map.json``) or ``hf`` (transformers' names,
-            ``config.json`` written from ``config``).
+        layout: ``mindspore`` (``param_name_map.json``) or ``hf`` (transformers' names;
+            its ``config.json`` one of ``extra``: :func:`json_file`).
         max_shard_size: bytes per shard (``"2GB"``); ``None``: one file.
+        extra: more files the directory holds (``config.json``, a Trainer's
+            ``optimizer.pt``…), written into it before it is published.
     """
     if layout not in LAYOUTS:
         raise WriteError(f"unknown directory layout {layout!r}; choose {' or '.join(LAYOUTS)}")
@@ -188,8 +195,8 @@ def write_directory(plan: Plan, output: str | Path, *, layout: str = "mindspore"
                                  check_finite=check_finite, progress=step, metadata=metadata)
             nonfinite.update(written.nonfinite)
             done += sum(m.nbytes for m in group)
-        if config is not None:
-            write_text(work / "config.json", json.dumps(config, indent=2) + "\n")
+        for name, write in (extra or {}).items():
+            write(work / name)
         if index_name is not None:
             weight_map = {m.target: name for name, group in zip(names, groups) for m in group}
             index = {"metadata": {"total_size": total}, "weight_map": weight_map}
@@ -210,8 +217,14 @@ def write_directory(plan: Plan, output: str | Path, *, layout: str = "mindspore"
     nbytes = sum((final / n).stat().st_size for n in names)
     return DirectoryResult(str(final), layout, names, index_name, len(plan.matches), nbytes,
                            "bit-exact", replaced, time.perf_counter() - start,
-                           "config.json" if config is not None else None, nonfinite)
+                           "config.json" if "config.json" in (extra or {}) else None,
+                           nonfinite)
 
 
-__all__ = ["LAYOUTS", "DirectoryResult", "check_directory", "parse_size", "shard_groups",
-           "write_directory"]
+def json_file(data: Any) -> Extra:
+    """An :data:`Extra` writing ``data`` as indented JSON (a model's ``config.json``)."""
+    return lambda path: write_text(path, json.dumps(data, indent=2) + "\n")
+
+
+__all__ = ["LAYOUTS", "DirectoryResult", "Extra", "check_directory", "json_file", "parse_size",
+           "shard_groups", "write_directory"]
