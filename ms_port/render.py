@@ -189,7 +189,8 @@ def _written_lines(r: Any) -> list[str]:
         shards = getattr(w, "shards", None)
         what = (f"{len(shards)} safetensors file{'s' * (len(shards) > 1)}"
                 + (f" + {w.index}" if w.index else "")
-                + (f" + {w.config}" if w.config else "")) if shards else w.format
+                + (f" + {w.config}" if w.config else "")
+                + "".join(f" + {n}" for n in getattr(w, "others", ()))) if shards else w.format
         lines.append(f"output:  {escape(w.path)} ({escape(what)}, {_size(w.nbytes)}"
                      f"{', CRC' if w.crc else ''}{', replaced' if w.replaced else ''})")
         lines.append(f"readback: {w.tensors} tensors {w.readback}")

@@ -145,9 +145,17 @@ def _mindformers_step(plan, ckpt: Path, grads: dict[str, np.ndarray], *,
                       step_off: int = 0, swap: tuple[str, str] | None = None
                       ) -> dict[str, np.ndarray]:
     """One step of MindFormers' AdamW from the converted checkpoint, with ``grads`` made
-    MindSpore's by the plan (as the moments were)."""
+    MindSpore's by the plan (as the moments were), its settings and learning-rate schedule
+    those of the YAML ``--model-config`` wrote beside it (MindFormers' own schedule class)."""
     import mindspore as ms
+    import yaml
+    from mindformers.core import lr as mf_lr
     from mindformers.core.optim.adamw import AdamW
+
+    run = yaml.safe_load(ckpt.with_suffix(".yaml").read_text())
+    sched = dict(run["lr_schedule"])
+    schedule = getattr(mf_lr, sched.pop("type"))(**sched)
+    optimizer = run["optimizer"]
 
     weights = [m for m in plan.matches if m.how != "state"]
     infos = {n: TensorInfo(n, a.shape, "float32", lambda a=a: a) for n, a in grads.items()}
@@ -159,12 +167,14 @@ def _mindformers_step(plan, ckpt: Path, grads: dict[str, np.ndarray], *,
     state = plan.training_state
     decayed = {m.target for m in weights if m.source in state.groups[0].names}
     group = state.groups[0]
+    assert optimizer["weight_decay"] == group.weight_decay
     opt = AdamW([{"params": [p for n, p in params.items() if n in decayed],
-                  "weight_decay": group.weight_decay},
+                  "weight_decay": optimizer["weight_decay"]},
                  {"params": [p for n, p in params.items() if n not in decayed],
                   "weight_decay": 0.0},
                  {"order_params": list(params.values())}],
-                learning_rate=state.schedule.last_lrs[0], betas=group.betas, eps=group.eps)
+                learning_rate=schedule, betas=tuple(optimizer["betas"]),
+                eps=optimizer["eps"])
     names = {swap[0]: swap[1], swap[1]: swap[0]} if swap else {}
     for moment in (*opt.exp_avg, *opt.exp_avg_sq):
         moment.set_data(saved[names.get(moment.name, moment.name)])
@@ -193,7 +203,8 @@ def test_mindformers_adamw_continues_to_the_next_checkpoint(run, tmp_path, fused
     ckpt = tmp_path / "c4.ckpt"
     options = {"qkv_concat": fused}
     plan = ms_port.convert(run / "checkpoint-4", ms_model="mindformers:llama",
-                           ms_options=options, output=ckpt, training_state=True).plan
+                           ms_options=options, output=ckpt, training_state=True,
+                           model_config=ckpt.with_suffix(".yaml")).plan
     grads = _gradient(run / "checkpoint-4")
     right, _, _ = _update_difference(plan, _mindformers_step(plan, ckpt, grads),
                                      run / "checkpoint-5", options)
@@ -304,3 +315,196 @@ def test_export_of_one_ckpt_leaves_its_training_state_out(run, tmp_path, cli):
              "--ms-model", "mindformers:llama", "-o", back])
     assert r.exit_code == 0, r.output
     assert "left out 45 training-state tensors" in " ".join(r.output.split())
+
+
+def test_the_yaml_states_the_trainers_optimizer_and_schedule(run, tmp_path):
+    import yaml
+
+    ckpt, config = tmp_path / "c4.ckpt", tmp_path / "c4.yaml"
+    ms_port.convert(run / "checkpoint-4", ms_model="mindformers:llama", output=ckpt,
+                    training_state=True, model_config=config)
+    doc = yaml.safe_load(config.read_text())
+    assert doc["run_mode"] == "train" and doc["resume_training"] is True
+    assert doc["optimizer"] == {"type": "AdamW", "betas": [0.9, 0.999], "eps": 1e-08,
+                                "weight_decay": 0.1}
+    assert doc["lr_schedule"] == {"type": "CosineWithWarmUpLR", "learning_rate": 0.005,
+                                  "warmup_steps": 2, "total_steps": 6, "num_cycles": 0.5,
+                                  "lr_end": 0.0, "warmup_lr_init": 0.0}
+    assert doc["runner_wrapper"]["max_grad_norm"] == 1.0
+    assert doc["callbacks"] == [{"type": "MFLossMonitor", "per_print_times": 1},
+                                {"type": "CheckpointMonitor", "save_checkpoint_steps": 1}]
+    assert doc["load_checkpoint"] == str(ckpt)
+
+
+@pytest.mark.parametrize("kind", ["cosine", "linear", "constant_with_warmup"])
+def test_each_schedule_twin_gives_the_same_rate_at_every_step(kind):
+    """transformers' schedule, MindFormers' twin (its own class, as the YAML configures it)
+    and ms-port's own formula (export's next rate) agree at every step."""
+    pytest.importorskip("mindformers")
+    import mindspore as ms
+    from mindformers.core import lr as mf_lr
+
+    from ms_port.read.train_config import RunConfig, schedule_lr
+    from ms_port.write.train_yaml import SCHEDULES
+
+    base, warmup, total = 3e-4, 7, 40
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=base)
+    hf = transformers.get_scheduler(kind, opt, num_warmup_steps=warmup,
+                                    num_training_steps=total)
+    name, fixed = SCHEDULES[kind]
+    mf = getattr(mf_lr, name)(learning_rate=base, warmup_steps=warmup, total_steps=total,
+                              **fixed)
+    run = RunConfig("run.yaml", (0.9, 0.999), 1e-8, 0.0, kind, base, warmup, total)
+    for step in range(total):
+        want = hf.get_last_lr()[0]
+        got = float(mf(ms.Tensor(step, ms.int32)).asnumpy())
+        assert abs(got - want) <= 1e-6 * base, (step, got, want)
+        assert abs(schedule_lr(run, step) - want) <= 1e-12, (step, want)
+        opt.step()
+        hf.step()
+
+
+def _resume(folder: Path, out: Path) -> None:
+    """The Trainer resumed from ``folder`` with the run's own arguments (the report says
+    them), to step 6, saving every step."""
+    model = transformers.LlamaForCausalLM.from_pretrained(folder)
+    rows = _batch()[0]
+    data = [{"input_ids": rows.clone(), "labels": rows.clone()} for _ in range(8 * BATCH)]
+    args = transformers.TrainingArguments(
+        output_dir=str(out), per_device_train_batch_size=BATCH, max_steps=6,
+        learning_rate=5e-3, warmup_steps=2, lr_scheduler_type="cosine", weight_decay=0.1,
+        max_grad_norm=1.0, save_strategy="steps", save_steps=1, report_to=[],
+        use_cpu=True, logging_steps=1, dataloader_num_workers=0, seed=0,
+        disable_tqdm=True)
+    transformers.Trainer(model=model, args=args, train_dataset=data).train(
+        resume_from_checkpoint=str(folder))
+
+
+def _relative(a: Path, b: Path, before: Path) -> float:
+    from safetensors.numpy import load_file
+
+    x, y, w = (load_file(p / "model.safetensors") for p in (a, b, before))
+    return (sum(float(np.sum((x[n] - y[n]) ** 2)) for n in y)
+            / sum(float(np.sum((y[n] - w[n]) ** 2)) for n in y)) ** 0.5
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["separate", "qkv_concat"])
+def test_the_exported_folder_resumes_in_the_trainer(run, tmp_path, cli, fused):
+    """checkpoint-4 into MindFormers with its state, back with the YAML convert wrote as
+    the run's: the Trainer resumed from the exported folder takes the original run's steps
+    5 and 6 (the fused q/k/v moments split as the weights are)."""
+    ckpt, config, back = tmp_path / "c4.ckpt", tmp_path / "run.yaml", tmp_path / "back"
+    ms_port.convert(run / "checkpoint-4", ms_model="mindformers:llama", output=ckpt,
+                    ms_options={"qkv_concat": fused}, training_state=True,
+                    model_config=config)
+    r = cli(["export", ckpt, "--config", run / "checkpoint-4" / "config.json",
+             "--ms-model", "mindformers:llama", "--ms-option", f"qkv_concat={fused}",
+             "--training-state", "--train-config", config, "-o", back])
+    assert r.exit_code == 0, r.output
+    said = " ".join(r.output.split())
+    assert "resume with TrainingArguments(learning_rate=0.005, lr_scheduler_type='cosine', " \
+           "warmup_steps=2, max_steps=6, weight_decay=0.1" in said
+    assert "left out" not in said  # the state is taken, not dropped
+    assert sorted(p.name for p in back.iterdir()) == [
+        "config.json", "model.safetensors", "optimizer.pt", "scheduler.pt",
+        "trainer_state.json"]
+    resumed = tmp_path / "resumed"
+    _resume(back, resumed)
+    for step in (5, 6):
+        d = _relative(resumed / f"checkpoint-{step}", run / f"checkpoint-{step}",
+                      run / f"checkpoint-{step - 1}")
+        assert d <= 1e-5, (step, d)  # the fused and the for-loop AdamW round apart
+
+
+def test_an_exported_state_one_step_off_resumes_elsewhere(run, tmp_path):
+    """The twin that must fail: the exported folder with its moments' step made 3."""
+    ckpt, config, back = tmp_path / "c4.ckpt", tmp_path / "run.yaml", tmp_path / "back"
+    ms_port.convert(run / "checkpoint-4", ms_model="mindformers:llama", output=ckpt,
+                    training_state=True, model_config=config)
+    ms_port.export(ckpt, config=run / "checkpoint-4" / "config.json",
+                   ms_model="mindformers:llama", training_state=True, train_config=config,
+                   output=back)
+    sd = torch.load(back / "optimizer.pt")
+    for entry in sd["state"].values():
+        entry["step"] = torch.tensor(3.0)
+    torch.save(sd, back / "optimizer.pt")
+    _resume(back, tmp_path / "resumed")
+    d = _relative(tmp_path / "resumed" / "checkpoint-5", run / "checkpoint-5",
+                  run / "checkpoint-4")
+    assert d > 1e-2, d
+
+
+def _yaml(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "run.yaml"
+    path.write_text(text)
+    return path
+
+
+_RUN = """optimizer: {type: %s, betas: [0.9, 0.999], eps: 1.0e-8, weight_decay: 0.1}
+lr_schedule: {type: %s, learning_rate: 0.005, warmup_steps: 2, total_steps: 6%s}
+"""
+
+
+@pytest.mark.parametrize("optimizer, schedule, extra, says", [
+    ("AdamWeightDecay", "CosineWithWarmUpLR", "",
+     "optimizer 'AdamWeightDecay': MindSpore's AdamWeightDecay has no bias correction"),
+    ("FusedAdamW", "CosineWithWarmUpLR", "", "FusedAdamW counts global_step from -1"),
+    ("Came", "CosineWithWarmUpLR", "", "a factored second moment (CAME)"),
+    ("AdamW", "PolynomialWithWarmUpLR", "",
+     "lr_schedule 'PolynomialWithWarmUpLR' has no transformers twin"),
+    ("AdamW", "CosineWithWarmUpLR", ", lr_end: 1.0e-6",
+     "lr_schedule.lr_end is 1e-06; transformers' cosine schedule has 0.0"),
+], ids=["adamweightdecay", "fusedadamw", "came", "polynomial", "lr_end"])
+def test_export_refusals_in_one_line_with_nothing_written(run, tmp_path, cli, optimizer,
+                                                          schedule, extra, says):
+    ckpt = tmp_path / "c4.ckpt"
+    ms_port.convert(run / "checkpoint-4", ms_model="mindformers:llama", output=ckpt,
+                    training_state=True)
+    config = _yaml(tmp_path, _RUN % (optimizer, schedule, extra))
+    r = cli(["export", ckpt, "--config", run / "checkpoint-4" / "config.json",
+             "--training-state", "--train-config", config, "-o", tmp_path / "back"])
+    assert r.exit_code == 2, r.output
+    assert says in " ".join(r.output.split()), r.output
+    assert not (tmp_path / "back").exists() and "Traceback" not in r.output
+
+
+def test_export_needs_the_runs_yaml_and_a_state(run, tmp_path, cli):
+    weights_only = tmp_path / "w.ckpt"
+    ms_port.convert(run / "checkpoint-4", ms_model="mindformers:llama", output=weights_only)
+    cfg = run / "checkpoint-4" / "config.json"
+    r = cli(["export", weights_only, "--config", cfg, "--training-state", "-o",
+             tmp_path / "a"])
+    assert r.exit_code == 2 and "needs --train-config RUN.yaml" in r.output, r.output
+    config = _yaml(tmp_path, _RUN % ("AdamW", "CosineWithWarmUpLR", ""))
+    r = cli(["export", weights_only, "--config", cfg, "--training-state", "--train-config",
+             config, "-o", tmp_path / "b"])
+    assert r.exit_code == 2, r.output
+    assert "holds no optimizer moments (adam_m.*)" in " ".join(r.output.split())
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
+def test_the_pages_session_ends_as_shown(run, tmp_path, monkeypatch):
+    """docs/training.md's commands, run as written on the Trainer's checkpoint-4: the same
+    panels, exit codes and plan lines."""
+    from click.testing import CliRunner
+    from test_readme_runs import KEPT, TITLES, _plain, _sessions, _title
+
+    from ms_port.cli import main
+
+    sessions = _sessions("docs/training.md")
+    assert [c.split()[1] for _, c, _ in sessions] == ["inspect", "convert", "export"]
+    shutil.copytree(run / "checkpoint-4", tmp_path / "run" / "checkpoint-4")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("COLUMNS", "200")
+    import shlex
+
+    for where, command, shown in sessions:
+        result = CliRunner().invoke(main, shlex.split(command)[1:], catch_exceptions=False)
+        out = [_plain(x) for x in result.output.splitlines()]
+        title = _title(shown)
+        assert result.exit_code == (TITLES[title] if title else 0), (where, result.output)
+        for expected in (_plain(x) for x in shown):
+            if KEPT.match(expected) or expected.startswith("training state"):
+                assert any(x.startswith(expected) for x in out), (where, expected,
+                                                                  result.output)
+    assert (tmp_path / "back-4" / "optimizer.pt").is_file()

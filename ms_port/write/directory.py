@@ -72,6 +72,8 @@ class DirectoryResult:
     nonfinite: dict[str, int] = field(default_factory=dict)
     format: str = "safetensors"
     crc: bool = False
+    #: the other files written beside the shards and config.json (a Trainer's)
+    others: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return {**self.__dict__, "nonfinite": dict(self.nonfinite)}
@@ -218,7 +220,7 @@ def write_directory(plan: Plan, output: str | Path, *, layout: str = "mindspore"
     return DirectoryResult(str(final), layout, names, index_name, len(plan.matches), nbytes,
                            "bit-exact", replaced, time.perf_counter() - start,
                            "config.json" if "config.json" in (extra or {}) else None,
-                           nonfinite)
+                           nonfinite, others=[n for n in extra or {} if n != "config.json"])
 
 
 def json_file(data: Any) -> Extra:
