@@ -508,3 +508,35 @@ def test_the_pages_session_ends_as_shown(run, tmp_path, monkeypatch):
                 assert any(x.startswith(expected) for x in out), (where, expected,
                                                                   result.output)
     assert (tmp_path / "back-4" / "optimizer.pt").is_file()
+
+
+def test_the_state_is_cut_per_rank_as_its_weights(run, tmp_path):
+    """--strategy: each moment is laid out as its weight (a quarter of a column-parallel
+    q's rows on each rank), the counters on every rank; read back whole, the state is the
+    one-file conversion's."""
+    from test_cluster import _llama_layouts
+
+    from ms_port.read.sources import read_source
+    from ms_port.testing import training_output
+
+    whole = tmp_path / "whole.ckpt"
+    ms_port.convert(run / "checkpoint-4", ms_model="mindformers:llama", output=whole,
+                    training_state=True)
+    one = read_source(whole, strip_prefixes=False)
+    arrays = {i.name: i.load() for i in one}
+    layouts = _llama_layouts(list(arrays))
+    strategy = training_output(tmp_path / "train", arrays, layouts) / "strategy"
+    ranks = tmp_path / "ranks"
+    report = ms_port.convert(run / "checkpoint-4", ms_model="mindformers:llama",
+                             output=ranks, strategy=strategy, training_state=True)
+    assert report.ok
+    back = read_source(ranks)
+    got = {t.name: t for t in back.training_state}
+    assert set(got) == {t.name for t in one.training_state}
+    for t in one.training_state:
+        np.testing.assert_array_equal(got[t.name].load(), t.load(), err_msg=t.name)
+    q = "adam_v.model.layers.0.attention.wq.weight"
+    rank1 = read_source(next((ranks / "rank_1").glob("*.ckpt")), strip_prefixes=False)
+    held = {t.name: t.shape for t in rank1.training_state}
+    assert held[q][0] * 4 == dict((t.name, t.shape) for t in one.training_state)[q][0]
+    assert held["global_step"] == (1,)

@@ -102,7 +102,7 @@ def _layouts(plan: Any, strategy: Strategy) -> tuple[dict[str, ParamLayout | Non
     out: dict[str, ParamLayout | None] = {}
     problems = []
     for m in plan.matches:
-        lay = strategy.layouts.get(m.target)
+        lay = strategy.layouts.get(m.target) or _state_layout(m.target, strategy)
         out[m.target] = lay
         if lay is None:
             continue
@@ -130,6 +130,18 @@ def _layouts(plan: Any, strategy: Strategy) -> tuple[dict[str, ParamLayout | Non
         notes.append(f"the strategy names {len(absent)} parameters this checkpoint does not "
                      f"hold (optimizer state, or another network's), e.g. {absent[0]}")
     return out, notes
+
+
+def _state_layout(name: str, strategy: Strategy) -> ParamLayout | None:
+    """An optimizer moment the strategy does not name is laid out as its weight (as
+    training saves it, and as :func:`~ms_port.read.distributed.read_distributed` reads
+    it); the counters are replicated."""
+    from ..read.distributed import TRAINING_STATE_PREFIXES
+
+    for prefix in TRAINING_STATE_PREFIXES:
+        if name.startswith(prefix):
+            return strategy.layouts.get(name[len(prefix):])
+    return None
 
 
 def _open_files_for(ranks: int) -> None:
