@@ -420,6 +420,7 @@ def verify(
     revision: str | None = None,
     strategy: str | Path | None = None,
     step: str | None = None,
+    training_state: bool = False,
 ) -> Any:
     """Is the conversion right? Compare every tensor, then every layer and output.
 
@@ -455,6 +456,11 @@ def verify(
             of ``rank_N/`` folders, or the folder holding ``checkpoint/``): its strategy
             file or folder (default: ``strategy/`` beside ``checkpoint/``) and the save
             (``STEP`` or ``EPOCH_STEP``; default the latest).
+        training_state: check the optimizer state instead of the networks: ``source``
+            a Trainer ``checkpoint-N/`` folder, ``checkpoint`` its MindSpore conversion
+            with ``--training-state``; one AdamW step on each side (torch's, MindFormers')
+            with the same seeded gradient must give the same next weights
+            (:func:`ms_port.check.optimizer.prove_step`; returns its ``StepReport``).
 
     On a CPU, call :func:`ms_port.prefer_fast_cpu_kernels` before anything runs MindSpore
     in the process (the CLI does): on an AVX-512 CPU MindSpore's convolutions otherwise
@@ -478,7 +484,16 @@ def verify(
         input_dtype=input_dtype, input_range=input_range, dtype=dtype, device=device,
         torch_device=torch_device, ms_device=ms_device, noise_floor=noise_floor, key=key,
         unsafe_pickle=unsafe_pickle, report=report, force=force, config=config,
-        ms_options=ms_options, mode=mode, revision=revision, strategy=strategy, step=step)
+        ms_options=ms_options, mode=mode, revision=revision, strategy=strategy, step=step,
+        training_state=training_state)
+    if training_state:
+        from .check.optimizer import prove_step
+
+        if ms_model is None:
+            raise MsPortError("verify --training-state needs --ms-model (the family the "
+                              "state was converted for, e.g. mindformers:llama)")
+        return prove_step(source, checkpoint, ms_model=ms_model, ms_options=ms_options,
+                          seed=seed)
     return run(source, checkpoint, options, progress)
 
 

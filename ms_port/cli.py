@@ -325,6 +325,11 @@ def convert(source: str, arch: str | None, template: str | None, ms_model: str |
               show_default=True, help="'all' lists every compared layer.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress messages.")
+@click.option("--training-state", is_flag=True,
+              help="Check the optimizer state instead (SOURCE a Trainer checkpoint-N/, "
+                   "CHECKPOINT converted with --training-state): one AdamW step on each "
+                   "side (torch's, MindFormers') with the same seeded gradient must give the "
+                   "same next weights within float32 rounding.")
 @click.option("--mode", type=click.Choice(["auto", "whole", "layers"]), default="auto",
               show_default=True,
               help="'layers': one block (embedding, decoder layer, head) per side in memory "
@@ -342,7 +347,7 @@ def verify(source: str, checkpoint: str, arch: str | None, torch_model: str | No
            report_path: str | None, force: bool, show: str, as_json: bool, quiet: bool,
            mode: str, key: str | None, unsafe_pickle: bool, config: str | None,
            ms_options: tuple[str, ...], revision: str | None, strategy: str | None,
-           step: str | None) -> None:
+           step: str | None, training_state: bool) -> None:
     """Is the conversion right? Run PyTorch (with SOURCE) and MindSpore (with CHECKPOINT)
     on the same inputs and compare every tensor, layer and output.
 
@@ -392,7 +397,8 @@ def verify(source: str, checkpoint: str, arch: str | None, torch_model: str | No
                         ms_device=ms_device, noise_floor=not no_noise_floor, key=key,
                         unsafe_pickle=unsafe_pickle, progress=steps, report=report_path,
                         force=force, config=config, ms_options=_options(ms_options) or None,
-                        revision=revision, strategy=strategy, step=step)
+                        revision=revision, strategy=strategy, step=step,
+                        training_state=training_state)
     _finish(report, as_json=as_json, show=show)
 
 

@@ -167,6 +167,8 @@ class VerifyOptions(ClusterOptions, SourceOptions):
     config: Any = _opt(None, "the model's config.json (or a dict)")
     ms_options: dict[str, Any] | None = _opt(None, "a known family's options", "--ms-option")
     mode: str = _opt("auto", "whole, layers or auto (by the memory)")
+    training_state: bool = _opt(False, "check the optimizer state instead: one AdamW step "
+                                       "on each side from each side's state")
 
 
 

@@ -398,7 +398,23 @@ def _diff(r: Any, *, limit: int | None, show: str) -> Any:
     return Group(*parts)
 
 
+def _step(r: Any, *, limit: int | None, show: str) -> Any:
+    style = "green" if r.ok else "red"
+    rows = sorted(r.rows, key=lambda x: -x.of_bound)
+    shown = rows if limit is None else rows[:limit]
+    table = Table(title="next weights, worst first", title_justify="left")
+    for col in ("weight", "of its update", "of its bound"):
+        table.add_column(col, justify="left" if col == "weight" else "right")
+    for row in shown:
+        table.add_row(_text(row.name), _num(row.relative), f"{row.of_bound:.3g}")
+    lines = [escape(r.message), f"source: {escape(r.source)}",
+             f"checkpoint: {escape(r.checkpoint)}"] + [f"note: {escape(n)}" for n in r.notes]
+    return Group(table, Panel("\n".join(lines), title=f"[bold {style}]{r.verdict}[/]",
+                              title_align="left", border_style=style))
+
+
 _RENDERERS = {
+    "StepReport": _step,
     "TensorDiff": _diff,
     "Plan": _plan,
     "InspectReport": _inspect,

@@ -492,7 +492,8 @@ def test_the_pages_session_ends_as_shown(run, tmp_path, monkeypatch):
     from ms_port.cli import main
 
     sessions = _sessions("docs/training.md")
-    assert [c.split()[1] for _, c, _ in sessions] == ["inspect", "convert", "export"]
+    assert [c.split()[1] for _, c, _ in sessions] == ["inspect", "convert", "export",
+                                                      "verify"]
     shutil.copytree(run / "checkpoint-4", tmp_path / "run" / "checkpoint-4")
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("COLUMNS", "200")
@@ -540,3 +541,50 @@ def test_the_state_is_cut_per_rank_as_its_weights(run, tmp_path):
     held = {t.name: t.shape for t in rank1.training_state}
     assert held[q][0] * 4 == dict((t.name, t.shape) for t in one.training_state)[q][0]
     assert held["global_step"] == (1,)
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["separate", "qkv_concat"])
+def test_verify_training_state_passes_the_conversion_and_fails_its_twins(run, tmp_path,
+                                                                        cli, fused):
+    """verify --training-state: PASS on the conversion; FAIL, naming the weight, with two
+    layers' second moments swapped; FAIL with the step one off."""
+    pytest.importorskip("mindformers")
+    from ms_port.testing import rewrite_checkpoint
+
+    ckpt = tmp_path / "c4.ckpt"
+    ms_port.convert(run / "checkpoint-4", ms_model="mindformers:llama", output=ckpt,
+                    ms_options={"qkv_concat": fused}, training_state=True)
+    args = ["verify", run / "checkpoint-4", None, "--ms-model", "mindformers:llama",
+            "--ms-option", f"qkv_concat={fused}", "--training-state"]
+    r = cli([a if a is not None else ckpt for a in args])
+    assert r.exit_code == 0, r.output
+    said = " ".join(r.output.split())
+    assert "PASS: one AdamW step from each side's state (step 4 → 5, lr 0.0025) gives the " \
+           "same next weights" in said
+
+    a, b = ("adam_v.model.layers.0.feed_forward.w2.weight",
+            "adam_v.model.layers.1.feed_forward.w2.weight")
+
+    def swap(arrays: dict) -> None:
+        arrays[a], arrays[b] = arrays[b], arrays[a]
+
+    def step_off(arrays: dict) -> None:
+        arrays["global_step"] = np.array([3], dtype=np.int32)
+
+    for change, worst in ((swap, ("model.layers.0.feed_forward.w2.weight",
+                                  "model.layers.1.feed_forward.w2.weight")),
+                          (step_off, None)):
+        bad = tmp_path / f"{change.__name__}.ckpt"
+        rewrite_checkpoint(ckpt, bad, change)
+        r = cli([x if x is not None else bad for x in args] + ["--json"])
+        assert r.exit_code == 1, r.output
+        import json
+
+        report = json.loads(r.output)
+        assert report["verdict"] == "FAIL"
+        rows = sorted(report["rows"], key=lambda x: -x["of_bound"])
+        assert rows[0]["relative"] > 1e-2, rows[0]
+        if worst:
+            assert rows[0]["name"] in worst and rows[1]["name"] in worst, rows[:2]
+        else:
+            assert all(x["of_bound"] > 1 for x in rows)  # every weight's step is another
