@@ -16,15 +16,17 @@ Beside the exported weights and ``config.json``:
   the same schedule (the report says which).
 - ``trainer_state.json``: ``global_step`` and ``max_steps``; the Trainer raises without it.
 
-The whole state dict is held to be saved (``torch.save`` writes one object).
+``optimizer.pt`` is written a tensor at a time (:mod:`ms_port.write.torch_stream`): memory
+is one moment, not the state.
 """
 
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from ..errors import MappingError, shown
 from ..match.result import Plan
@@ -32,6 +34,7 @@ from ..match.training import with_training_state
 from ..read.trainer import DECAY_RULES, installed_decay_rule, parameter_order
 from ..read.training_state import TORCH_MOMENTS, TrainingState
 from .directory import Extra
+from .torch_stream import Later, save_path
 from .writers import atomic_output
 
 
@@ -53,7 +56,8 @@ def trainer_files(plan: Plan, state: TrainingState, config: dict[str, Any], wher
                            f"{len(lacking)} weights the Trainer updates); its training state "
                            "cannot be made whole")
     groups = [[n for n in order if n in decayed], [n for n in order if n not in decayed]]
-    files = {"optimizer.pt": lambda p: _save(p, _optimizer(groups, moments, state)),
+    shapes = {m.target: tuple(m.shape) for m in plan.matches}
+    files = {"optimizer.pt": lambda p: _save(p, _optimizer(groups, moments, shapes, state)),
              "scheduler.pt": lambda p: _save(p, _scheduler(state)),
              "trainer_state.json": lambda p: _text(p, _trainer_state(state))}
     s = state.schedule
@@ -88,20 +92,20 @@ def _moments(plan: Plan, state: TrainingState) -> dict[str, tuple[Any, Any]]:
 
 
 def _optimizer(groups: list[list[str]], moments: dict[str, tuple[Any, Any]],
-               state: TrainingState) -> dict[str, Any]:
-    import torch
-
+               shapes: dict[str, tuple[int, ...]], state: TrainingState) -> dict[str, Any]:
+    """torch AdamW's state dict, each tensor made when written (:mod:`.torch_stream`)."""
     group = state.groups[0]
+    step = np.array(float(state.step), dtype=np.float32)
     lr = state.schedule.last_lrs[0]
     entries: dict[int, dict[str, Any]] = {}
     positions: list[list[int]] = []
     for names in groups:
         positions.append(list(range(len(entries), len(entries) + len(names))))
         for name in names:
-            m, v = moments[name]
-            entries[len(entries)] = {"step": torch.tensor(float(state.step)),
-                                     "exp_avg": torch.from_numpy(m().copy()),
-                                     "exp_avg_sq": torch.from_numpy(v().copy())}
+            shape, (m, v) = shapes[name], moments[name]
+            entries[len(entries)] = {"step": Later("float32", (), lambda: step),
+                                     "exp_avg": Later("float32", shape, m),
+                                     "exp_avg_sq": Later("float32", shape, v)}
     base = {"lr": lr, "betas": group.betas, "eps": group.eps, "amsgrad": False,
             "maximize": False, "foreach": None, "capturable": False, "differentiable": False,
             "fused": None, "decoupled_weight_decay": True, "initial_lr": group.initial_lr}
@@ -132,14 +136,10 @@ def _trainer_state(state: TrainingState) -> str:
 
 
 def _save(path: Path, obj: Any) -> None:
-    import torch
-
+    """``obj`` as torch.save writes it, a tensor at a time, read back as the Trainer reads
+    it (:func:`~.torch_stream.save_path`)."""
     with atomic_output(path) as (_final, tmp):
-        with open(tmp, "wb") as f:
-            torch.save(obj, f)
-            f.flush()
-            os.fsync(f.fileno())
-        torch.load(tmp, weights_only=True)  # as the Trainer loads it
+        save_path(obj, tmp)
 
 
 def _text(path: Path, text: str) -> None:
