@@ -588,3 +588,28 @@ def test_verify_training_state_passes_the_conversion_and_fails_its_twins(run, tm
             assert rows[0]["name"] in worst and rows[1]["name"] in worst, rows[:2]
         else:
             assert all(x["of_bound"] > 1 for x in rows)  # every weight's step is another
+
+
+@pytest.mark.parametrize("family, extra", [
+    ("llama", {}), ("llama", {"attention_bias": True, "mlp_bias": True}),
+    ("llama", {"tie_word_embeddings": True}), ("mistral", {}), ("qwen2", {}),
+    ("qwen3", {"head_dim": 16})], ids=["llama", "llama-biases", "llama-tied", "mistral",
+                                        "qwen2", "qwen3"])
+def test_the_computed_parameter_order_is_transformers_own(family, extra):
+    """The optimizer's positions are named by the model's parameter order: computed for
+    the plain decoders, it must be transformers' named_parameters() order and the
+    Trainer's decay grouping, family by family (biases, q/k norms, a tied head)."""
+    from ms_port.read.trainer import DECAY_RULES, _built_order, parameter_order
+
+    config = transformers.AutoConfig.for_model(
+        family, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, vocab_size=64, **extra).to_dict()
+    config["architectures"] = [f"{family.title()}ForCausalLM"]
+    order, decays = parameter_order(config, family)
+    built, built_decays = _built_order(config, family)
+    assert order == built
+    # (transformers' set also names a tied head's twin, which the order holds once)
+    assert dict(decays) == {k: v & set(order) for k, v in built_decays}
+    decayed = dict(decays)[DECAY_RULES[0][0]]
+    assert not any("norm" in n or n.endswith(".bias") for n in decayed)
+    assert any(n.endswith("q_proj.weight") for n in decayed)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -373,7 +374,23 @@ def parameter_order(config: dict[str, Any], where: str
                     ) -> tuple[list[str], list[tuple[str, set[str]]]]:
     """A Hugging Face model's trainable parameters in ``named_parameters()`` order, and the
     decayed set under each of :data:`DECAY_RULES`, from its ``config.json`` (``config``,
-    read from ``where``) on the meta device."""
+    read from ``where``): computed for the plain decoders :mod:`ms_port.archs.hf_layout`
+    describes (their module order is their tensors' order there, and they hold no
+    ``nn.LayerNorm``; ``tests/test_training_state.py`` holds both equal to transformers'),
+    else built by transformers on the meta device."""
+    from ..archs.hf_layout import hf_tensors
+
+    computed = hf_tensors(config) if config.get("model_type") != "chatglm" else None
+    if computed is not None:
+        order = list(computed[1])
+        return order, [(label, {n for n in order if not any(
+            re.search(p, n.lower()) for p in patterns)}) for label, patterns in DECAY_RULES]
+    return _built_order(config, where)
+
+
+def _built_order(config: dict[str, Any], where: str
+                 ) -> tuple[list[str], list[tuple[str, set[str]]]]:
+    """:func:`parameter_order` by transformers' own model, on the meta device."""
     if "auto_map" in config:
         raise SourceError(f"{where}: config.json names remote code (auto_map); ms-port "
                           "runs none, so the parameter order cannot be computed", path=where)
@@ -405,8 +422,13 @@ def parameter_order(config: dict[str, Any], where: str
 def installed_decay_rule() -> str:
     """The label of :data:`DECAY_RULES` the installed transformers' Trainer groups by (the
     one that will resume an exported folder)."""
-    import transformers
+    from importlib.metadata import PackageNotFoundError, version
+
     from packaging.version import Version
 
     newest, older = DECAY_RULES
-    return (newest if Version(transformers.__version__) >= Version("4.48") else older)[0]
+    try:
+        installed = Version(version("transformers"))
+    except PackageNotFoundError:  # the folder will be resumed elsewhere: today's rule
+        return newest[0]
+    return (newest if installed >= Version("4.48") else older)[0]
