@@ -17,6 +17,7 @@ import ms_port
 from ms_port.cli import main
 from ms_port.testing import seeded_torch_model
 from tests import tiny_nets
+from tests.arch_lists import round_trip_archs
 
 REPO = Path(__file__).resolve().parents[1]
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -147,7 +148,7 @@ def test_ms_options_need_a_known_family(tmp_path, small):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-@pytest.mark.parametrize("arch", [a for a in ms_port.list_archs() if a != "resnet18"])
+@pytest.mark.parametrize("arch", [a for a in round_trip_archs() if a != "resnet18"])
 def test_every_architecture_round_trips_in_half_precision(tmp_path, arch, dtype):
     state = {k: v.to(DTYPES[dtype]) if v.is_floating_point() else v
              for k, v in seeded_torch_model(arch, seed=4).state_dict().items()}

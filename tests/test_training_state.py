@@ -487,9 +487,9 @@ def test_the_pages_session_ends_as_shown(run, tmp_path, monkeypatch):
     """docs/training.md's commands, run as written on the Trainer's checkpoint-4: the same
     panels, exit codes and plan lines."""
     from click.testing import CliRunner
-    from test_readme_runs import KEPT, TITLES, _plain, _sessions, _title
 
     from ms_port.cli import main
+    from tests.test_readme_runs import KEPT, TITLES, _plain, _sessions, _title
 
     sessions = _sessions("docs/training.md")
     assert [c.split()[1] for _, c, _ in sessions] == ["inspect", "convert", "export",
@@ -515,10 +515,9 @@ def test_the_state_is_cut_per_rank_as_its_weights(run, tmp_path):
     """--strategy: each moment is laid out as its weight (a quarter of a column-parallel
     q's rows on each rank), the counters on every rank; read back whole, the state is the
     one-file conversion's."""
-    from test_cluster import _llama_layouts
-
     from ms_port.read.sources import read_source
     from ms_port.testing import training_output
+    from tests.test_cluster import _llama_layouts
 
     whole = tmp_path / "whole.ckpt"
     ms_port.convert(run / "checkpoint-4", ms_model="mindformers:llama", output=whole,
