@@ -5,9 +5,10 @@ moments held at once. This writer makes the same archive (``archive/data.pkl``, 
 ``archive/data/<key>`` record per storage, ``byteorder``, ``version``) from an object whose
 tensors are :class:`Later` placeholders: the pickle is written first (it needs only each
 tensor's dtype and shape), then each tensor is made, written and let go, in order. Memory is
-one tensor. ``torch.load(weights_only=True)`` reads the archive as it reads ``torch.save``'s:
-the tensors are rebuilt by ``torch._utils._rebuild_tensor_v2`` from typed storages, the
-only calls its weights-only unpickler allows.
+two tensors (the next one is made while one is written). ``torch.load(weights_only=True)``
+reads the archive as it reads ``torch.save``'s: the tensors are rebuilt by
+``torch._utils._rebuild_tensor_v2`` from typed storages, the only calls its weights-only
+unpickler allows.
 
 The pickle is made by the standard library's :mod:`pickle` at protocol 2, as torch's own.
 """
@@ -17,7 +18,7 @@ from __future__ import annotations
 import pickle
 import zipfile
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO, ClassVar
@@ -105,80 +106,95 @@ class _Pickler(pickle._Pickler):  # the Python pickler: its dispatch table can b
         return None
 
 
-def save_streamed(obj: Any, f: BinaryIO) -> int:
-    """Write ``obj`` (its tensors :class:`Later`) as ``torch.save`` would, to ``f``;
-    returns the tensors written. The zip records each member's CRC-32 of the bytes handed
-    to it (:func:`check_streamed` reads them back against it)."""
+def _pickled(obj: Any) -> tuple[bytes, list[_Storage]]:
+    """``obj``'s pickle (protocol 2, as torch's) and its storages in pickling order."""
     import io
 
     storages: list[_Storage] = []
     buffer = io.BytesIO()
     _Pickler(buffer, storages).dump(obj)
-    with zipfile.ZipFile(f, "w", zipfile.ZIP_STORED, allowZip64=True) as zf:
-        zf.writestr(f"{ROOT}/data.pkl", buffer.getvalue())
-        zf.writestr(f"{ROOT}/byteorder", "little")
-        for storage in storages:
-            with zf.open(f"{ROOT}/data/{storage.key}", "w", force_zip64=True) as out:
-                for chunk in _bytes(storage.later):
-                    out.write(chunk)
-        zf.writestr(f"{ROOT}/version", "3\n")
-    return len(storages)
+    return buffer.getvalue(), storages
 
 
-def check_streamed(path: Path) -> None:
-    """Read ``path`` back: its pickle by ms-port's reader, which takes exactly what
-    ``torch.load(weights_only=True)`` takes (held to it by the differential fuzzing; torch
-    itself costs 600 MiB to import), and every member's bytes, as stored, against the
-    CRC-32 computed while they were written, a chunk at a time.
+def save_path(obj: Any, path: Path) -> None:
+    """Write ``obj`` (its tensors :class:`Later`) to ``path`` as ``torch.save`` would, and
+    prove it (the caller owns atomicity).
+
+    Three threads: the next tensor is made while one is written, and each written member
+    is read back from the file (the page cache) and its bytes held to the CRC-32 the zip
+    computed of what it was handed, while the next ones are written. Then the file is
+    fsynced and its pickle read by ms-port's reader, which takes exactly what
+    ``torch.load(weights_only=True)`` takes (held to it by the differential fuzzing;
+    importing torch to ask it costs 600 MiB). Two tensors are alive at once.
 
     Raises:
-        ValueError: a member's bytes are not what was written, or the pickle is not one
+        ValueError: a member read back is not what was written, or the pickle is not one
             torch's weights-only loader reads.
     """
     import os
+    from concurrent.futures import ThreadPoolExecutor
 
     from ..read import torchzip
-    from ..read.torchzip import _data_offset
+    from .writers import _one_ahead
 
+    pickled, storages = _pickled(obj)
+    fd = os.open(path, os.O_RDONLY | os.O_CREAT, 0o600)
+    try:
+        with open(path, "wb") as f, \
+                zipfile.ZipFile(f, "w", zipfile.ZIP_STORED, allowZip64=True) as zf, \
+                ThreadPoolExecutor(1, "ms-port-prepare") as maker, \
+                ThreadPoolExecutor(1, "ms-port-check") as checker:
+            zf.writestr(f"{ROOT}/data.pkl", pickled)
+            zf.writestr(f"{ROOT}/byteorder", "little")
+            checks = []
+            for storage, flat in _one_ahead(((s, _flat(s.later)) for s in storages), maker):
+                name = f"{ROOT}/data/{storage.key}"
+                with zf.open(name, "w", force_zip64=True) as out:
+                    for start in range(0, len(flat), _CHUNK):
+                        out.write(flat[start:start + _CHUNK])
+                f.flush()
+                checks.append(checker.submit(_crc_back, fd, zf.getinfo(name)))
+            zf.writestr(f"{ROOT}/version", "3\n")
+            bad = [info.filename for info, ok in (c.result() for c in checks) if not ok]
+            f.flush()
+            os.fsync(f.fileno())
+    finally:
+        os.close(fd)
+    if bad:
+        raise ValueError(f"{path}: {bad[0]} read back is not what was written")
     try:
         torchzip.load(path)
     except torchzip.Unsupported as exc:
         raise ValueError(f"{path}: torch's weights-only loader would refuse it ({exc})"
                          ) from None
-    buf = bytearray(_CHUNK)
-    with zipfile.ZipFile(path) as zf, open(path, "rb") as f:
-        for info in zf.infolist():
-            start, left, crc = _data_offset(f, info), info.file_size, 0
-            while left:
-                view = memoryview(buf)[:min(left, _CHUNK)]
-                got = os.preadv(f.fileno(), [view], start + info.file_size - left)
-                if got != len(view):
-                    raise ValueError(f"{path}: {info.filename} ends early on reading back")
-                crc = zlib.crc32(view, crc)
-                left -= got
-            if crc != info.CRC:
-                raise ValueError(f"{path}: {info.filename} read back is not what was "
-                                 "written")
 
 
-def _bytes(later: Later) -> Iterator[memoryview]:
+def _crc_back(fd: int, info: zipfile.ZipInfo) -> tuple[zipfile.ZipInfo, bool]:
+    """Whether a member's bytes, read back from the file, have the CRC-32 the zip wrote."""
+    import os
+    import struct
+
+    header = os.pread(fd, 30, info.header_offset)
+    if len(header) != 30 or header[:4] != b"PK\x03\x04":
+        return info, False
+    name_len, extra_len = struct.unpack("<HH", header[26:30])
+    start, left, crc = info.header_offset + 30 + name_len + extra_len, info.file_size, 0
+    buf = bytearray(min(_CHUNK, max(1, left)))
+    while left:
+        view = memoryview(buf)[:min(left, len(buf))]
+        got = os.preadv(fd, [view], start + info.file_size - left)
+        if got != len(view):
+            return info, False
+        crc = zlib.crc32(view, crc)
+        left -= got
+    return info, crc == info.CRC
+
+
+def _flat(later: Later) -> memoryview:
+    """The tensor's bytes, made now, in C order (checked against its declaration)."""
     array = np.asarray(later.make(), dtype=numpy_dtype(later.dtype))
     if not array.flags.c_contiguous:  # (ascontiguousarray would make a scalar 1-d)
         array = array.copy(order="C")
     if array.shape != later.shape:
         raise ValueError(f"a tensor made {array.shape}, {later.shape} was declared")
-    flat = memoryview(array.reshape(-1).view(np.uint8))
-    for start in range(0, len(flat), _CHUNK):
-        yield flat[start:start + _CHUNK]
-
-
-def save_path(obj: Any, path: Path) -> None:
-    """:func:`save_streamed` to ``path``, fsynced, then :func:`check_streamed` (the caller
-    owns atomicity)."""
-    import os
-
-    with open(path, "wb") as f:
-        save_streamed(obj, f)
-        f.flush()
-        os.fsync(f.fileno())
-    check_streamed(path)
+    return memoryview(array.reshape(-1).view(np.uint8))
