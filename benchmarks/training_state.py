@@ -3,7 +3,8 @@ state (bfloat16 weights, float32 moments: 4× the weights' bytes) converted into
 with ``--training-state``, and exported back into a Trainer folder, beside ``cp`` + ``sync``
 of the same bytes.
 
-    python benchmarks/training_state.py [--layers 22] [--runs 1]
+    python benchmarks/training_state.py [--layers 22] [--runs 3] \
+        [--out benchmarks/results/training-state.json]
 
 Setup (untimed, cached under benchmarks/.cache/training/): the seeded bfloat16 model of
 ``cluster.py``, and beside it ``optimizer.pt`` in the Trainer's grouping (written a tensor
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import statistics
 import sys
@@ -89,6 +91,10 @@ def trainer_folder(root: Path, layers: int) -> Path:
     return folder
 
 
+def _memory_gib() -> float:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+
+
 def _bytes(path: Path) -> int:
     return sum(f.stat().st_size for f in (path.rglob("*") if path.is_dir() else [path])
                if f.is_file())
@@ -100,6 +106,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--layers", type=int, default=22)
     ap.add_argument("--runs", type=int, default=1)
+    ap.add_argument("--out", type=Path, help="also write the figures here (JSON)")
     args = ap.parse_args()
     root = CACHE / f"1.1b-{args.layers}l"
     folder = trainer_folder(root, args.layers)
@@ -134,7 +141,10 @@ def main() -> None:
     durable = rows["tools"]["cp + sync"]["wall"]
     for v in rows["tools"].values():
         v["x_cp_sync"] = v["wall"] / durable
+    rows["machine"] = f"{os.cpu_count()} cores, {_memory_gib():.0f} GiB"
     print(json.dumps(rows, indent=2))
+    if args.out:
+        args.out.write_text(json.dumps(rows, indent=2) + "\n")
     shutil.rmtree(back, ignore_errors=True)
     ckpt.unlink(missing_ok=True)
 

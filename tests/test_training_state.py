@@ -44,7 +44,14 @@ def run(tmp_path_factory) -> Path:
     saved: ``checkpoint-1/`` … ``checkpoint-6/``."""
     out = tmp_path_factory.mktemp("trainer")
     torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(_config())
+    _train(transformers.LlamaForCausalLM(_config()), out)
+    assert (out / "checkpoint-5" / "optimizer.pt").is_file()
+    return out
+
+
+def _train(model, out: Path, resume: Path | None = None) -> None:
+    """The run: six steps on identical batches, every step saved (resumed from
+    ``resume``, with the run's own arguments, as the export's report says them)."""
     rows = _batch()[0]
     data = [{"input_ids": rows.clone(), "labels": rows.clone()} for _ in range(8 * BATCH)]
     args = transformers.TrainingArguments(
@@ -53,9 +60,8 @@ def run(tmp_path_factory) -> Path:
         max_grad_norm=1.0, save_strategy="steps", save_steps=1, report_to=[],
         use_cpu=True, logging_steps=1, dataloader_num_workers=0, seed=0,
         disable_tqdm=True)
-    transformers.Trainer(model=model, args=args, train_dataset=data).train()
-    assert (out / "checkpoint-5" / "optimizer.pt").is_file()
-    return out
+    transformers.Trainer(model=model, args=args, train_dataset=data).train(
+        resume_from_checkpoint=None if resume is None else str(resume))
 
 
 @pytest.fixture
@@ -345,7 +351,7 @@ def test_each_schedule_twin_gives_the_same_rate_at_every_step(kind):
     from mindformers.core import lr as mf_lr
 
     from ms_port.read.train_config import RunConfig, schedule_lr
-    from ms_port.write.train_yaml import SCHEDULES
+    from ms_port.read.training_state import SCHEDULES
 
     base, warmup, total = 3e-4, 7, 40
     opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=base)
@@ -365,19 +371,8 @@ def test_each_schedule_twin_gives_the_same_rate_at_every_step(kind):
 
 
 def _resume(folder: Path, out: Path) -> None:
-    """The Trainer resumed from ``folder`` with the run's own arguments (the report says
-    them), to step 6, saving every step."""
-    model = transformers.LlamaForCausalLM.from_pretrained(folder)
-    rows = _batch()[0]
-    data = [{"input_ids": rows.clone(), "labels": rows.clone()} for _ in range(8 * BATCH)]
-    args = transformers.TrainingArguments(
-        output_dir=str(out), per_device_train_batch_size=BATCH, max_steps=6,
-        learning_rate=5e-3, warmup_steps=2, lr_scheduler_type="cosine", weight_decay=0.1,
-        max_grad_norm=1.0, save_strategy="steps", save_steps=1, report_to=[],
-        use_cpu=True, logging_steps=1, dataloader_num_workers=0, seed=0,
-        disable_tqdm=True)
-    transformers.Trainer(model=model, args=args, train_dataset=data).train(
-        resume_from_checkpoint=str(folder))
+    """The Trainer resumed from ``folder`` to step 6, saving every step."""
+    _train(transformers.LlamaForCausalLM.from_pretrained(folder), out, resume=folder)
 
 
 def _relative(a: Path, b: Path, before: Path) -> float:

@@ -6,7 +6,7 @@ whichever optimizer wrote them: MindFormers' ``AdamW`` (bias-corrected, as torch
 MindSpore's ``nn.AdamWeightDecay`` (no bias correction: the same moments give another
 step) cannot be told apart by the names. The YAML's ``optimizer.type`` says which; only
 ``AdamW`` is taken. Its ``lr_schedule`` is taken where transformers has a twin that
-computes the same rate at every step (:data:`ms_port.write.train_yaml.SCHEDULES`).
+computes the same rate at every step (:data:`ms_port.read.training_state.SCHEDULES`).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import yaml
 
 from ..errors import SourceError, shown
 from .tensors import TensorInfo
-from .training_state import MINDFORMERS_MOMENTS, Group, Schedule, TrainingState
+from .training_state import MINDFORMERS_MOMENTS, SCHEDULES, Group, Schedule, TrainingState
 
 #: a run's YAML is a page of settings
 MAX_YAML_BYTES = 4 << 20
@@ -70,8 +70,6 @@ def read_train_config(path: str | Path) -> RunConfig:
     Raises:
         SourceError: unreadable, not AdamW, or a schedule transformers cannot state.
     """
-    from ..write.train_yaml import SCHEDULES
-
     path = Path(path)
     doc = _load(path)
     opt = doc.get("optimizer")

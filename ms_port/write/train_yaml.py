@@ -17,19 +17,8 @@ from typing import Any
 import yaml
 
 from ..errors import WriteError
-from ..read.training_state import TrainingState
+from ..read.training_state import SCHEDULES, TrainingState
 from ..text import visible
-
-#: transformers' schedules (``lr_scheduler_type``) -> MindFormers' ``lr_schedule.type`` and
-#: the settings that make it compute the same rate at every step (their formulas are
-#: equal term by term: tests/test_training_state.py holds them at every step)
-SCHEDULES: dict[str, tuple[str, dict[str, Any]]] = {
-    "cosine": ("CosineWithWarmUpLR", {"num_cycles": 0.5, "lr_end": 0.0,
-                                      "warmup_lr_init": 0.0}),
-    "linear": ("LinearWithWarmUpLR", {"warmup_lr_init": 0.0}),
-    "constant_with_warmup": ("ConstantWarmUpLR", {"warmup_lr_init": 0.0}),
-    "constant": ("ConstantWarmUpLR", {"warmup_lr_init": 0.0}),
-}
 
 
 def training_sections(state: TrainingState) -> dict[str, Any]:
