@@ -76,23 +76,29 @@ def inspect(
                              len(infos), filter=opts.filter)
     source = read_source(path, **opts.reading(), **opts.cluster())
     tensors = [t for t in source if not pattern or pattern.search(t.name)]
+    state, state_notes = _trainer_state(path)
     return InspectReport(source.path, source.format, tensors, len(source),
                          unwrapped=source.unwrapped, stripped=source.stripped,
                          skipped=source.skipped, metadata=source.metadata, filter=opts.filter,
                          config=_config_summary(source), hub=source.hub,
                          cluster=source.cluster, training_state=source.training_state,
-                         notes=source.notes, optimizer=_trainer_state(path))
+                         notes=source.notes + state_notes, optimizer=state)
 
 
-def _trainer_state(path: Any) -> Any:
+def _trainer_state(path: Any) -> tuple[Any, list[str]]:
     """A Trainer ``checkpoint-N/`` folder's optimizer state, named by position (inspect
-    builds no model to name it), or None where ``path`` is no such folder."""
+    builds no model to name it), or None where ``path`` is no such folder; a state that
+    cannot be taken is a note, the weights still listed."""
+    from .errors import SourceError
     from .read.trainer import holds_training_state, read_trainer_state
 
     folder = Path(path) if isinstance(path, (str, Path)) else None
     if folder is None or not folder.is_dir() or not holds_training_state(folder):
-        return None
-    return read_trainer_state(folder)
+        return None, []
+    try:
+        return read_trainer_state(folder), []
+    except SourceError as exc:
+        return None, [f"training state not taken: {exc}"]
 
 
 #: config.json keys worth a line in inspect (what a conversion takes from it)

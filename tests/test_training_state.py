@@ -607,3 +607,27 @@ def test_the_computed_parameter_order_is_transformers_own(family, extra):
     decayed = dict(decays)[DECAY_RULES[0][0]]
     assert not any("norm" in n or n.endswith(".bias") for n in decayed)
     assert any(n.endswith("q_proj.weight") for n in decayed)
+
+
+def test_inspect_lists_the_weights_and_says_why_a_state_is_not_taken(run, tmp_path, cli):
+    folder = _altered(run, tmp_path, _amsgrad)
+    r = cli(["inspect", folder, "--limit", "1"])
+    assert r.exit_code == 0, r.output
+    said = " ".join(r.output.split())
+    assert "tensors: 21" in said and "training state not taken:" in said
+    assert "uses amsgrad" in said
+
+
+def test_a_models_own_momentum_tensors_stay_weights(tmp_path):
+    """Only MindFormers' moments make a safetensors file's names training state: a model's
+    own ``momentum.*`` or ``learning_rate`` tensors are weights."""
+    from safetensors.numpy import save_file
+
+    from ms_port.read.sources import read_source
+
+    path = tmp_path / "m.safetensors"
+    save_file({"momentum.weight": np.ones(2, np.float32),
+               "learning_rate": np.ones(1, np.float32)}, str(path))
+    source = read_source(path)
+    assert set(source.tensors) == {"momentum.weight", "learning_rate"}
+    assert source.training_state == []

@@ -268,20 +268,27 @@ def _read(path: Path, *, key: str | None, strip_prefixes: bool, unsafe_pickle: b
         return _strip(source) if strip_prefixes else source
     else:
         tensors, metadata, skipped = _ckpt_tensors(path)
-    tensors, state = _state_apart(tensors)
+    tensors, state = _state_apart(tensors, fmt)
     source = Source(str(path), fmt, tensors, skipped=skipped, metadata=metadata)
     source.training_state = state
     return _strip(source) if strip_prefixes else source
 
 
-def _state_apart(tensors: dict[str, TensorInfo]) -> tuple[dict[str, TensorInfo],
-                                                          list[TensorInfo]]:
+#: a safetensors file holds a training state where it has MindFormers' AdamW moments (a
+#: model's own tensors may well be called ``momentum.*`` or ``learning_rate``)
+_MINDFORMERS_STATE = ("adam_m.", "adam_v.")
+
+
+def _state_apart(tensors: dict[str, TensorInfo], fmt: str
+                 ) -> tuple[dict[str, TensorInfo], list[TensorInfo]]:
     """A MindSpore checkpoint's weights, and its training state (optimizer moments,
     counters: :func:`~ms_port.read.distributed.is_training_state`) apart. Only where it
-    holds moments: a file of weights alone keeps every name it has."""
+    holds moments (a ``.ckpt``: any optimizer's; safetensors: MindFormers' AdamW's): a file
+    of weights alone keeps every name it has."""
     from .distributed import TRAINING_STATE_PREFIXES, is_training_state
 
-    if not any(n.startswith(TRAINING_STATE_PREFIXES) for n in tensors):
+    prefixes = TRAINING_STATE_PREFIXES if fmt == "mindspore-ckpt" else _MINDFORMERS_STATE
+    if not any(n.startswith(prefixes) for n in tensors):
         return tensors, []
     state = [i for n, i in tensors.items() if is_training_state(n)]
     return {n: i for n, i in tensors.items() if not is_training_state(n)}, state
