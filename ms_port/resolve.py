@@ -10,7 +10,7 @@ from typing import Any
 
 from .errors import TargetError
 from .match.mapping import MappingTable, layered
-from .match.plan import Plan, make_plan
+from .match.plan import Plan, PlanOptions, make_plan
 from .read.sources import Source, read_source
 from .read.targets import Target, from_arch, from_cell, from_factory, from_template
 
@@ -93,7 +93,7 @@ def plan_for(src: Source, *, arch: str | None = None,
     tgt = resolve_target(arch=arch, target=target, ms_model=ms_model, config=src.config,
                          ms_options=ms_options)
     table = resolve_mapping(mapping, arch=arch, config=src.config, target=tgt)
-    made = make_plan(src, tgt, table, **options)
+    made = make_plan(src, tgt, table, options=PlanOptions(**options))
     shapes = [c for c in made.conflicts if c.kind == "shape"]
     if tgt.kind == "family" and shapes:
         # the target was computed from the config: a shape clash means the config is wrong

@@ -9,7 +9,7 @@ import pytest
 from safetensors.numpy import save_file
 
 from ms_port.match.mapping import mapping_from_data
-from ms_port.match.plan import make_plan
+from ms_port.match.plan import PlanOptions, make_plan
 from ms_port.read.sources import read_source
 from ms_port.read.targets import TargetTensor, from_infos
 from ms_port.read.tensors import TensorInfo
@@ -72,7 +72,7 @@ def test_names_break_a_tie_only_when_strict(tmp_path):
     src = _source(tmp_path, {"enc.q.weight": (4, 4), "enc.k.weight": (4, 4),
                              "enc.v.weight": (4, 4)})
     tgt = _target({"attn.k.weight": (4, 4)}, {"attn.k": ("Dense",)})
-    plan = make_plan(src, tgt, allow_unused=True)
+    plan = make_plan(src, tgt, options=PlanOptions(allow_unused=True))
     assert [(m.target, m.source) for m in plan.matches] == [("attn.k.weight", "enc.k.weight")]
     assert "the names decide" in plan.matches[0].detail
 
@@ -118,8 +118,8 @@ def test_an_order_the_networks_do_not_share_is_never_crossed(tmp_path):
     """Linears first then norms in PyTorch, interleaved in MindSpore: what is aligned is
     right, and the rest stays a leftover rather than a guess."""
     src_t, tgt_t, kinds = _network(interleaved=True)
-    plan = make_plan(_source(tmp_path, src_t), _target(tgt_t, kinds), allow_missing=True,
-                     allow_unused=True)
+    plan = make_plan(_source(tmp_path, src_t), _target(tgt_t, kinds),
+                     options=PlanOptions(allow_missing=True, allow_unused=True))
     assert 0 < plan.counts["aligned"] < 600 and plan.missing
     for m in plan.matches:
         assert m.source.split(".")[1] == m.target.split(".")[1], (m.target, m.source)
@@ -133,7 +133,7 @@ def test_repeated_identical_blocks_align_one_to_one(tmp_path, extra):
     src = _source(tmp_path, {f"layers.{i}.w.weight": (6, 6) for i in range(n + extra)})
     tgt = _target({f"h.{i}.proj.weight": (6, 6) for i in range(n)},
                   {f"h.{i}.proj": ("Dense",) for i in range(n)})
-    plan = make_plan(src, tgt, allow_unused=True, allow_missing=True)
+    plan = make_plan(src, tgt, options=PlanOptions(allow_unused=True, allow_missing=True))
     pairs = {(m.target.split(".")[1], m.source.split(".")[1]) for m in plan.matches}
     if extra == 0:
         assert pairs == {(str(i), str(i)) for i in range(n)}
@@ -218,7 +218,7 @@ def test_a_declared_value_is_never_overridden_by_alignment(tmp_path):
     from ms_port.match.mapping import mapping_from_data
 
     table = mapping_from_data({"tensors": {"a.weight": {"init": "zeros"}}})
-    plan = make_plan(src, tgt, table, allow_unused=True)
+    plan = make_plan(src, tgt, table, options=PlanOptions(allow_unused=True))
     ((m,),) = [plan.matches]
     assert (m.how, m.init) == ("initialised", "zeros")
 
@@ -235,11 +235,12 @@ def test_saved_map_keeps_declared_transforms_and_never_renames_outside_the_plan(
     tgt = _target({"a.weight": (4, 3), "p.new.w": (2,), "q.new.w": (2,), "k.new.w": (2,)})
     table = mapping_from_data({"transforms": [{"match": "a\\.weight", "ops": [
         {"transpose": [1, 0]}]}], "tensors": {"p.new.w": "p.old.w", "q.new.w": "q.old.w"}})
-    plan = make_plan(src, tgt, table, allow_unused=True, align=False)
+    plan = make_plan(src, tgt, table, options=PlanOptions(allow_unused=True, align=False))
     assert plan.ok, plan.problems()
     saved = yaml.safe_load(plan.to_yaml())
     assert "rename" not in saved  # 'old: new' would also rename the unused k.old.w
-    again = make_plan(src, tgt, mapping_from_data(saved), allow_unused=True, align=False)
+    again = make_plan(src, tgt, mapping_from_data(saved),
+                      options=PlanOptions(allow_unused=True, align=False))
     assert again.ok, again.problems()
     assert {(m.target, m.source, str(m.transforms)) for m in again.matches} == \
         {(m.target, m.source, str(m.transforms)) for m in plan.matches}
@@ -324,7 +325,7 @@ def test_save_map_writes_renumbered_blocks_as_one_regex_that_reproduces_the_plan
                                          "to": "features.{1+2}.layers.\\2.\\3"}]
     assert saved["tensors"] == {}
     again = make_plan(_source(tmp_path, src), _target(tgt, kinds),
-                      mapping=mapping_from_data(saved), align=False)
+                      mapping=mapping_from_data(saved), options=PlanOptions(align=False))
     assert again.ok and again.counts["mapping"] + again.counts["exact"] == 16
     assert {(m.target, m.source) for m in again.matches} == \
         {(m.target, m.source) for m in plan.matches}
@@ -367,6 +368,6 @@ def test_saved_map_never_drops_a_line_a_regex_does_not_reproduce(tmp_path, src_n
     assert plan.ok, plan.problems()
     saved = yaml.safe_load(plan.to_yaml())
     again = make_plan(_source(tmp_path, src), _target(tgt), mapping=mapping_from_data(saved),
-                      align=False)
+                      options=PlanOptions(align=False))
     assert {(m.target, m.source) for m in again.matches} == \
         {(m.target, m.source) for m in plan.matches}

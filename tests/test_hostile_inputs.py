@@ -15,7 +15,7 @@ from safetensors.numpy import save_file
 import ms_port
 from ms_port.errors import MappingError, OutputExistsError, WriteError
 from ms_port.match.mapping import parse_mapping
-from ms_port.match.plan import make_plan
+from ms_port.match.plan import PlanOptions, make_plan
 from ms_port.read.sources import read_source
 from ms_port.read.targets import from_infos
 from ms_port.read.tensors import TensorInfo
@@ -129,7 +129,8 @@ def test_a_leftover_says_what_a_rename_produced(tmp_path):
     table = parse_mapping(r"rename: {regex: [{from: 'features\.(\d+)\.(.*)', "
                           r"to: 'body.{1-1}.\2'}]}", origin="m.yaml")
     target = from_infos([TensorInfo("body.1.weight", (2,), "float32")], "t")
-    plan = make_plan(read_source(tmp_path / "s.safetensors"), target, table, align=False)
+    plan = make_plan(read_source(tmp_path / "s.safetensors"), target, table,
+                     options=PlanOptions(align=False))
     (unused,) = plan.unused
     assert unused.renamed == "body.0.weight"
     assert "renamed to 'body.0.weight' by regex" in "\n".join(plan.problems())

@@ -26,7 +26,7 @@ from ms_port.match.params import (
     names_in,
     resolve,
 )
-from ms_port.match.plan import Conflict, make_plan
+from ms_port.match.plan import Conflict, PlanOptions, make_plan
 from ms_port.read.sources import Source
 from ms_port.read.targets import from_infos
 from ms_port.read.tensors import TensorInfo, dtype_name
@@ -579,7 +579,7 @@ def _qkv_target(layers=(0, 1), dtype="float32"):
 def test_fuse_fills_one_target_from_three_sources(dtype):
     arrays = _qkv_arrays(dtype=dtype)
     plan = make_plan(_source(arrays, CONFIG), _qkv_target(dtype=dtype),
-                     parse_mapping(QKV, origin="t.yaml"))
+                     parse_mapping(QKV, origin="t.yaml"), options=PlanOptions(dtype=dtype))
     assert plan.ok, plan.problems()
     assert plan.params == {"heads": (4, "num_attention_heads"),
                            "kv_heads": (2, "num_key_value_heads"),
@@ -628,7 +628,7 @@ def test_a_fuse_entry_applies_where_the_target_networks_setting_holds(settings, 
     target = _target({"layers.0.fc1.weight": (6, 5)})
     target.settings = settings
     plan = make_plan(_source(arrays), target, parse_mapping(GATE_UP, origin="t.yaml"),
-                     allow_missing=kind is None, allow_unused=kind is None)
+                     options=PlanOptions(allow_missing=kind is None, allow_unused=kind is None))
     if kind is None:
         assert not plan.matches and [m.name for m in plan.missing] == ["layers.0.fc1.weight"]
         return

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ms_port.match.plan import make_plan
+from ms_port.match.plan import PlanOptions, make_plan
 from tests.test_align import _source, _target
 
 
@@ -339,7 +339,7 @@ def test_colliding_renames_are_never_suggested(tmp_path, renames):
                   | ({f"b{i}.old.w.weight": (5,) for i in range(2)} if renames else {}))
     tgt = _target({f"b{i}.attn.qkv.weight": (4, 4) for i in range(2)}
                   | ({f"b{i}.new.w.weight": (5,) for i in range(2)} if renames else {}))
-    plan = make_plan(src, tgt, align=False)
+    plan = make_plan(src, tgt, options=PlanOptions(align=False))
     groups = leftover_groups(plan.unused)
     assert all(new != "qkv" for _, _, new in groups)
     assert [(old, new) for _, old, new in groups] == ([("old", "new")] if renames else [])

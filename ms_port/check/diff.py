@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..errors import MsPortError
-from ..match.plan import make_plan
+from ..match.plan import LENIENT, make_plan
 from ..options import DiffOptions
 from ..read.distributed import find_training_output
 from ..read.hub import is_hub_id
@@ -59,7 +59,7 @@ def diff(a: str | Path | Source, b: str | Path | Source, opts: DiffOptions) -> T
     torch_src, ms_src = (src_b, src_a) if ms_a else (src_a, src_b)
     tgt, hints = _target(torch_src, ms_src, opts)
     table = resolve_mapping(opts.mapping, arch=opts.arch, config=torch_src.config, target=tgt)
-    p = make_plan(torch_src, tgt, table, allow_missing=True, allow_unused=True)
+    p = make_plan(torch_src, tgt, table, options=LENIENT)
     values = {info.name: info.load for info in ms_src}
     found = compare_through_plan(p, values, a=torch_src.path, b=ms_src.path)
     if not found.ok:  # what the family says of a layout its names cannot show

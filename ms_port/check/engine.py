@@ -26,7 +26,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ..errors import ForwardUnavailable, MsPortError
-from ..match.plan import Plan, make_plan
+from ..match.plan import LENIENT, Plan, make_plan
 from ..options import VerifyOptions
 from ..read.distributed import cluster_notes, find_training_output
 from ..read.sources import MINDSPORE_FORMATS, Source, read_source
@@ -64,7 +64,7 @@ class Request:
         """The plan against ``target``, leftovers allowed (the tensor check reports them)."""
         table = resolve_mapping(self.options.mapping, arch=arch, config=self.src.config,
                                 target=target)
-        return make_plan(self.src, target, table, allow_missing=True, allow_unused=True)
+        return make_plan(self.src, target, table, options=LENIENT)
 
     def run(self, notes: list[str] | None = None, *, whole: bool = False) -> Any:
         """A :class:`~ms_port.check.parity.Run` on this request's inputs: in the options'

@@ -28,7 +28,7 @@ from ..read.tensors import TensorInfo
 from ..reports import ConversionReport
 from .layouts import Layout
 from .mapping import layered
-from .plan import Conflict, Dropped, Match, Missing, Plan, Unused, make_plan
+from .plan import Conflict, Dropped, Match, Missing, Plan, PlanOptions, Unused, make_plan
 from .rules import known_drop
 from .transforms import invert
 
@@ -285,7 +285,8 @@ def export_plan(checkpoint: str | Path, opts: ExportOptions,
         base = get_arch(arch).mapping_table()
     forward = make_plan(torch_side, ms_side,
                         layered(mapping, base=base, config=torch_side.config, target=ms_side),
-                        allow_missing=allow_unused, allow_unused=allow_missing)
+                        options=PlanOptions(allow_missing=allow_unused,
+                                            allow_unused=allow_missing))
     plan = invert_plan(forward, ckpt, torch_side)
     plan.notes += cluster_notes(ckpt)
     if dtype is not None:

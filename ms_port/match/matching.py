@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import collections
 import difflib
+from dataclasses import dataclass
 from typing import Any
 
 from ..errors import MappingError
@@ -73,16 +74,36 @@ def _closest(index: NameIndex, name: str, shape: tuple[int, ...]) -> tuple[Candi
     return tuple(Candidate(n, s) for n, s in index.closest(name, shape))
 
 
+@dataclass(frozen=True)
+class PlanOptions:
+    """How strictly :func:`make_plan` matches, and what it casts to.
+
+    Attributes:
+        allow_missing / allow_unused: accept leftovers (they are still reported).
+        allow_shape_match: fill leftovers by equal shape in order; flagged ``fallback``.
+        dtype: cast floating-point tensors to this dtype (``float16``, ``bfloat16``,
+            ``float32``); integer and bool tensors keep theirs.
+        align: pair the layers names leave unpaired by structure (order, kinds, shapes;
+            :mod:`ms_port.match.align`); only unambiguous pairs fill, as ``aligned``.
+    """
+
+    allow_missing: bool = False
+    allow_unused: bool = False
+    allow_shape_match: bool = False
+    dtype: str | None = None
+    align: bool = True
+
+
+#: leftovers on both sides accepted (a comparison's plan, not a conversion's)
+LENIENT = PlanOptions(allow_missing=True, allow_unused=True)
+
+
 def make_plan(
     source: Source,
     target: Target,
     mapping: MappingTable | None = None,
     *,
-    allow_missing: bool = False,
-    allow_unused: bool = False,
-    allow_shape_match: bool = False,
-    dtype: str | None = None,
-    align: bool = True,
+    options: PlanOptions | None = None,
     config: dict[str, Any] | None = None,
 ) -> Plan:
     """Match every target tensor to a source tensor (see the module docstring).
@@ -91,12 +112,8 @@ def make_plan(
         source: what the PyTorch checkpoint holds.
         target: what the MindSpore side expects.
         mapping: the mapping table(s) to apply on top of the built-in rules.
-        allow_missing / allow_unused: accept leftovers (they are still reported).
-        allow_shape_match: fill leftovers by equal shape in order; flagged ``fallback``.
-        align: pair the layers names leave unpaired by structure (order, kinds, shapes;
-            :mod:`ms_port.match.align`); only unambiguous pairs fill, as ``aligned``.
-        dtype: cast floating-point tensors to this dtype (``float16``, ``bfloat16``,
-            ``float32``); integer and bool tensors keep theirs.
+        options: strictness, cast and alignment (:class:`PlanOptions`; default: strict,
+            no cast, aligned).
         config: the model's config (``config.json``), for tables that take numbers from
             it (fused layouts, tied tensors); defaults to the source's own.
 
@@ -104,6 +121,9 @@ def make_plan(
         The :class:`Plan`; check ``plan.ok`` — this function never raises for
         leftovers, only for a mapping table that names tensors that do not exist.
     """
+    options = options or PlanOptions()
+    allow_missing, allow_unused = options.allow_missing, options.allow_unused
+    allow_shape_match, dtype, align = options.allow_shape_match, options.dtype, options.align
     mapping = mapping or MappingTable.empty()
     if dtype is not None and dtype not in FLOAT_DTYPES:
         raise ValueError(f"cannot cast to {dtype!r}; choose one of {sorted(FLOAT_DTYPES)}")
@@ -382,4 +402,4 @@ def _check_explicit(mapping: MappingTable, source: Source, target: Target) -> No
                 path=mapping.origin)
 
 
-__all__ = ["make_plan"]
+__all__ = ["LENIENT", "PlanOptions", "make_plan"]

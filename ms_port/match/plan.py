@@ -13,8 +13,21 @@ The stages live in their own modules; this one gathers what callers use:
 from __future__ import annotations
 
 from .entries import HOW, Candidate, Conflict, Dropped, Match, Missing, Unused
-from .matching import make_plan
+from .matching import LENIENT, PlanOptions, make_plan
 from .result import Plan, initial_array, materialize
 
-__all__ = ["HOW", "Candidate", "Conflict", "Dropped", "Match", "Missing", "Plan", "Unused",
-           "initial_array", "make_plan", "materialize"]
+__all__ = [
+           "HOW",
+           "LENIENT",
+           "Candidate",
+           "Conflict",
+           "Dropped",
+           "Match",
+           "Missing",
+           "Plan",
+           "PlanOptions",
+           "Unused",
+           "initial_array",
+           "make_plan",
+           "materialize",
+]
