@@ -165,7 +165,7 @@ def plan(
         mapping: mapping table(s): a built-in name, a YAML path, a
             :class:`~ms_port.match.mapping.MappingTable`, or a list of them.
         allow_missing / allow_unused / allow_shape_match / dtype / align: see
-            :func:`~ms_port.match.plan.make_plan` (``align=False``: no structural
+            :class:`~ms_port.match.plan.PlanOptions` (``align=False``: no structural
             alignment, names only).
 
     Returns:
