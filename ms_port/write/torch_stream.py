@@ -5,10 +5,10 @@ moments held at once. This writer makes the same archive (``archive/data.pkl``, 
 ``archive/data/<key>`` record per storage, ``byteorder``, ``version``) from an object whose
 tensors are :class:`Later` placeholders: the pickle is written first (it needs only each
 tensor's dtype and shape), then each tensor is made, written and let go, in order. Memory is
-three tensors (the next one made, one written, the one before compared).
-``torch.load(weights_only=True)`` reads the archive as it reads ``torch.save``'s: the
-tensors are rebuilt by ``torch._utils._rebuild_tensor_v2`` from typed storages, the only
-calls its weights-only unpickler allows.
+two tensors (the next one is made while one is written). ``torch.load(weights_only=True)``
+reads the archive as it reads ``torch.save``'s: the tensors are rebuilt by
+``torch._utils._rebuild_tensor_v2`` from typed storages, the only calls its weights-only
+unpickler allows.
 
 The pickle is made by the standard library's :mod:`pickle` at protocol 2, as torch's own.
 """
@@ -16,8 +16,9 @@ The pickle is made by the standard library's :mod:`pickle` at protocol 2, as tor
 from __future__ import annotations
 
 import pickle
+import zipfile
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO, ClassVar
@@ -119,13 +120,12 @@ def save_path(obj: Any, path: Path) -> None:
     """Write ``obj`` (its tensors :class:`Later`) to ``path`` as ``torch.save`` would, and
     prove it (the caller owns atomicity).
 
-    Three threads. The next tensor is made, and its CRC-32 computed, while one is written
-    (:class:`~ms_port.write.stored_zip.StoredZip`: the writer's thread only writes). Each
-    written member is read back from the file (the page cache) and compared with the bytes
-    it was made of, while the next ones are written. Then the file is fsynced and its
-    pickle read by ms-port's reader, which takes exactly what
+    Three threads: the next tensor is made while one is written, and each written member
+    is read back from the file (the page cache) and its bytes held to the CRC-32 the zip
+    computed of what it was handed, while the next ones are written. Then the file is
+    fsynced and its pickle read by ms-port's reader, which takes exactly what
     ``torch.load(weights_only=True)`` takes (held to it by the differential fuzzing;
-    importing torch to ask it costs 600 MiB). At most three tensors are alive at once.
+    importing torch to ask it costs 600 MiB). Two tensors are alive at once.
 
     Raises:
         ValueError: a member read back is not what was written, or the pickle is not one
@@ -135,26 +135,27 @@ def save_path(obj: Any, path: Path) -> None:
     from concurrent.futures import ThreadPoolExecutor
 
     from ..read import torchzip
-    from .stored_zip import StoredZip
     from .writers import _one_ahead
 
     pickled, storages = _pickled(obj)
     fd = os.open(path, os.O_RDONLY | os.O_CREAT, 0o600)
     try:
-        with open(path, "wb") as f, ThreadPoolExecutor(1, "ms-port-prepare") as maker, \
+        with open(path, "wb") as f, \
+                zipfile.ZipFile(f, "w", zipfile.ZIP_STORED, allowZip64=True) as zf, \
+                ThreadPoolExecutor(1, "ms-port-prepare") as maker, \
                 ThreadPoolExecutor(1, "ms-port-check") as checker:
-            zf = StoredZip(f)
-            for name, data in ((f"{ROOT}/data.pkl", pickled), (f"{ROOT}/byteorder", b"little")):
-                zf.add(name, [data], len(data), zlib.crc32(data))
+            zf.writestr(f"{ROOT}/data.pkl", pickled)
+            zf.writestr(f"{ROOT}/byteorder", "little")
             checks = []
-            made = ((s, _made(s.later)) for s in storages)
-            for storage, (flat, crc) in _one_ahead(made, maker):
-                member = zf.add(f"{ROOT}/data/{storage.key}", _chunks(flat), len(flat), crc)
+            for storage, flat in _one_ahead(((s, _flat(s.later)) for s in storages), maker):
+                name = f"{ROOT}/data/{storage.key}"
+                with zf.open(name, "w", force_zip64=True) as out:
+                    for start in range(0, len(flat), _CHUNK):
+                        out.write(flat[start:start + _CHUNK])
                 f.flush()
-                checks.append(checker.submit(_same_back, fd, member, flat))
-            zf.add(f"{ROOT}/version", [b"3\n"], 2, zlib.crc32(b"3\n"))
-            zf.close()
-            bad = [name for name, ok in (c.result() for c in checks) if not ok]
+                checks.append(checker.submit(_crc_back, fd, zf.getinfo(name)))
+            zf.writestr(f"{ROOT}/version", "3\n")
+            bad = [info.filename for info, ok in (c.result() for c in checks) if not ok]
             f.flush()
             os.fsync(f.fileno())
     finally:
@@ -168,33 +169,32 @@ def save_path(obj: Any, path: Path) -> None:
                          ) from None
 
 
-def _chunks(flat: memoryview) -> Iterator[memoryview]:
-    for start in range(0, len(flat), _CHUNK):
-        yield flat[start:start + _CHUNK]
-
-
-def _same_back(fd: int, member: Any, flat: memoryview) -> tuple[str, bool]:
-    """Whether a member's bytes, read back from the file, are ``flat``."""
+def _crc_back(fd: int, info: zipfile.ZipInfo) -> tuple[zipfile.ZipInfo, bool]:
+    """Whether a member's bytes, read back from the file, have the CRC-32 the zip wrote."""
     import os
+    import struct
 
-    name = member.name.decode("utf-8")
-    buf = bytearray(min(_CHUNK, max(1, len(flat))))
-    for start in range(0, len(flat), _CHUNK):
-        want = flat[start:start + _CHUNK]
-        view = memoryview(buf)[:len(want)]
-        if os.preadv(fd, [view], member.data + start) != len(want) or not np.array_equal(
-                np.frombuffer(view, np.uint8), np.frombuffer(want, np.uint8)):
-            return name, False
-    return name, True
+    header = os.pread(fd, 30, info.header_offset)
+    if len(header) != 30 or header[:4] != b"PK\x03\x04":
+        return info, False
+    name_len, extra_len = struct.unpack("<HH", header[26:30])
+    start, left, crc = info.header_offset + 30 + name_len + extra_len, info.file_size, 0
+    buf = bytearray(min(_CHUNK, max(1, left)))
+    while left:
+        view = memoryview(buf)[:min(left, len(buf))]
+        got = os.preadv(fd, [view], start + info.file_size - left)
+        if got != len(view):
+            return info, False
+        crc = zlib.crc32(view, crc)
+        left -= got
+    return info, crc == info.CRC
 
 
-def _made(later: Later) -> tuple[memoryview, int]:
-    """The tensor's bytes, made now, in C order (checked against its declaration), and
-    their CRC-32."""
+def _flat(later: Later) -> memoryview:
+    """The tensor's bytes, made now, in C order (checked against its declaration)."""
     array = np.asarray(later.make(), dtype=numpy_dtype(later.dtype))
     if not array.flags.c_contiguous:  # (ascontiguousarray would make a scalar 1-d)
         array = array.copy(order="C")
     if array.shape != later.shape:
         raise ValueError(f"a tensor made {array.shape}, {later.shape} was declared")
-    flat = memoryview(array.reshape(-1).view(np.uint8))
-    return flat, zlib.crc32(flat)
+    return memoryview(array.reshape(-1).view(np.uint8))
