@@ -122,8 +122,10 @@ def save_path(obj: Any, path: Path) -> None:
 
     Three threads: the next tensor is made while one is written, and each written member
     is read back from the file (the page cache) and its bytes held to the CRC-32 the zip
-    computed of what it was handed, while the next ones are written. Then the file is
-    fsynced and its pickle read by ms-port's reader, which takes exactly what
+    computed of what it was handed, while the next ones are written; the kernel is asked
+    to start writing to the disk behind the writer (as the ``.ckpt`` writer does:
+    :class:`~ms_port.write.writers._WriteBehind`). Then the file is fsynced and its
+    pickle read by ms-port's reader, which takes exactly what
     ``torch.load(weights_only=True)`` takes (held to it by the differential fuzzing;
     importing torch to ask it costs 600 MiB). Two tensors are alive at once.
 
@@ -135,7 +137,7 @@ def save_path(obj: Any, path: Path) -> None:
     from concurrent.futures import ThreadPoolExecutor
 
     from ..read import torchzip
-    from .writers import _one_ahead
+    from .writers import _one_ahead, _WriteBehind
 
     pickled, storages = _pickled(obj)
     fd = os.open(path, os.O_RDONLY | os.O_CREAT, 0o600)
@@ -143,7 +145,9 @@ def save_path(obj: Any, path: Path) -> None:
         with open(path, "wb") as f, \
                 zipfile.ZipFile(f, "w", zipfile.ZIP_STORED, allowZip64=True) as zf, \
                 ThreadPoolExecutor(1, "ms-port-prepare") as maker, \
-                ThreadPoolExecutor(1, "ms-port-check") as checker:
+                ThreadPoolExecutor(1, "ms-port-check") as checker, \
+                ThreadPoolExecutor(1, "ms-port-fsync") as syncer:
+            behind = _WriteBehind(f, syncer, None)  # the disk works while we write
             zf.writestr(f"{ROOT}/data.pkl", pickled)
             zf.writestr(f"{ROOT}/byteorder", "little")
             checks = []
@@ -152,6 +156,7 @@ def save_path(obj: Any, path: Path) -> None:
                 with zf.open(name, "w", force_zip64=True) as out:
                     for start in range(0, len(flat), _CHUNK):
                         out.write(flat[start:start + _CHUNK])
+                        behind("write", 0, 0)
                 f.flush()
                 checks.append(checker.submit(_crc_back, fd, zf.getinfo(name)))
             zf.writestr(f"{ROOT}/version", "3\n")
