@@ -631,3 +631,17 @@ def test_a_models_own_momentum_tensors_stay_weights(tmp_path):
     source = read_source(path)
     assert set(source.tensors) == {"momentum.weight", "learning_rate"}
     assert source.training_state == []
+
+
+def test_verify_training_state_on_weights_alone_is_bad_input(run, tmp_path, cli):
+    """A checkpoint converted without --training-state holds no moments: one line naming
+    the file and the first tensor it lacks, exit 2."""
+    pytest.importorskip("mindformers")
+    ckpt = tmp_path / "w.ckpt"
+    ms_port.convert(run / "checkpoint-4", ms_model="mindformers:llama", output=ckpt)
+    r = cli(["verify", run / "checkpoint-4", ckpt, "--ms-model", "mindformers:llama",
+             "--training-state"])
+    assert r.exit_code == 2, r.output
+    said = " ".join(r.output.split())
+    assert "w.ckpt: no 'adam_m." in said and "convert with --training-state" in said
+    assert "Traceback" not in r.output

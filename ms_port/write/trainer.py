@@ -31,7 +31,7 @@ import numpy as np
 from ..errors import MappingError, shown
 from ..match.result import Plan
 from ..match.training import with_training_state
-from ..read.trainer import DECAY_RULES, installed_decay_rule, parameter_order
+from ..read.trainer import installed_decay_rule, parameter_order
 from ..read.training_state import TORCH_MOMENTS, TrainingState
 from .directory import Extra
 from .torch_stream import Later, save_path
@@ -148,4 +148,4 @@ def _text(path: Path, text: str) -> None:
     write_text(path, text)
 
 
-__all__ = ["DECAY_RULES", "trainer_files"]
+__all__ = ["trainer_files"]
