@@ -339,8 +339,11 @@ def _parity(r: Any, *, limit: int | None, show: str) -> Any:
 
 #: a layer row's mark by status, and what the row says of a status that is not a pass
 _LAYER_MARKS = {"fail": "[red]✗[/]", "nonfinite": "[red]✗[/]", "insensitive": "[yellow]~[/]",
-                "boundary": "[yellow]◇[/]", "skipped": "[dim]·[/]", "ok": "[green]✓[/]"}
+                "boundary": "[yellow]◇[/]", "skipped": "[dim]·[/]", "ok": "[green]✓[/]",
+                "amplified": "[yellow]≈[/]"}
 _LAYER_SAYS = {"insensitive": "barely depends on the input",
+               "amplified": "over its bound through its input only: given MindSpore's "
+                            "values before it, its own error is within it",
                "boundary": "over its bound but not counted: the two networks draw this "
                            "block's edge differently",
                "skipped": "not compared"}

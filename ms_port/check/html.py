@@ -20,7 +20,8 @@ __all__ = ["render_html", "terminal_curve"]
 MAX_POINTS = 1500
 _FAILING = ("fail", "nonfinite")
 _VERDICT_CLASS = {"PASS": "pass", "FAIL": "fail", "INCONCLUSIVE": "inconclusive"}
-_ROW_CLASS = {"fail": "bad", "nonfinite": "bad", "insensitive": "warn", "unpaired": "dim"}
+_ROW_CLASS = {"fail": "bad", "nonfinite": "bad", "insensitive": "warn", "amplified": "warn",
+              "unpaired": "dim"}
 _SUPERSCRIPT = str.maketrans("-0123456789", "⁻⁰¹²³⁴⁵⁶⁷⁸⁹")
 _NOT_XML = {0xFFFE: "\\ufffe", 0xFFFF: "\\uffff"}  # visible() leaves them; XML forbids them
 _BLOCKS = " ▁▂▃▄▅▆▇█"

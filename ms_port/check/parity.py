@@ -205,24 +205,30 @@ def _compare_output(index: int, pair: OutputPair, bounds: Bounds) -> OutputCompa
 
 def _layer_comparisons(pairs: list[Pair], noise: dict[tuple[str, int], float],
                        sens: dict[tuple[str, int], float], *, tol: float,
-                       scaled: bool, drift: Drift) -> list[LayerComparison]:
+                       scaled: bool, drift: Drift,
+                       own: dict[tuple[str, int], float] | None = None
+                       ) -> list[LayerComparison]:
+    """Each pair judged in execution order; ``own``: each call's error given MindSpore's
+    values before it (:mod:`.replay`), where that pass ran."""
     found = []
+    own = own or {}
     for pair in pairs:
         t, m = pair.torch, pair.ms
         error, max_abs, why = layer_error(pair)
         if pair.unlike is not None:
             why = pair.unlike
-        n, s = noise.get((t.path, t.call)), sens.get((t.path, t.call))
+        key = (t.path, t.call)
+        n, s = noise.get(key), sens.get(key)
         # shapes that cannot be compared are named, never a verdict of their own
         bound, status, applied = (
             (bound_for(tol, n, scaled=scaled, drift=drift.ratio), "skipped", drift.ratio)
             if why is not None else drift.judge(pair_name(m.path, t.path), error, n, s,
-                                                tol=tol, scaled=scaled))
+                                                tol=tol, scaled=scaled, own=own.get(key)))
         found.append(LayerComparison(
             index=len(found), ms=m.path, torch=t.path, call=t.call, ms_kind=m.kind,
             torch_kind=t.kind, paired_by=pair.how, shape=t.arrays[0].shape, error=error,
             max_abs=max_abs, noise=n, bound=bound, sensitivity=s, status=status, note=why,
-            leaf=t.leaf and m.leaf, drift=applied))
+            leaf=t.leaf and m.leaf, drift=applied, own=own.get(key)))
     return found
 
 
@@ -522,7 +528,7 @@ def compare_networks(torch_model: Any, ms_model: Any, run: Run, *,
     networks forward, every paired layer and output compared, the verdict judged. The
     public door takes the user's keywords and packs them into the ``Run``; the verify
     engine makes its own."""
-    tol, ms_device = run.tol, run.ms_device
+    ms_device = run.ms_device
     torch_model.eval()
     ms_model.set_train(False)
     ran = _forwards(torch_model, ms_model, run, layers)
@@ -534,13 +540,7 @@ def compare_networks(torch_model: Any, ms_model: Any, run: Run, *,
                 else list(correspondence))
     pairs = (pair_events(ran.t_events, ran.m_events, pairs_in,
                          unlike_layers(ran.torch_main, ms_model)) if layers else [])
-    drift = Drift()
-    compared = _layer_comparisons(pairs, ran.noise, ran.sens, tol=tol, scaled=run.scaled,
-                                  drift=drift)
-    t_float = [(n, a) for n, a in ran.t_outs if a.dtype.kind == "f"]
-    m_float = [(n, a) for n, a in ran.m_outs if a.dtype.kind == "f"]
-    outputs = _compare_outputs(t_float, m_float, dict(ran.alt_outs or []), dict(ran.sens_outs),
-                               tol=tol, scaled=run.scaled, drift=drift, notes=run.notes)
+    compared, outputs, drift = _judged(pairs, ran, run)
     torch_main = ran.torch_main
     layouts = Networks(
         params_of=lambda path, torch_side: _params_of(torch_main if torch_side else ms_model,
@@ -548,6 +548,39 @@ def compare_networks(torch_model: Any, ms_model: Any, run: Run, *,
         known=lambda c: _known(c, torch_main, ms_model))
     return judge(outputs, compared, drift, layouts, run, correspondence=pairs_in,
                  nonfinite_weights=ran.nonfinite, tensor_diff=tensor_diff)
+
+
+def _judged(pairs: list[Pair], ran: _Forwards, run: Run
+            ) -> tuple[list[LayerComparison], list[OutputComparison], Drift]:
+    """Every paired layer, then every output, against its bound. Where one is above it,
+    again with each one's own error (:mod:`.replay`): a layer or output above its bound
+    only through the values before it is ``amplified``."""
+    tol, scaled = run.tol, run.scaled
+    drift = Drift()
+    compared = _layer_comparisons(pairs, ran.noise, ran.sens, tol=tol, scaled=scaled,
+                                  drift=drift)
+    t_float = [(n, a) for n, a in ran.t_outs if a.dtype.kind == "f"]
+    m_float = [(n, a) for n, a in ran.m_outs if a.dtype.kind == "f"]
+    alt, sens = dict(ran.alt_outs or []), dict(ran.sens_outs)
+
+    def outputs_of(torch_outs: list[tuple[str, np.ndarray]], drift: Drift,
+                   notes: list[str]) -> list[OutputComparison]:
+        return _compare_outputs(torch_outs, m_float, alt, sens, tol=tol, scaled=scaled,
+                                drift=drift, notes=notes)
+
+    outputs = outputs_of(t_float, drift, run.notes)
+    if not pairs or not any(c.status == "fail" for c in [*compared, *outputs]):
+        return compared, outputs, drift
+    own, replayed = _replay(ran, pairs, run)
+    if not own:
+        return compared, outputs, drift
+    drift = Drift()
+    compared = _layer_comparisons(pairs, ran.noise, ran.sens, tol=tol, scaled=scaled,
+                                  drift=drift, own=own)
+    outputs = outputs_of(t_float, drift, [])
+    if not any(c.status in ("fail", "nonfinite") for c in compared):
+        _carried_outputs(outputs, outputs_of(replayed, drift, []))
+    return compared, outputs, drift
 
 
 @dataclass
@@ -612,6 +645,42 @@ def _forwards(torch_model: Any, ms_model: Any, run: Run, layers: bool) -> _Forwa
             "mindspore forward",
             lambda: record_ms(ms_model, ms_forward) if layers else (ms_forward(), []))
     return ran
+
+
+def _replay(ran: _Forwards, pairs: list[Pair], run: Run
+            ) -> tuple[dict[tuple[str, int], float], list[tuple[str, np.ndarray]]]:
+    """Each paired call's own error, PyTorch fed MindSpore's values before it
+    (:mod:`.replay`), and PyTorch's floating-point outputs so fed; run where a layer or an
+    output is above its bound."""
+    from .replay import Replay
+
+    device = devices.torch_device(run.torch_device)
+    wide = run.dtype == "float64"
+    x = [_as_run_dtype(np.asarray(i.array), np.float64 if wide else np.float32)
+         for i in run.feed]
+    try:
+        with devices.strict_fp32(device):
+            outs, own = run.timed(
+                "torch forward on MindSpore's layer outputs (replay)", lambda: Replay(
+                    pairs).run(ran.torch_main, lambda: devices.run_torch(
+                        ran.torch_main, x, device, "replay forward", torch_outputs)))
+    except Exception as exc:  # optional: the layers stand judged on their error alone
+        run.notes.append(f"each layer's own error not measured (PyTorch fed MindSpore's "
+                         f"layer outputs failed: {devices.first_line(exc)})")
+        return {}, []
+    return own, [(n, a) for n, a in outs if a.dtype.kind == "f"]
+
+
+def _carried_outputs(outputs: list[OutputComparison], replayed: list[OutputComparison]
+                     ) -> None:
+    """An output above its bound whose error, PyTorch fed MindSpore's layer outputs, is
+    within it, is ``amplified`` (no layer having failed: the caller's condition)."""
+    own = {(o.name, o.ms_name): o.error for o in replayed}
+    for o in outputs:
+        mine = own.get((o.name, o.ms_name))
+        o.own = mine
+        if o.status == "fail" and mine is not None and mine <= o.bound:
+            o.status, o.ok, o.problem = "amplified", True, None
 
 
 def _noise(torch_model: Any, x: list[np.ndarray], run: Run, ran: _Forwards,
@@ -738,6 +807,21 @@ class Networks:
     known: Callable[[LayerComparison], list[str]]
 
 
+def _carried_note(carried: list[LayerComparison], outputs: list[OutputComparison]) -> str:
+    """The layers and outputs above their bound only through their input
+    (:mod:`.replay`)."""
+    outs = [o for o in outputs if o.status == "amplified"]
+    c = carried[0] if carried else outs[0]
+    what = ", ".join(part for part in (
+        f"{len(carried)} layer(s)" if carried else "",
+        f"{len(outs)} output(s)" if outs else "") if part)
+    return (f"{what} above their bound only through their input: given MindSpore's values "
+            f"before them, each adds an error within its bound — the rounding before it, "
+            f"carried up by what it computes (a softmax of large logits, a division by a "
+            f"small value), e.g. {c.name}: error {fmt(c.error)} > bound {fmt(c.bound)}, its "
+            f"own {fmt(c.own)}")
+
+
 def _first_bad(compared: list[LayerComparison], unmeasured: str | None
                ) -> LayerComparison | None:
     """The first layer above its bound; where the noise that sets the bounds is unknown
@@ -769,6 +853,9 @@ def judge(outputs: list[OutputComparison], compared: list[LayerComparison], drif
         notes.append(f"{len(insensitive)} layer(s) barely depend on the input (their "
                      f"agreement proves little; their weights are compared directly), e.g. "
                      f"{insensitive[0].name}")
+    carried = [c for c in compared if c.status == "amplified"]
+    if carried or any(o.status == "amplified" for o in outputs):
+        notes.append(_carried_note(carried, outputs))
     everything = compared
     compared = [c for c in compared if c.status != "skipped"]
     _blocks_with_other_bounds(compared, outputs, notes)

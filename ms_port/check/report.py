@@ -40,8 +40,11 @@ class OutputComparison:
             (≥ 1; :mod:`ms_port.check.verdict`).
         sensitivity: PyTorch's output on a second, different input vs this one: how much
             the output depends on the input at all.
-        status: ``ok``, ``fail``, ``nonfinite``, ``shape`` or ``insensitive`` (agrees,
-            but barely depends on the input: proves little).
+        status: ``ok``, ``fail``, ``nonfinite``, ``shape``, ``insensitive`` (agrees,
+            but barely depends on the input: proves little) or ``amplified`` (above its
+            bound only through the layers' values: ``own`` is within it).
+        own: its error with PyTorch fed MindSpore's layer outputs (:mod:`.replay`; run
+            only where something is above its bound), else None.
         layout: how MindSpore's output was laid out to compare it where that differs
             (transposed, per-level maps joined: :mod:`ms_port.check.relayout`), else None.
     """
@@ -67,6 +70,7 @@ class OutputComparison:
     status: str = "ok"
     drift: float = 1.0
     layout: str | None = None
+    own: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return jsonable(asdict(self))
@@ -95,10 +99,13 @@ class LayerComparison:
     noise: float | None
     bound: float
     sensitivity: float | None
-    status: str  # ok | fail | nonfinite | insensitive | skipped | boundary
+    status: str  # ok | fail | nonfinite | insensitive | skipped | boundary | amplified
     note: str | None = None
     leaf: bool = True
     drift: float = 1.0
+    #: its error given MindSpore's outputs of the layers before it (:mod:`.replay`; run
+    #: only where a layer is above its bound): what the layer itself adds
+    own: float | None = None
 
     @property
     def name(self) -> str:
