@@ -35,8 +35,10 @@ class Difference:
 
     Attributes:
         kind: ``absent`` (a part of the target the checkpoint lacks altogether, which the
-            target declares optional), ``bias`` (layers with a bias on one side only) or
-            ``layers`` (tensors with no counterpart of their shape on the other side).
+            target declares optional), ``bias`` (layers with a bias on one side only),
+            ``layers`` (tensors with no counterpart of their shape on the other side) or
+            ``constant`` (a buffer holding other values than the constant the target
+            network builds: :mod:`.constants`).
         text: the one line a refusal leads with.
         tensors: the leftover tensors it accounts for (their own lines are not repeated).
     """
@@ -60,10 +62,11 @@ def _sides(plan: Any) -> tuple[str, str]:
     return "PyTorch", "MindSpore"
 
 
-def find(plan: Any) -> list[Difference]:
+def find(plan: Any, known: list[Difference] = ()) -> list[Difference]:
     """The differences between the two networks the plan's leftovers show (module
-    docstring); empty where every leftover could still have a counterpart."""
-    found = _absent(plan)
+    docstring), after those already ``known`` (a constant holding other values:
+    :mod:`.constants`); empty where every leftover could still have a counterpart."""
+    found = [*known, *_absent(plan)]
     bias = _biases(plan)
     if bias is not None:
         found.append(bias)

@@ -26,6 +26,7 @@ from ..read.sources import Skipped, Source
 from ..read.targets import Target, TargetTensor
 from ..read.tensors import FLOAT_DTYPES, TensorInfo, format_shape
 from .closest import NameIndex
+from .constants import checked as checked_constants
 from .differences import find as differences
 from .entries import (
     Candidate,
@@ -147,12 +148,13 @@ def make_plan(
     if allow_shape_match:
         pending_t, pending_s = _by_shape(state, pending_t, pending_s)
     pending_s = _known_drops(state, pending_s)
+    pending_s, constants_differ = checked_constants(state, pending_s)
     plan = Plan(source, target, mapping,
                 [state.matches[name] for name in target.tensors if name in state.matches],
                 *_leftovers(state, pending_t, pending_s, ambiguous), dropped, state.conflicts,
                 allow_missing=allow_missing, allow_unused=allow_unused,
                 notes=list(target.notes) + many.notes + state.notes, params=many.params)
-    plan.differences = differences(plan)
+    plan.differences = differences(plan, constants_differ)
     return plan
 
 
