@@ -85,7 +85,7 @@ KINDS = {YOLOV5: "YOLOv5 7.0", YOLOX: "YOLOX 0.3.0"}
 def configs(folder: Path) -> list[Path]:
     """The model files: those that (with their bases) name network.model_name."""
     sys.path.insert(0, str(ROOT))
-    from ms_port.archs.mindyolo import read_config
+    from ms_port.archs.yolo.mindyolo import read_config
 
     found = []
     for path in sorted(folder.rglob("*.yaml")):

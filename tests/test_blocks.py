@@ -141,7 +141,7 @@ def test_a_block_that_cannot_fit_is_inconclusive_not_killed(made, monkeypatch):
 _NETWORKS_FREED = """
 import gc, sys, weakref
 import ms_port
-from ms_port.archs import llama_blocks
+from ms_port.archs.llama import blocks as llama_blocks
 built = []
 original = llama_blocks.LlamaBlocks.ms_network
 def ms_network(self, piece, tensors):
@@ -230,7 +230,7 @@ def test_every_token_id_and_a_long_input_by_layers(made, tmp_path):
 def test_one_block_per_side_is_ever_loaded(made, monkeypatch):
     """Each PyTorch network built holds real tensors of one block only (the rest stays on
     the meta device), and each MindSpore network is given one block's tensors."""
-    from ms_port.archs.llama_blocks import LlamaBlocks
+    from ms_port.archs.llama.blocks import LlamaBlocks
 
     src, out = made("llama", False, "float32", False)
     seen = []

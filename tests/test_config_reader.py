@@ -74,7 +74,7 @@ def _settings(family: str, config: dict) -> Any:
         from ms_port.write.model_config import family_yaml
 
         return family_yaml(family, config, None).text
-    from ms_port.archs.parallel_core_config import family_of
+    from ms_port.archs.parallel_core.config import family_of
 
     return family_of(config).settings(config)
 
@@ -105,7 +105,7 @@ def test_glm4_reads_its_rotary_base_from_either_layout(layout, tmp_path):
     """The bug this file is for: rope_ratio 500, not 1.0, from a transformers-5 config."""
     import yaml
 
-    from ms_port.archs.glm import glm_sizes
+    from ms_port.archs.glm.family import glm_sizes
 
     config = dict(zip(("five", "hub"), _layouts("mindformers:glm4", tmp_path)))[layout]
     assert glm_sizes(config).rope_ratio == 500
@@ -210,7 +210,7 @@ def test_glm4_with_a_rope_scaling_converts_and_its_network_is_refused(tmp_path):
     assert any("yarn" in n and "ChatGLM2 has none" in n for n in target.notes)
     with pytest.raises(MsPortError, match=r"yarn.*ChatGLM2 has no RoPE scaling"):
         _settings("mindformers:glm4", config)
-    from ms_port.archs.glm import glm_sizes
+    from ms_port.archs.glm.family import glm_sizes
 
     with pytest.raises(MsPortError, match="ChatGLM2 has no RoPE scaling"):
         glm_sizes(config).require_plain_rope()

@@ -21,7 +21,7 @@ import yaml
 from yolo_configs import YOLOV8, write_config
 
 import ms_port
-from ms_port.archs import mindyolo
+from ms_port.archs.yolo import mindyolo as mindyolo
 from ms_port.errors import TargetError
 
 # -- the config file, without MindYOLO -------------------------------------------------------

@@ -180,7 +180,7 @@ def test_a_config_of_another_network_is_refused_by_name(tmp_path):
 @pytest.mark.parametrize(("qkv", "mlp"), VARIANTS)
 def test_the_computed_names_and_shapes_are_the_real_networks(qkv, mlp, tmp_path, monkeypatch):
     pytest.importorskip("mindformers")
-    from ms_port.archs.mindformers import contained
+    from ms_port.archs.llama.family import contained
     from ms_port.read.targets import from_family
 
     config = {"model_type": "glm", "architectures": ["GlmForCausalLM"],
@@ -259,8 +259,8 @@ def test_a_grouped_qkv_or_swapped_gate_up_fails_naming_the_tensor(glm, wrong, te
 def _chatglm2_logits(model_config: dict, ckpt: Path, ids: np.ndarray) -> np.ndarray:
     """MindFormers' ChatGLM2 built from a YAML's model_config (with ms-port's tested CPU run
     settings), loaded with ``ckpt``: its logits for ``ids``."""
-    from ms_port.archs.glm import build_from
-    from ms_port.archs.mindformers import contained
+    from ms_port.archs.glm.family import build_from
+    from ms_port.archs.llama.family import contained
 
     with contained():
         import mindspore as ms
@@ -390,7 +390,7 @@ def _mindformers_rearranged(hf: Path, qkv: bool) -> dict[str, np.ndarray]:
     from safetensors.numpy import load_file
 
     pytest.importorskip("mindformers")
-    from ms_port.archs.mindformers import contained
+    from ms_port.archs.llama.family import contained
 
     with contained():
         from mindformers.models.glm2.convert_weight import rearrange_b, rearrange_w
@@ -500,7 +500,7 @@ def test_a_remote_layout_source_verifies_as_transformers_glm_holds_it(glm):
     import transformers
     from safetensors.numpy import load_file, save_file
 
-    from ms_port.archs.glm_remote import hf_config
+    from ms_port.archs.glm.remote import hf_config
     from ms_port.testing import rewrite_checkpoint
 
     root, hf, remote = glm
@@ -564,7 +564,7 @@ def test_multi_head_remote_config_reads_every_head_not_the_unused_group_count(tm
     the switch is true (a guarded alternative), so the split layout converts and the
     rearranged rows are MindFormers' own in every head of k."""
     pytest.importorskip("mindformers")
-    from ms_port.archs.mindformers import contained
+    from ms_port.archs.llama.family import contained
 
     hf = _hf(tmp_path, groups=SIZES["heads"], name="hf-mha")
     remote = _remote(tmp_path, hf, multi_head=True)

@@ -21,7 +21,7 @@ import pytest
 transformers = pytest.importorskip("transformers")
 
 import ms_port  # noqa: E402
-from ms_port.archs.mindformers import llama_target  # noqa: E402
+from ms_port.archs.llama.family import llama_target  # noqa: E402
 from ms_port.errors import MappingError, TargetError  # noqa: E402
 from ms_port.read.sources import read_source  # noqa: E402
 from ms_port.testing import rewrite_checkpoint, tiny_hf_lm  # noqa: E402
@@ -102,7 +102,7 @@ def test_convert_without_mapping_chooses_the_table(models, tmp_path, name, qkv):
 @pytest.mark.parametrize("qkv", [False, True], ids=["separate", "fused"])
 @pytest.mark.parametrize("name", list(VARIANTS))
 def test_every_tensor_equals_mindformers_converter(models, tmp_path, name, qkv):
-    from ms_port.archs.mindformers import contained, llama_config
+    from ms_port.archs.llama.family import contained, llama_config
 
     out, _ = _convert(models, tmp_path, name, qkv)
     source = read_source(models(name))
@@ -125,7 +125,7 @@ def test_every_tensor_equals_mindformers_converter(models, tmp_path, name, qkv):
 @pytest.mark.parametrize("qkv", [False, True], ids=["separate", "fused"])
 @pytest.mark.parametrize("kind,tied", [("llama", False), ("qwen2", True), ("mistral", True)])
 def test_computed_target_equals_the_real_network(kind, tied, qkv):
-    from ms_port.archs.mindformers import build_llama
+    from ms_port.archs.llama.family import build_llama
     from ms_port.read.targets import from_cell
 
     config = {"model_type": kind, "vocab_size": 128, "hidden_size": 64,
@@ -237,7 +237,7 @@ def test_wrong_conversions_fail_naming_layer_and_tensor(models, tmp_path, case):
 def test_wrong_conversion_fails_in_the_forward_alone(models, tmp_path, case, layer):
     """The same edit judged by the layers alone (the tensor check knows the plan, so a
     mapping table with the mistake built in would pass it): the layer is still named."""
-    from ms_port.archs.mindformers import build_llama
+    from ms_port.archs.llama.family import build_llama
     from ms_port.check.language import torch_from_config
     from ms_port.check.networks import load_ms_weights, load_torch_weights
     from ms_port.check.pairing import correspondence_from_pairs
@@ -384,7 +384,7 @@ def test_sharded_output_loads_in_mindspore(models, tmp_path):
     import mindspore as ms
     from mindspore.parallel import load_distributed_checkpoint
 
-    from ms_port.archs.mindformers import build_llama
+    from ms_port.archs.llama.family import build_llama
 
     shards = tmp_path / "shards"
     report = ms_port.convert(models("qwen2-bf16"), ms_model="mindformers:llama",
@@ -416,7 +416,7 @@ def test_sharded_output_loads_through_mindformers_own_loader(models, tmp_path, q
     fills every parameter of the network with what the plan says, bit for bit."""
     import glob
 
-    from ms_port.archs.mindformers import build_llama, contained
+    from ms_port.archs.llama.family import build_llama, contained
 
     with contained():
         from mindformers.tools.register import MindFormerConfig

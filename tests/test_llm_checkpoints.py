@@ -118,7 +118,7 @@ def test_scaled_rope_converts_and_verifies_past_the_original_length(tmp_path, mo
     long = dict(input_shape=[(48,)], ms_model="mindformers:llama")
     assert ms_port.verify(src, out, **long).verdict == "PASS"
     # the same checkpoint in a network built without the scaling computes another function
-    from ms_port.archs import mindformers
+    from ms_port.archs.llama import family as mindformers
 
     plain = Rope("default", None, read_rope(json.loads(
         (src / "config.json").read_text())).theta)
@@ -172,7 +172,7 @@ def test_every_token_id_passes_and_a_wrong_conversion_still_fails(tmp_path, monk
     assert failed.first_divergence.ms_name.startswith("model.layers.1.attention")
     # the check can see pad masking: MindFormers masking id 0 (its default) fails the right
     # conversion on these same inputs
-    from ms_port.archs import mindformers
+    from ms_port.archs.llama import family as mindformers
 
     monkeypatch.setattr(mindformers, "NO_PAD", 0)
     assert ms_port.verify(src, out, **args).verdict == "FAIL"

@@ -22,7 +22,7 @@ import yaml
 transformers = pytest.importorskip("transformers")
 
 import ms_port  # noqa: E402
-from ms_port.archs.mindformers import CPU_SETTINGS, NO_PAD  # noqa: E402
+from ms_port.archs.llama.family import CPU_SETTINGS, NO_PAD  # noqa: E402
 from ms_port.testing import tiny_hf_lm  # noqa: E402
 
 needs_mindformers = pytest.mark.skipif(importlib.util.find_spec("mindformers") is None,
@@ -98,7 +98,7 @@ def _transformers(src, ids, mask=None) -> np.ndarray:
 
 def _mindformers(settings: dict, ckpt, ids) -> np.ndarray:
     """LlamaForCausalLM(LlamaConfig(**settings)) with ``ckpt`` loaded, on ``ids``."""
-    from ms_port.archs.mindformers import contained
+    from ms_port.archs.llama.family import contained
     from ms_port.check.networks import load_ms_weights
 
     with contained():
@@ -158,7 +158,7 @@ def test_tied_qwen2_fused_loads_through_mindformers_config_and_masks_the_pad_id(
     assert "MindFormers masks every token equal to pad_token_id" in text
     assert any("pad_token_id 7" in n for n in report["model_config"]["notes"])
 
-    from ms_port.archs.mindformers import contained
+    from ms_port.archs.llama.family import contained
     from ms_port.check.networks import load_ms_weights
 
     with contained():  # as run_mindformer.py reads it: MindFormerConfig, the registry
@@ -184,7 +184,7 @@ def test_tied_qwen2_fused_loads_through_mindformers_config_and_masks_the_pad_id(
 @needs_mindformers
 def test_a_padless_config_writes_no_pad_because_llamaconfig_would_mask_token_0(tmp_path,
                                                                                  cli):
-    from ms_port.archs.mindformers import contained
+    from ms_port.archs.llama.family import contained
 
     src = tiny_hf_lm("qwen2", tmp_path / "m")  # transformers' Qwen2Config: no token ids
     assert "pad_token_id" not in {k for k, v in json.loads(

@@ -18,7 +18,7 @@ import pytest
 transformers = pytest.importorskip("transformers")
 
 import ms_port  # noqa: E402
-from ms_port.archs.parallel_core import qwen3_target  # noqa: E402
+from ms_port.archs.parallel_core.family import qwen3_target  # noqa: E402
 from ms_port.errors import TargetError  # noqa: E402
 from ms_port.read.sources import read_source  # noqa: E402
 
@@ -233,7 +233,7 @@ def tiny_qwen3_moe(path, *, dtype="float32", seed=0):
 
 @needs_mindformers
 def test_moe_target_equals_the_real_network(tmp_path):
-    from ms_port.archs.parallel_core_moe import target
+    from ms_port.archs.parallel_core.moe import target
 
     config = {**QWEN3_MOE, "model_type": "qwen3_moe"}
     computed = [(t.name, t.shape) for t in target(config).tensors.values()]
@@ -309,7 +309,7 @@ def test_moe_expert_order_and_halves_are_the_layout_not_a_guess(tmp_path):
 
 
 def test_moe_configs_mindformers_cannot_hold_are_one_line():
-    from ms_port.archs.parallel_core_moe import target
+    from ms_port.archs.parallel_core.moe import target
 
     with pytest.raises(TargetError, match="mlp_only_layers"):
         target({**QWEN3_MOE, "model_type": "qwen3_moe", "mlp_only_layers": [0]})
@@ -372,7 +372,7 @@ def test_verify_without_a_forward_is_inconclusive_never_pass(tmp_path, monkeypat
     INCONCLUSIVE for the forward, with the reason; a wrong tensor still FAILs, named."""
     from click.testing import CliRunner
 
-    from ms_port.archs import parallel_core_cpu
+    from ms_port.archs.parallel_core import cpu as parallel_core_cpu
     from ms_port.cli import main
     from ms_port.testing import with_reversed
 

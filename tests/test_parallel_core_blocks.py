@@ -83,7 +83,7 @@ def test_auto_goes_by_layers_when_the_whole_networks_do_not_fit(converted, monke
 
 
 def test_a_network_that_cannot_run_by_layers_is_inconclusive_never_pass(converted, monkeypatch):
-    from ms_port.archs import parallel_core_blocks
+    from ms_port.archs.parallel_core import blocks as parallel_core_blocks
 
     def no_kernel(*_a, **_k):
         raise RuntimeError("Unsupported op [SomeKernel] on CPU")

@@ -14,7 +14,7 @@ What is proven here, on tiny seeded models made with transformers:
   what MindFormers' own converters for the same classes make (Qwen3-MoE's
   ``ExpertsConvertOp``, ``TrainModelMixin.concat_linear_fc1_interleaved``);
 - MindFormers' own network, run on this CPU with ms-port's kernel stand-ins
-  (``ms_port/archs/parallel_core_cpu.py``) in each layout, computes transformers' logits
+  (``ms_port/archs/parallel_core/cpu.py``) in each layout, computes transformers' logits
   (relative error below 1e-5; yarn RoPE with mscale; the MTP layer loaded, not run), and
   each plausible mistake (a fused tensor's parts in another order, halves for interleaved
   rows, experts reversed, the router's correction bias dropped) is far off (above 1e-2);
@@ -44,7 +44,7 @@ transformers = pytest.importorskip("transformers")
 torch = pytest.importorskip("torch")
 
 import ms_port  # noqa: E402
-from ms_port.archs import parallel_core_deepseek as ds  # noqa: E402
+from ms_port.archs.parallel_core import deepseek as ds  # noqa: E402
 from ms_port.errors import MappingError, TargetError  # noqa: E402
 from ms_port.read.sources import read_source  # noqa: E402
 
@@ -611,7 +611,7 @@ def _forward(changes, options, twins, *, batch=1):
     """Compile MindFormers' network once (in the layout ``options`` give); its logits'
     error against transformers' for the right tensors and for each twin, what was
     loaded, which stand-ins ran, and the logits' spread along the sequence."""
-    from ms_port.archs import parallel_core_cpu as pc
+    from ms_port.archs.parallel_core import cpu as pc
 
     model, config, hf = _seeded_deepseek(**changes)
     ids = np.random.default_rng(2).integers(1, DEEPSEEK["vocab_size"], (batch, SEQ))
@@ -651,7 +651,7 @@ def separate():
 
 
 def _standins(*, mtp):
-    from ms_port.archs import parallel_core_cpu as pc
+    from ms_port.archs.parallel_core import cpu as pc
 
     # MLA casts q/k/v to the compute dtype itself (no Attention class, no float16 cast)
     return [s.name for s in pc.STANDINS
@@ -691,7 +691,7 @@ def test_the_network_config_holds_every_key_as_transformers_reads_it():
     from mindformers.parallel_core.training_graph.base_models.common.embeddings.\
         yarn_rotary_pos_embedding import _yarn_get_mscale
 
-    from ms_port.archs import parallel_core_cpu as pc
+    from ms_port.archs.parallel_core import cpu as pc
 
     config = _config({"num_nextn_predict_layers": 1, "routed_scaling_factor": 1.7})
     held = pc.network_config(config, seq_length=SEQ).convert_to_transformer_config()
@@ -730,14 +730,14 @@ def test_the_network_config_holds_every_key_as_transformers_reads_it():
     ({"attention_bias": True}, "attention_bias is set"),
 ])
 def test_what_the_forward_cannot_compute_exactly_is_refused_in_one_line(change, message):
-    from ms_port.archs import parallel_core_cpu as pc
+    from ms_port.archs.parallel_core import cpu as pc
 
     with pytest.raises(TargetError, match=message):
         pc.network_config(_config(change), seq_length=SEQ)
 
 
 def test_options_the_network_does_not_take_are_refused():
-    from ms_port.archs import parallel_core_cpu as pc
+    from ms_port.archs.parallel_core import cpu as pc
 
     with pytest.raises(TargetError, match="takes no option 'qkv_concat'; it takes "
                                           "mla_qkv_concat, mtp"):
@@ -809,7 +809,7 @@ def test_verify_without_a_forward_is_inconclusive_never_pass(tmp_path, monkeypat
     INCONCLUSIVE for the forward, with the reason; a wrong tensor still FAILs, named."""
     from click.testing import CliRunner
 
-    from ms_port.archs import parallel_core_cpu
+    from ms_port.archs.parallel_core import cpu as parallel_core_cpu
     from ms_port.cli import main
     from ms_port.testing import with_reversed
 

@@ -1,5 +1,5 @@
 """MindFormers' own parallel_core networks (Qwen3, Qwen3-MoE) computing on a CPU with
-ms-port's kernel stand-ins (ms_port/archs/parallel_core_cpu.py), against transformers.
+ms-port's kernel stand-ins (ms_port/archs/parallel_core/cpu.py), against transformers.
 
 Tiny seeded models (GQA with head_dim != hidden/heads, q/k and layer norms off 1, weights
 scaled so attention and routing are sharp; Qwen3 untied on one sequence, Qwen3-MoE tied on
@@ -27,7 +27,7 @@ pytest.importorskip("mindspore")
 if importlib.util.find_spec("mindformers") is None:
     pytest.skip("mindformers not installed (test extra)", allow_module_level=True)
 
-from ms_port.archs import parallel_core_cpu as pc  # noqa: E402
+from ms_port.archs.parallel_core import cpu as pc  # noqa: E402
 from ms_port.errors import TargetError  # noqa: E402
 
 #: relative L2 error of the logits: a right layout is below RIGHT, a wrong one above WRONG
@@ -293,7 +293,7 @@ def test_grouped_matmul_stand_in_multiplies_each_experts_own_rows():
     import mindspore as ms
     from mindspore import Tensor
 
-    from ms_port.archs import _parallel_core_kernels as kernels
+    from ms_port.archs.parallel_core import _kernels as kernels
 
     rng = np.random.default_rng(7)
     x = rng.standard_normal((11, 6)).astype(np.float32)

@@ -7,7 +7,7 @@ whose layout is plain — LLaMA, Mistral, Qwen2, Qwen3 — the names and shapes 
 a few numbers, listed here as data; ``tests/test_hf_layout.py`` holds them equal to
 transformers' own model, family by family, option by option. GLM-4's original remote-code
 layout, which transformers has no class for, is computed by
-:func:`~ms_port.archs.glm_remote.remote_tensors`. Any other model type (or a config this
+:func:`~ms_port.archs.glm.remote.remote_tensors`. Any other model type (or a config this
 does not describe: a missing ``architectures``) is built with transformers.
 """
 
@@ -48,7 +48,7 @@ def hf_tensors(config: dict[str, Any]) -> tuple[str, dict[str, tuple[int, ...]]]
     """(the model's class, name -> shape as transformers saves them), or ``None`` where
     this table does not describe the config (then build it with transformers)."""
     if config.get("model_type") == "chatglm":  # GLM-4's remote code: no transformers class
-        from .glm_remote import remote_tensors
+        from .glm.remote import remote_tensors
 
         return remote_tensors(config)
     decoder = DECODERS.get(config.get("model_type"))

@@ -121,7 +121,7 @@ def _load_builtins() -> None:
     """Register the built-in families (ResNet), once."""
     if _BUILTINS:
         return
-    from .resnet import builtin_archs
+    from .resnet.family import builtin_archs
 
     for fields in builtin_archs():
         _REGISTRY.setdefault(fields["name"], Arch(**fields))

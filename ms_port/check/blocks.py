@@ -16,7 +16,7 @@ MindSpore side and compared with its local float32 noise (``fed``): where a bloc
 wrong, it fails there, whatever came before.
 
 A family gives its blocks with five methods (``pieces``, ``torch_network``,
-``torch_step``, ``ms_network``, ``ms_step``; see :mod:`ms_port.archs.llama_blocks`).
+``torch_step``, ``ms_network``, ``ms_step``; see :mod:`ms_port.archs.llama.blocks`).
 """
 
 from __future__ import annotations
@@ -197,7 +197,7 @@ def run_blocks(blocks: Any, source: Source, checkpoint: Source, run: Run, *,
     """Verify block by block (module docstring); the same verdict as :func:`run_parity`.
 
     Args:
-        blocks: the family's blocks (:class:`~ms_port.archs.llama_blocks.LlamaBlocks`).
+        blocks: the family's blocks (:class:`~ms_port.archs.llama.blocks.LlamaBlocks`).
         source / checkpoint: the PyTorch source and the MindSpore checkpoint, read lazily.
         run: the token ids, seed, bound and what the run records (notes, progress).
         correspondence: ``(mindspore_path, torch_path)`` layer pairs from the plan.

@@ -210,8 +210,8 @@ def _mindcv_factory(name: str, option: str) -> Callable[..., Any]:
 
 def _mindyolo_factory(name: str, option: str) -> Callable[..., Any]:
     """``mindyolo:CONFIG.yaml``: MindYOLO's network for a config file
-    (:mod:`ms_port.archs.mindyolo`)."""
-    return importlib.import_module("ms_port.archs.mindyolo").factory(name, option)
+    (:mod:`ms_port.archs.yolo.mindyolo`)."""
+    return importlib.import_module("ms_port.archs.yolo.mindyolo").factory(name, option)
 
 
 def _timm_factory(name: str, option: str) -> Callable[..., Any]:
@@ -257,7 +257,7 @@ TORCH_ZOOS: dict[str, Callable[[str, str], Callable[..., Any]]] = {
 
 #: PyTorch references built from what the checkpoint itself describes (its pickled module's
 #: architecture): ``--torch-model PREFIX[:NAME]`` -> ``module:function(name, described)``
-REFERENCES = {"ultralytics": "ms_port.archs.ultralytics:reference"}
+REFERENCES = {"ultralytics": "ms_port.archs.yolo.ultralytics:reference"}
 
 
 def torch_reference(spec: Any, described: Any) -> Any:
@@ -277,7 +277,7 @@ def zoo_input_shape(spec: Any) -> tuple[tuple[int, ...], str] | None:
     default configuration's ``input_size``, else MindCV's 3×224×224; for
     ``mindyolo:CONFIG.yaml`` the config's ``img_size`` (MindYOLO's default 640)."""
     if isinstance(spec, str) and spec.startswith("mindyolo:"):
-        return importlib.import_module("ms_port.archs.mindyolo").input_shape(
+        return importlib.import_module("ms_port.archs.yolo.mindyolo").input_shape(
             spec.partition(":")[2])
     if not isinstance(spec, str) or not spec.startswith("mindcv:"):
         return None
@@ -368,11 +368,11 @@ def from_factory(spec: str, **kwargs: Any) -> Target:
 
 #: model families built from the source's config.json: spec -> module with
 #: ``target(config, **options)``, ``build(config, **options)`` and ``OPTIONS``
-FAMILIES = {"mindformers:llama": "ms_port.archs.mindformers",
-            "mindformers:qwen3": "ms_port.archs.parallel_core",
-            "mindformers:qwen3_moe": "ms_port.archs.parallel_core_moe",
-            "mindformers:deepseek3": "ms_port.archs.parallel_core_deepseek",
-            "mindformers:glm4": "ms_port.archs.glm"}
+FAMILIES = {"mindformers:llama": "ms_port.archs.llama.family",
+            "mindformers:qwen3": "ms_port.archs.parallel_core.family",
+            "mindformers:qwen3_moe": "ms_port.archs.parallel_core.moe",
+            "mindformers:deepseek3": "ms_port.archs.parallel_core.deepseek",
+            "mindformers:glm4": "ms_port.archs.glm.family"}
 
 
 #: the MindFormers 2.1 network each family builds, for ``ms-port archs``

@@ -2,14 +2,14 @@
 
 After ``--ms-model mindformers:llama`` the user still needs MindFormers' ``model_config``.
 ms-port has computed every number of the network from ``config.json``
-(:func:`ms_port.archs.mindformers.model_settings`); this module writes them as a
+(:func:`ms_port.archs.llama.family.model_settings`); this module writes them as a
 MindFormers YAML that ``run_mindformer.py --config`` takes: ``model.model_config``
 (``type: LlamaConfig``, the sizes, RoPE, biases, layout, tied head, token ids, positions),
 ``model.arch`` (``LlamaForCausalLM``) and ``load_checkpoint`` (the converted file).
 
 Device and run settings (dtypes, fused kernels, lengths, parallelism, the tokenizer) stay
 the user's: they are written as commented lines, with the values ms-port tests the file
-with (a CPU, float32: :data:`~ms_port.archs.mindformers.CPU_SETTINGS`).
+with (a CPU, float32: :data:`~ms_port.archs.llama.family.CPU_SETTINGS`).
 
 The text is assembled from ``yaml.safe_dump`` of each value, never from formatted values;
 comments quoting the config are made single-line and inert. The file is written like any
@@ -171,7 +171,7 @@ def mindformers_yaml(config: dict[str, Any], *, qkv_concat: bool = False,
         >>> built.model_config["type"], built.model_config["pad_token_id"]
         ('LlamaConfig', -1)
     """
-    from ..archs.mindformers import llama_sizes, model_settings
+    from ..archs.llama.family import llama_sizes, model_settings
 
     sizes = llama_sizes(config)
     section = _Section({"type": "LlamaConfig"})
@@ -216,7 +216,7 @@ def _rope(section: _Section, sizes: Any, computed: dict[str, Any], longest: int 
           notes: list[str]) -> None:
     """The RoPE settings, with a warning where MindFormers cannot compute the scaling, and
     the table's length."""
-    from ..archs.mindformers import positions
+    from ..archs.llama.family import positions
 
     rope = sizes.rope
     if rope.problem:
@@ -249,7 +249,7 @@ def _rope(section: _Section, sizes: Any, computed: dict[str, Any], longest: int 
 
 def _token_ids(section: _Section, config: dict[str, Any], notes: list[str]) -> None:
     """bos, eos and pad, with what MindFormers does with each where it differs."""
-    from ..archs.mindformers import NO_PAD
+    from ..archs.llama.family import NO_PAD
 
     pad = _token_id(config, "pad_token_id")
     bos = _token_id(config, "bos_token_id")
@@ -280,7 +280,7 @@ def _token_ids(section: _Section, config: dict[str, Any], notes: list[str]) -> N
 
 def _run_settings(section: _Section) -> None:
     """The run settings ms-port tests the file with, commented: they are the user's."""
-    from ..archs.mindformers import CPU_SETTINGS
+    from ..archs.llama.family import CPU_SETTINGS
 
     run = {"batch_size": 1, "seq_length": min(section.values.get("max_position_embedding")
                                               or _EXAMPLE_LENGTH, _EXAMPLE_LENGTH),

@@ -47,7 +47,7 @@ def glm4_yaml(config: dict[str, Any], *, qkv_concat: bool = True, mlp_concat: bo
         TargetError: the config is not GLM-4-9B's (either layout), or a token id is not an
             integer.
     """
-    from ..archs.glm import glm_sizes
+    from ..archs.glm.family import glm_sizes
 
     sizes = glm_sizes(config)
     sizes.require_plain_rope()

@@ -22,13 +22,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import TargetError, shown
-from ..match.mapping import elsewhere, select_table, selected_model_types
-from ..read.targets import Target, TargetTensor
-from .config_values import Rope, read_layers, read_rope
-from .config_values import read_bool as _bool
-from .config_values import read_float as _float
-from .config_values import read_int as _int
+from ...errors import TargetError, shown
+from ...match.mapping import elsewhere, select_table, selected_model_types
+from ...read.targets import Target, TargetTensor
+from ..config_values import Rope, read_layers, read_rope
+from ..config_values import read_bool as _bool
+from ..config_values import read_float as _float
+from ..config_values import read_int as _int
 
 QWEN3 = "mindformers:qwen3"
 QWEN3_MOE = "mindformers:qwen3_moe"
@@ -199,10 +199,10 @@ def qwen3_moe_target(config: dict[str, Any]) -> Target:
 target = qwen3_target
 build = None
 #: the blocks, for verify one block at a time (imported only then: they import MindSpore)
-BLOCKS = "ms_port.archs.parallel_core_blocks:qwen3_blocks"
+BLOCKS = "ms_port.archs.parallel_core.blocks:qwen3_blocks"
 #: where the CPU forward lives: MindFormers' network in GRAPH mode with stand-ins for the
 #: kernels it lacks on a CPU (verify runs it; NO_FORWARD says why where it cannot run)
-FORWARD = "ms_port.archs.parallel_core_cpu"
+FORWARD = "ms_port.archs.parallel_core.cpu"
 #: why verify runs no forward for this family (its verdict is then the tensors' and
 #: INCONCLUSIVE)
 #: the per-rank format the family's training loads (convert --strategy writes it):

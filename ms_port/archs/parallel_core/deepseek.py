@@ -38,7 +38,7 @@ MindFormers' config converter sets no ``qk_layernorm`` from a Hugging Face confi
 target is the network built with ``qk_layernorm: True``, as MindFormers' own DeepSeek-V3
 recipes build it (:func:`mindformers_settings` lists what the network needs).
 
-verify runs that network on a CPU (``FORWARD``: :mod:`ms_port.archs.parallel_core_cpu`,
+verify runs that network on a CPU (``FORWARD``: :mod:`ms_port.archs.parallel_core.cpu`,
 GRAPH mode with stand-ins for the kernels a CPU lacks), in the layout the checkpoint was
 converted with (``--ms-option mla_qkv_concat=…``, ``mtp=…``), and holds its logits to
 transformers' ``DeepseekV3ForCausalLM``'s: 6e-7 relative on tiny models. The MTP layer is
@@ -50,11 +50,11 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from ..errors import TargetError, shown
-from ..match.mapping import elsewhere, select_table, selected_model_types
-from ..read.targets import Target, TargetTensor
-from .config_values import Rope, read_bool, read_layers, read_rope
-from .parallel_core import INTERLEAVED, NO_FORWARD, RANK_FORMAT, mlp_note
+from ...errors import TargetError, shown
+from ...match.mapping import elsewhere, select_table, selected_model_types
+from ...read.targets import Target, TargetTensor
+from ..config_values import Rope, read_bool, read_layers, read_rope
+from .family import INTERLEAVED, NO_FORWARD, RANK_FORMAT, mlp_note
 
 FAMILY = "mindformers:deepseek3"
 #: what transformers' and MindFormers' DeepseekV3Config both assume where config.json is
@@ -293,9 +293,9 @@ target = deepseek_target
 build = None
 #: where the CPU forward lives: MindFormers' network in GRAPH mode with stand-ins for the
 #: kernels it lacks on a CPU (verify runs it, in the layout the options give)
-FORWARD = "ms_port.archs.parallel_core_cpu"
+FORWARD = "ms_port.archs.parallel_core.cpu"
 #: the blocks, for verify one block at a time (imported only then: they import MindSpore)
-BLOCKS = "ms_port.archs.parallel_core_blocks:deepseek_blocks"
+BLOCKS = "ms_port.archs.parallel_core.blocks:deepseek_blocks"
 
 __all__ = ["FAMILY", "FORWARD", "NO_FORWARD", "OPTIONS", "RANK_FORMAT", "VARIANTS",
            "DeepseekSizes",

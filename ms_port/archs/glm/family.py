@@ -28,10 +28,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import TargetError, shown
-from ..match.mapping import elsewhere
-from ..read.targets import Target, TargetTensor
-from .config_values import read_bool, read_float, read_int, read_layers, read_rope
+from ...errors import TargetError, shown
+from ...match.mapping import elsewhere
+from ...read.targets import Target, TargetTensor
+from ..config_values import read_bool, read_float, read_int, read_layers, read_rope
 
 FAMILY = "mindformers:glm4"
 #: MindFormers' defaults for the paged attention cache the network declares
@@ -224,10 +224,10 @@ def target(config: dict[str, Any], *, qkv_concat: bool = True, mlp_concat: bool 
 
 
 #: the blocks, for verify one block at a time (imported only then)
-BLOCKS = "ms_port.archs.glm_blocks:glm_blocks"
+BLOCKS = "ms_port.archs.glm.blocks:glm_blocks"
 #: verify's view of a source transformers has no class for (the remote-code layout) as
 #: transformers' glm holds it (imported only then)
-REFERENCE = "ms_port.archs.glm_remote:as_hf"
+REFERENCE = "ms_port.archs.glm.remote:as_hf"
 
 #: what MindFormers' ChatGLM2 lacks on a CPU, and what stands in (said in verify's report)
 STANDINS = (
@@ -248,7 +248,7 @@ def glm_config(config: dict[str, Any], *, qkv_concat: bool = True, mlp_concat: b
                use_rearrange_rope: bool = False, apply_query_key_layer_scaling: bool = True,
                seq_length: int = 128) -> Any:
     """MindFormers' ``ChatGLM2Config`` for CPU float32 inference of this model."""
-    from .mindformers import contained
+    from ..llama.family import contained
 
     sizes = glm_sizes(config)
     sizes.require_plain_rope()
@@ -283,7 +283,7 @@ def build(config: dict[str, Any], **settings: Any) -> Any:
 
 def build_from(cfg: Any) -> Any:
     """``ChatGLM2ForConditionalGeneration(cfg)`` with the CPU stand-ins, in eval mode."""
-    from .mindformers import contained
+    from ..llama.family import contained
 
     with contained():
         from mindformers.models.glm2 import (

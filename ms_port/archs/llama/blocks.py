@@ -19,9 +19,9 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..errors import TargetError
-from .experts import stack_experts
-from .mindformers import llama_config, llama_sizes
+from ...errors import TargetError
+from ..experts import stack_experts
+from .family import llama_config, llama_sizes
 
 #: the decoder layer every layer runs as
 LOCAL = "model.layers.0"
@@ -170,8 +170,8 @@ class LlamaBlocks(HuggingFaceSide):
     def ms_network(self, piece: Piece, tensors: dict[str, Any]) -> Any:
         """MindFormers' network with one decoder layer, built without weights, holding the
         piece's tensors (float32); ``tensors`` is emptied as they are loaded."""
-        from ..read.targets import without_weights
-        from .mindformers import contained
+        from ...read.targets import without_weights
+        from .family import contained
 
         one = {**self.config, "num_hidden_layers": 1}
         cfg = llama_config(one, qkv_concat=self.qkv_concat, seq_length=self.seq_length)
@@ -225,7 +225,7 @@ def load_piece(net: Any, tensors: dict[str, Any]) -> Any:
 def llama_blocks(config: dict[str, Any], build_torch: Any, *, qkv_concat: bool = False,
                  seq_length: int = 128) -> Any:
     """The network's blocks, for verify one block at a time
-    (:class:`~ms_port.archs.llama_blocks.LlamaBlocks`)."""
+    (:class:`~ms_port.archs.llama.blocks.LlamaBlocks`)."""
     return LlamaBlocks(config, build_torch, qkv_concat=qkv_concat, seq_length=seq_length)
 
 

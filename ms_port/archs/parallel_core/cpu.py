@@ -38,7 +38,7 @@ Use::
 Everything happens inside the ``with``: some stand-ins are built into the network, the
 others are read when it compiles (its first call), and the network runs in GRAPH mode,
 which the block sets and restores. Nothing here prints or writes files; MindFormers' own
-log lines go to stderr (:func:`~ms_port.archs.mindformers.contained`).
+log lines go to stderr (:func:`~ms_port.archs.llama.family.contained`).
 
 Measured (tiny seeded models: 2 layers, hidden 64, GQA 8/2 heads of 16; 4 experts, top 2;
 16 tokens; 2 CPU cores): the logits match transformers' to 5.2e-7 (Qwen3) and 4.6e-7
@@ -64,9 +64,9 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import TargetError
-from .mindformers import contained
-from .parallel_core_config import (  # what callers read from here
+from ...errors import TargetError
+from ..llama.family import contained
+from .config import (  # what callers read from here
     FAMILIES,
     MOE_RUN_SETTINGS,
     RUN_SETTINGS,
@@ -77,14 +77,14 @@ from .parallel_core_config import (  # what callers read from here
 )
 
 _TRAINING_GRAPH = "mindformers.parallel_core.training_graph"
-_KERNELS = "ms_port.archs._parallel_core_kernels"
+_KERNELS = "ms_port.archs.parallel_core._kernels"
 
 
 @dataclass(frozen=True)
 class Patch:
     """One attribute replaced for the duration: ``module.attr`` (``attr`` may be dotted,
     ``Class.method``) becomes ``replacement`` (an attribute of
-    :mod:`ms_port.archs._parallel_core_kernels`), or, with ``wraps``, what that
+    :mod:`ms_port.archs.parallel_core._kernels`), or, with ``wraps``, what that
     attribute makes of the original."""
 
     module: str

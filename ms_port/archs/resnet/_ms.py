@@ -16,7 +16,7 @@ Parity details that differ from MindSpore's defaults:
 * Global average pooling is a mean over H and W (no ``AdaptiveAvgPool2d``).
 
 This is the only module of ``ms_port.archs`` that imports MindSpore at import time;
-:mod:`ms_port.archs.resnet` imports it lazily when a network is built.
+:mod:`ms_port.archs.resnet.family` imports it lazily when a network is built.
 """
 
 from __future__ import annotations

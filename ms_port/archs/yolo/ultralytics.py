@@ -17,7 +17,7 @@ import importlib
 from collections.abc import Callable
 from typing import Any
 
-from ..errors import TargetError, shown
+from ...errors import TargetError, shown
 
 PREFIX = "ultralytics"
 INSTALL = ("pip install --no-deps ultralytics (AGPL-3.0; ms-port uses it only as verify's "

@@ -1,12 +1,12 @@
 """MindFormers' parallel_core Qwen3 / Qwen3-MoE block by block: verify at the size of
 one decoder layer.
 
-The blocks are LLaMA's (:mod:`ms_port.archs.llama_blocks`): the embedding, each decoder
+The blocks are LLaMA's (:mod:`ms_port.archs.llama.blocks`): the embedding, each decoder
 layer, the head. The PyTorch side is the same (transformers' own network with one decoder
 layer, built on the meta device; a mixture of experts gets its stacked experts from the
 file's per-expert tensors). The MindSpore side is MindFormers' own training network,
 built once with one decoder layer under ``no_init_parameters``, in GRAPH mode with the
-CPU stand-ins of :mod:`ms_port.archs.parallel_core_cpu`; each block runs as one of its
+CPU stand-ins of :mod:`ms_port.archs.parallel_core.cpu`; each block runs as one of its
 cells, compiled on its own:
 
 - the embedding: ``embedding`` (its ``[S, B, H]`` output transposed to ``[B, S, H]``);
@@ -36,12 +36,12 @@ import mindspore as ms
 import numpy as np
 from mindspore import nn
 
-from ..errors import ForwardUnavailable
-from .llama_blocks import HuggingFaceSide, Piece, set_parameters
-from .parallel_core import INTERLEAVED, QWEN3, QWEN3_MOE, qwen3_sizes
-from .parallel_core_cpu import build_network, cpu_standins
-from .parallel_core_deepseek import FAMILY as DEEPSEEK
-from .parallel_core_deepseek import deepseek_sizes
+from ...errors import ForwardUnavailable
+from ..llama.blocks import HuggingFaceSide, Piece, set_parameters
+from .cpu import build_network, cpu_standins
+from .deepseek import FAMILY as DEEPSEEK
+from .deepseek import deepseek_sizes
+from .family import INTERLEAVED, QWEN3, QWEN3_MOE, qwen3_sizes
 
 #: MindFormers' decoder layer every layer runs as
 MS_LOCAL = "decoder.layers.0"

@@ -3,9 +3,9 @@
 GLM-4 is an embedding, N decoder layers and a head (final norm and output layer) on both
 sides: transformers' ``GlmForCausalLM`` (the PyTorch side, :class:`HuggingFaceSide`) and
 MindFormers' ``ChatGLM2ForConditionalGeneration`` with its CPU stand-ins
-(:func:`~ms_port.archs.glm.build_from`). Each is built once with one decoder layer and no
+(:func:`~ms_port.archs.glm.family.build_from`). Each is built once with one decoder layer and no
 weights; each piece's tensors are put in, run and taken out again, as for LLaMA
-(:mod:`ms_port.archs.llama_blocks`).
+(:mod:`ms_port.archs.llama.blocks`).
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..errors import TargetError
-from .glm import glm_config, glm_sizes
-from .llama_blocks import LOCAL, HuggingFaceSide, Piece, load_piece
+from ...errors import TargetError
+from ..llama.blocks import LOCAL, HuggingFaceSide, Piece, load_piece
+from .family import glm_config, glm_sizes
 
 #: the MindSpore decoder layer every layer runs as
 MS_LOCAL = "transformer.encoder.layers.0"
@@ -80,8 +80,8 @@ class GlmBlocks(HuggingFaceSide):
     def ms_network(self, piece: Piece, tensors: dict[str, Any]) -> Any:
         """ChatGLM2 with one decoder layer and the CPU stand-ins, built without weights,
         holding the piece's tensors (float32); ``tensors`` is emptied as they load."""
-        from ..read.targets import without_weights
-        from .glm import build_from
+        from ...read.targets import without_weights
+        from .family import build_from
 
         one = {**self.config, "num_hidden_layers": 1, "num_layers": 1}
         cfg = glm_config(one, seq_length=self.seq_length, **self.layouts)

@@ -26,7 +26,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from ..errors import TargetError, shown
+from ...errors import TargetError, shown
 
 PREFIX = "mindyolo"
 #: what MindYOLO 0.5.0 needs beside ms-port's environment (its test extra)
@@ -53,7 +53,7 @@ def read_config(path: str | Path) -> dict[str, Any]:
 
 
 def _read(path: Path, chain: tuple[Path, ...]) -> dict[str, Any]:
-    from ..match.mapping_yaml import safe_documents
+    from ...match.mapping_yaml import safe_documents
 
     where = " (a __BASE__ of " + shown(str(chain[-1])) + ")" if chain else ""
     if path.suffix not in (".yaml", ".yml"):

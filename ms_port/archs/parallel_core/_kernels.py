@@ -1,5 +1,5 @@
 """CPU stand-ins for the kernels MindFormers' parallel_core networks call and MindSpore 2.10
-has no CPU implementation of (applied by :mod:`ms_port.archs.parallel_core_cpu`).
+has no CPU implementation of (applied by :mod:`ms_port.archs.parallel_core.cpu`).
 
 MindSpore compiles a GRAPH-mode network from its Python source, so each stand-in is plain
 source in a file: a ``construct`` put in a MindFormers class's place, a Cell put where

@@ -1,7 +1,7 @@
 """The torchvision ResNet family, registered by name (``resnet50``, ``resnext50_32x4d``, …).
 
 Each entry pairs ``torchvision.models.<name>`` with the MindSpore network of
-:mod:`ms_port.archs._resnet_ms`, converted through ``mappings/resnet.yaml``. Nothing
+:mod:`ms_port.archs.resnet._ms`, converted through ``mappings/resnet.yaml``. Nothing
 heavy is imported here: MindSpore loads only when a network is built.
 """
 
@@ -30,7 +30,7 @@ def _factory(
     name: str, block: str, layers: tuple[int, ...], groups: int, width: int,
 ) -> Callable[..., Any]:
     def factory(*, num_classes: int = 1000, zero_init_residual: bool = False) -> Any:
-        from ._resnet_ms import build
+        from ._ms import build
 
         return build(
             block, layers, groups=groups, width_per_group=width,

@@ -17,8 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import SourceError, shown
-from ..read.tensors import Source, TensorInfo
+from ...errors import SourceError, shown
+from ...read.tensors import Source, TensorInfo
 
 #: remote-code names -> transformers' glm names, per decoder layer (``{i}``) and whole
 _LAYER = {"input_layernorm.weight": "input_layernorm.weight",
@@ -38,11 +38,11 @@ _REMOTE_HEAD = "transformer.output_layer.weight"
 
 def remote_tensors(config: dict[str, Any]) -> tuple[str, dict[str, tuple[int, ...]]]:
     """(the class, name -> shape) of the remote-code layout as its repository's files hold
-    it: MindFormers' fused network (:func:`~ms_port.archs.glm.glm_tensors`, whose names
+    it: MindFormers' fused network (:func:`~ms_port.archs.glm.family.glm_tensors`, whose names
     are the remote code's) with the embedding's own name, without the paged-attention
     caches MindFormers declares, and without the output layer a tied config leaves out.
     The derived ``rotary_pos_emb.inv_freq`` is the remote code's to compute: not listed."""
-    from .glm import glm_sizes, glm_tensors
+    from .family import glm_sizes, glm_tensors
 
     sizes = glm_sizes(config)
     out = {}
@@ -60,7 +60,7 @@ def remote_tensors(config: dict[str, Any]) -> tuple[str, dict[str, tuple[int, ..
 def hf_config(config: dict[str, Any]) -> dict[str, Any]:
     """The remote code's ``config.json`` in transformers' ``GlmConfig`` keys (the values
     the ``-hf`` repos give: rotary base ``10000 × rope_ratio`` over half of each head)."""
-    from .glm import glm_sizes
+    from .family import glm_sizes
 
     sizes = glm_sizes(config)
     if sizes.dense_bias:
@@ -95,8 +95,8 @@ def as_hf(src: Source) -> tuple[Source, list[str]]:
         SourceError: a tensor the remote layout has at another shape, a name it does not
             have, or an ``inv_freq`` the config does not imply.
     """
-    from ..match.derived import DERIVED, agrees
-    from .glm import glm_sizes
+    from ...match.derived import DERIVED, agrees
+    from .family import glm_sizes
 
     config = src.config or {}
     if config.get("model_type") != "chatglm":

@@ -1,5 +1,5 @@
 """config.json to MindFormers' parallel_core configuration (Qwen3, Qwen3-MoE, DeepSeek-V3):
-what the network is built with on a CPU (:mod:`ms_port.archs.parallel_core_cpu`), every
+what the network is built with on a CPU (:mod:`ms_port.archs.parallel_core.cpu`), every
 number read from the config, every setting MindFormers computes otherwise than
 transformers refused in one line, and what MindFormers' config then holds checked against
 what was asked."""
@@ -12,11 +12,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import TargetError, shown
-from .config_values import read_bool, read_float, read_int, read_layers, read_rope
-from .mindformers import contained
-from .parallel_core import INTERLEAVED
-from .parallel_core_deepseek import deepseek_sizes, mindformers_settings
+from ...errors import TargetError, shown
+from ..config_values import read_bool, read_float, read_int, read_layers, read_rope
+from ..llama.family import contained
+from .deepseek import deepseek_sizes, mindformers_settings
+from .family import INTERLEAVED
 
 #: the most decoder layers / experts a config may ask for
 MAX_EXPERTS = 4096

@@ -27,10 +27,10 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import TargetError, shown
-from ..match.mapping import elsewhere, select_table, selected_model_types
-from ..read.targets import Target, TargetTensor
-from .config_values import Rope, read_bool, read_float, read_int, read_layers, read_rope
+from ...errors import TargetError, shown
+from ...match.mapping import elsewhere, select_table, selected_model_types
+from ...read.targets import Target, TargetTensor
+from ..config_values import Rope, read_bool, read_float, read_int, read_layers, read_rope
 
 FAMILY = "mindformers:llama"
 
@@ -311,7 +311,7 @@ def build_llama(config: dict[str, Any], *, qkv_concat: bool = False,
 target = llama_target
 build = build_llama
 #: the blocks, for verify one block at a time (imported only then)
-BLOCKS = "ms_port.archs.llama_blocks:llama_blocks"
+BLOCKS = "ms_port.archs.llama.blocks:llama_blocks"
 
 __all__ = ["CPU_SETTINGS", "FAMILY", "NO_PAD", "OPTIONS", "LlamaSizes", "build_llama",
            "contained", "llama_config", "llama_sizes", "llama_target",

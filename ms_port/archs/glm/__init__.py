@@ -1,0 +1,1 @@
+"""GLM-4 (ChatGLM's remote code and transformers' Glm4) into MindFormers."""

@@ -1,0 +1,1 @@
+"""LLaMA, Mistral and Qwen2 into MindFormers' LlamaForCausalLM."""

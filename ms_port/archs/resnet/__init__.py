@@ -1,0 +1,1 @@
+"""torchvision's ResNets into ms-port's built-in MindSpore ResNets."""

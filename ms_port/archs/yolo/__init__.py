@@ -1,0 +1,1 @@
+"""detectors: MindYOLO's networks, and ultralytics' as verify's PyTorch side."""
