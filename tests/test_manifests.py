@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import subprocess
 import sys
 
@@ -54,3 +55,86 @@ def test_convert_with_an_arch_imports_no_framework(tmp_path):
             "assert 'torch' not in sys.modules and 'mindspore' not in sys.modules, "
             "[m for m in sys.modules if m.startswith(('torch', 'mindspore'))][:5]")
     subprocess.run([sys.executable, "-c", code, str(src), str(tmp_path / "o.ckpt")], check=True)
+
+
+# --- MindCV's models, recorded ---------------------------------------------------------
+
+
+def _one_per_module() -> list[str]:
+    """The recorded model with the fewest tensors of each MindCV module (resnet, convnext,
+    vit …): each module builds its networks its own way."""
+    from ms_port.read.targets import _mindcv_records
+
+    mindcv = pytest.importorskip("mindcv")
+    smallest: dict[str, tuple[int, str]] = {}
+    for name, record in _mindcv_records().items():
+        module = mindcv.models.model_entrypoint(name).__module__
+        smallest[module] = min(smallest.get(module, (1 << 30, "")),
+                               (len(record["tensors"]), name))
+    return sorted(name for _, name in smallest.values())
+
+
+def _described(target) -> list[tuple]:
+    return [(t.name, t.shape, t.dtype, t.layer, t.lineage, t.path, t.constant is None)
+            for t in target.tensors.values()]
+
+
+def test_the_mindcv_record_is_what_each_module_builds():
+    """One model of each MindCV module held to its live network (every model:
+    ``python -m ms_port.archs.manifest --mindcv`` rebuilds the record)."""
+    pytest.importorskip("mindcv")
+    from ms_port.read.targets import from_factory, recorded_zoo
+
+    names = _one_per_module()
+    assert len(names) > 40 and "resnet18" in names
+    for name in names:
+        recorded = recorded_zoo(f"mindcv:{name}")
+        live = from_factory(f"mindcv:{name}", recorded=False)
+        assert _described(recorded) == _described(live), (
+            f"the record of mindcv:{name} is stale: python -m ms_port.archs.manifest --mindcv")
+        assert recorded.cls == live.cls
+
+
+def test_a_model_computing_constants_is_not_recorded_but_built():
+    from ms_port.read.targets import _mindcv_records, recorded_zoo
+
+    records = _mindcv_records()
+    assert "resnet50" in records and "convnext_tiny" in records
+    assert "swin_tiny" not in records  # its masks are part of the target
+    assert recorded_zoo("mindcv:swin_tiny") is None
+    assert recorded_zoo("mindcv:not_a_model") is None
+    assert recorded_zoo("timm:resnet50") is None
+
+
+def test_another_mindcv_than_the_recorded_one_is_built(monkeypatch):
+    from importlib import metadata
+
+    from ms_port.read import targets
+
+    monkeypatch.setattr(metadata, "version", lambda name: "0.4.0")
+    assert targets.recorded_zoo("mindcv:resnet50") is None
+    monkeypatch.setattr(metadata, "version", lambda name: targets.MINDCV_RECORDED)
+    assert targets.recorded_zoo("mindcv:resnet50") is not None
+
+
+def test_convert_into_mindcv_imports_no_mindspore(tmp_path):
+    """The recorded MindCV target: MindSpore is never imported, and the plan is the one
+    the live network gives."""
+    torch = pytest.importorskip("torch")
+    torchvision = pytest.importorskip("torchvision")
+    torch.manual_seed(0)
+    pth = tmp_path / "resnet18.pth"
+    torch.save(torchvision.models.resnet18().state_dict(), pth)
+    code = ("import sys, ms_port; r = ms_port.convert(sys.argv[1], ms_model='mindcv:resnet18',"
+            " output=sys.argv[2]); assert r.ok, r.plan.problems(); "
+            "print(r.plan.counts['aligned'], len(r.plan.matches)); "
+            "assert 'mindspore' not in sys.modules and 'mindcv' not in sys.modules, "
+            "[m for m in sys.modules if m.startswith(('mindspore', 'mindcv'))][:5]")
+    done = subprocess.run([sys.executable, "-c", code, str(pth), str(tmp_path / "o.ckpt")],
+                          check=True, capture_output=True, text=True)
+    aligned, filled = map(int, done.stdout.split())
+    if importlib.util.find_spec("mindcv") is not None:
+        from ms_port.read.targets import from_factory
+
+        live = ms_port.plan(pth, target=from_factory("mindcv:resnet18", recorded=False))
+        assert (live.counts["aligned"], len(live.matches)) == (aligned, filled)

@@ -1,4 +1,5 @@
-"""What each built-in architecture expects, recorded so that converting needs no MindSpore.
+"""What each built-in architecture and MindCV model expects, recorded so that converting
+needs no MindSpore.
 
 Building a MindSpore network means importing MindSpore (seconds, hundreds of MiB) to
 learn a few hundred names and shapes. For the built-in architectures at their default
@@ -7,6 +8,18 @@ layer types) and a test checks every manifest against the live network. Regenera
 after changing an architecture::
 
     python -m ms_port.archs.manifest
+
+MindCV's models (``--ms-model mindcv:NAME``) are recorded in one file,
+``manifests/mindcv-<version>.json.gz``: for each model built by MindCV's own
+``create_model`` (no weights drawn), its class and, per tensor, the name, shape, dtype,
+the owning cell's class and its bases, and the path the network holds it under where that
+differs from its name: what the plan's alignment reads of a live network. A model whose
+network computes a constant when it is built (Swin's masks: its value is part of the
+target) or that cannot be built on a CPU is not recorded, and is built as before.
+Regenerate with MindCV installed (a test holds one model of each MindCV module to its live
+network)::
+
+    python -m ms_port.archs.manifest --mindcv
 """
 
 from __future__ import annotations
@@ -42,6 +55,49 @@ def write_manifests(names: list[str] | None = None) -> list[str]:
     return written
 
 
+def mindcv_record(names: list[str] | None = None) -> tuple[dict[str, Any], list[str]]:
+    """MindCV's models as recorded (module docstring), and those left out with why."""
+    from importlib.metadata import version
+
+    import mindcv.models as zoo
+
+    from ..read.targets import from_factory, zoo_tensor_row
+
+    models: dict[str, Any] = {}
+    left = []
+    for name in names or zoo.list_models():
+        try:  # as --ms-model builds it: without its weights, else the ordinary way
+            target = from_factory(f"mindcv:{name}", recorded=False)
+        except Exception as exc:  # MindCV's own code: built as before, at conversion
+            left.append(f"{name}: cannot be built ({type(exc).__name__})")
+            continue
+        if any(t.constant is not None for t in target.tensors.values()):
+            left.append(f"{name}: computes constants when it is built")
+            continue
+        models[name] = {"cls": target.cls,
+                        "tensors": [zoo_tensor_row(t) for t in target.tensors.values()]}
+    return {"mindcv": version("mindcv"), "models": models}, left
+
+
+def write_mindcv() -> tuple[str, list[str]]:
+    """Record MindCV's models (:func:`mindcv_record`) beside the manifests."""
+    import gzip
+    from pathlib import Path
+
+    record, left = mindcv_record()
+    path = Path(__file__).with_name(MANIFESTS) / f"mindcv-{record['mindcv']}.json.gz"
+    # mtime 0: the same record writes the same bytes
+    path.write_bytes(gzip.compress(json.dumps(record, separators=(",", ":")).encode(),
+                                   compresslevel=9, mtime=0))
+    return str(path), left
+
+
 if __name__ == "__main__":
-    for path in write_manifests(sys.argv[1:] or None):
-        print(f"wrote {path}")
+    if sys.argv[1:] == ["--mindcv"]:
+        written, skipped = write_mindcv()
+        print(f"wrote {written}; not recorded (built at conversion):")
+        for line in skipped:
+            print(f"  {line}")
+    else:
+        for path in write_manifests(sys.argv[1:] or None):
+            print(f"wrote {path}")

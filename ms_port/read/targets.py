@@ -8,6 +8,7 @@ names and shapes are read without keeping its data.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import json
 import sys
@@ -172,6 +173,50 @@ def load_manifest(name: str) -> Target | None:
     tensors = {n: TargetTensor(n, tuple(shape), dtype, layer)
                for n, shape, dtype, layer in data["tensors"]}
     return Target("arch", name, tensors)
+
+
+#: the MindCV release whose models are recorded (:mod:`ms_port.archs.manifest`)
+MINDCV_RECORDED = "0.3.0"
+
+
+def zoo_tensor_row(t: TargetTensor) -> list[Any]:
+    """One tensor of a recorded zoo model: what :func:`recorded_zoo` rebuilds it from."""
+    return [t.name, list(t.shape), t.dtype, t.layer, list(t.lineage), t.path]
+
+
+@functools.lru_cache(maxsize=1)
+def _mindcv_records() -> dict[str, Any]:
+    import gzip
+
+    resource = resources.files("ms_port.archs") / MANIFESTS / f"mindcv-{MINDCV_RECORDED}.json.gz"
+    if not resource.is_file():
+        return {}
+    return json.loads(gzip.decompress(resource.read_bytes()))["models"]
+
+
+def recorded_zoo(spec: str) -> Target | None:
+    """``mindcv:NAME`` as recorded from MindCV (:mod:`ms_port.archs.manifest`), without
+    importing MindSpore; ``None`` where it is not recorded, or where another MindCV than
+    the recorded one is installed (then the network is built)."""
+    from importlib import metadata
+
+    prefix, _, name = spec.partition(":")
+    if prefix != "mindcv":
+        return None
+    try:
+        installed = metadata.version("mindcv")
+    except metadata.PackageNotFoundError:
+        installed = None
+    if installed not in (None, MINDCV_RECORDED):
+        return None
+    record = _mindcv_records().get(name)
+    if record is None:
+        return None
+    tensors = {n: TargetTensor(n, tuple(shape), dtype, layer, tuple(lineage), None, path)
+               for n, shape, dtype, layer, lineage, path in record["tensors"]}
+    return Target("cell", spec, tensors, cls=record["cls"], notes=[
+        f"{spec}: names, shapes and layer kinds as recorded from MindCV {MINDCV_RECORDED}'s "
+        "create_model (MindSpore not imported)"])
 
 
 def from_arch(name: str, **kwargs: Any) -> Target:
@@ -358,9 +403,12 @@ def without_weights(build: Callable[[], Any]) -> Any:
         return build()
 
 
-def from_factory(spec: str, **kwargs: Any) -> Target:
+def from_factory(spec: str, *, recorded: bool = True, **kwargs: Any) -> Target:
     """Build a network from ``module:callable`` (without drawing its weights) and
-    describe it."""
+    describe it; a recorded zoo model (:func:`recorded_zoo`) is described without
+    building, unless ``recorded`` is False."""
+    if recorded and not kwargs and (found := recorded_zoo(spec)) is not None:
+        return found
     factory = import_callable(spec)
     cell = without_weights(lambda: _call(factory, f"--ms-model {spec!r}", **kwargs))
     return from_cell(cell, spec)
