@@ -49,6 +49,13 @@ def _variant(tmp_path: Path, **changes) -> Path:
     ("args", "__import__('os').system('touch x')", "expression MindYOLO would eval"),
     ("args", "nc*2", "expression MindYOLO would eval"),
     ("args", "k=open('x')", "expression MindYOLO would eval"),
+    # an activation of numbers is MindYOLO's own (yolox-darknet53); nothing else that looks so
+    ("args", "act=nn.LeakyReLU(__import__('os').system('touch x'))",
+     "expression MindYOLO would eval"),
+    ("args", "act=os.system(0)", "expression MindYOLO would eval"),
+    ("args", "act=nn.LeakyReLU(alpha=0.1)", "expression MindYOLO would eval"),
+    ("args", "act=nn.Dense(4, 4)", "expression MindYOLO would eval"),
+    ("args", "act=nn.LeakyReLU(True)", "expression MindYOLO would eval"),
     ("module", "__import__('os').getcwd()", "is not a name"),
 ])
 def test_a_layer_table_string_mindyolo_would_eval_as_code_is_refused(tmp_path, where, bad,
@@ -68,6 +75,14 @@ def test_a_layer_table_string_mindyolo_would_eval_as_code_is_refused(tmp_path, w
         ms_port.convert(tmp_path / "w.pt", ms_model=f"mindyolo:{model}",
                         output=tmp_path / "o.ckpt")
     assert not (tmp_path / "o.ckpt").exists() and not (tmp_path / "x").exists()
+
+
+def test_an_activation_made_of_numbers_is_read_as_mindyolo_writes_it(tmp_path):
+    network = copy.deepcopy(YOLOV8)
+    network["backbone"][0][3] = [64, 3, 2, "act=nn.LeakyReLU(0.1)"]
+    model = write_config(tmp_path, network)
+    built, _ = mindyolo.network_of(mindyolo.read_config(model), "cfg")
+    assert built["backbone"][0][3][-1] == "act=nn.LeakyReLU(0.1)"
 
 
 def test_layer_indices_must_be_integers(tmp_path):

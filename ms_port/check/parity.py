@@ -198,9 +198,29 @@ def _compare_output(index: int, pair: OutputPair, bounds: Bounds) -> OutputCompa
         problem = f"output {tname}: error {fmt(error)} > bound {fmt(bound)}"
     if bad:
         status = "nonfinite"
+        finite = _same_overflow(shaped, torch_arr)
+        if finite is not None:  # the network's own overflow, on both sides alike
+            error, max_abs = relative_error(shaped[finite], torch_arr[finite]) \
+                if finite.any() else (0.0, 0.0)
+            status = "overflow" if status_of(error, bound, None) == "ok" else "fail"
+            problem = None if status == "overflow" else (
+                f"output {tname}: error {fmt(error)} > bound {fmt(bound)} where both sides "
+                f"are finite ({', '.join(bad)}, at the same positions)")
     return OutputComparison(error=error, max_abs=max_abs, cosine=cosine(shaped, torch_arr),
                             top1_agreement=top1, ok=problem is None, problem=problem,
                             status=status, **common)
+
+
+def _same_overflow(ms_arr: np.ndarray, torch_arr: np.ndarray) -> np.ndarray | None:
+    """Where both outputs are finite, if their NaN and Inf lie at the same positions with
+    the same values (an exponential that overflows on this input, on both sides); else
+    ``None``."""
+    ms_fin, torch_fin = np.isfinite(ms_arr), np.isfinite(torch_arr)
+    if not np.array_equal(ms_fin, torch_fin):
+        return None
+    if not np.array_equal(ms_arr[~ms_fin], torch_arr[~torch_fin], equal_nan=True):
+        return None
+    return ms_fin
 
 
 def _layer_comparisons(pairs: list[Pair], noise: dict[tuple[str, int], float],

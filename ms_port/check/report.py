@@ -41,8 +41,11 @@ class OutputComparison:
         sensitivity: PyTorch's output on a second, different input vs this one: how much
             the output depends on the input at all.
         status: ``ok``, ``fail``, ``nonfinite``, ``shape``, ``insensitive`` (agrees,
-            but barely depends on the input: proves little) or ``amplified`` (above its
-            bound only through the layers' values: ``own`` is within it).
+            but barely depends on the input: proves little), ``amplified`` (above its
+            bound only through the layers' values: ``own`` is within it) or ``overflow``
+            (NaN/Inf at the same positions on both sides, its finite values within the
+            bound: the network's own overflow on this input; ``error`` is the finite
+            values').
         own: its error with PyTorch fed MindSpore's layer outputs (:mod:`.replay`; run
             only where something is above its bound), else None.
         layout: how MindSpore's output was laid out to compare it where that differs

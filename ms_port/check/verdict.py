@@ -206,6 +206,15 @@ def decide(outputs: list[OutputComparison], layers: list[LayerComparison], *,
                 "feed real samples with --input, or check for a zero-initialised head")
         elif o.max_abs == 0.0 and o.cosine is None:
             reasons.append(f"output {o.name} is all zeros on both sides")
+        elif o.status == "overflow":
+            count = max(o.torch_nan_count + o.torch_inf_count, 1)
+            reasons.append(
+                f"output {o.name} is not finite at the same {count} position(s) on both "
+                f"sides ({o.torch_inf_count} Inf, {o.torch_nan_count} NaN): the network "
+                f"overflows on this input, in PyTorch and MindSpore alike, and its finite "
+                f"values agree (error {fmt(o.error)}, bound {fmt(o.bound)}); what it computes "
+                "there cannot be compared — feed real samples (--input, images for a "
+                "detector) on which it stays finite")
     if reasons:
         return INCONCLUSIVE, reasons
     return PASS, reasons

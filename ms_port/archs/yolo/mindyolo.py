@@ -8,7 +8,8 @@ is PyYAML's ``FullLoader``, and its ``parse_model`` runs ``eval`` on every strin
 layer table (module names and arguments). ms-port reads the files with the safe loader
 (no anchors or aliases, bounded size, ``__BASE__`` at most :data:`MAX_BASE_DEPTH` deep and
 never a cycle) and hands MindYOLO a layer table only when each string in it is a plain name
-(``C2f``, ``nc``, ``None``, ``nearest``) or ``key=name``: never an expression.
+(``C2f``, ``nc``, ``None``, ``nearest``), ``key=name`` or ``key=number``, or an activation
+made of numbers (``act=nn.LeakyReLU(0.1)``, :data:`ACTIVATIONS`): never another expression.
 
 The configs are not in MindYOLO's wheel; its users have them from its repository.
 """
@@ -39,6 +40,10 @@ MAX_CONFIG_BYTES = 1 << 20
 #: what a string of the layer table may be: a name, or key=name / key=number
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 _NUMBER = re.compile(r"[-+]?(\d+(\.\d*)?|\.\d+)([eE][-+]?\d+)?\Z")
+#: the activations a layer argument may construct (``act=nn.LeakyReLU(0.1)``, in
+#: MindYOLO's own yolox-darknet53 config): MindSpore's cells, with numbers only
+ACTIVATIONS = frozenset({"LeakyReLU", "ReLU", "ReLU6", "SiLU", "Sigmoid", "Tanh", "GELU",
+                         "HSwish", "HSigmoid", "ELU", "Identity"})
 
 
 def read_config(path: str | Path) -> dict[str, Any]:
@@ -143,11 +148,30 @@ def _check_layer(row: Any, where: str) -> None:
         raise TargetError(f"{where}: args {shown(args)} is not a list")
     for arg in _strings(args):
         key, eq, value = arg.partition("=")
-        plain = _NAME.match(value) or _NUMBER.match(value) if eq else _NAME.match(arg)
+        plain = (_NAME.match(value) or _NUMBER.match(value) or _activation(value) if eq
+                 else _NAME.match(arg))
         if not (plain and (not eq or _NAME.match(key))):
             raise TargetError(f"{where}: argument {shown(arg)} is an expression MindYOLO "
                               "would eval; ms-port builds only configs whose layer arguments "
-                              "are numbers, lists and plain names")
+                              "are numbers, lists, plain names and activations made of "
+                              "numbers (nn.LeakyReLU(0.1); one of "
+                              f"{', '.join(sorted(ACTIVATIONS))})")
+
+
+def _activation(text: str) -> bool:
+    """Whether ``text`` is ``nn.NAME(numbers…)`` with NAME one of :data:`ACTIVATIONS`:
+    what MindYOLO's eval of it can do is make that cell."""
+    import ast
+
+    try:
+        node = ast.parse(text, mode="eval").body
+    except SyntaxError:
+        return False
+    return (isinstance(node, ast.Call) and not node.keywords
+            and isinstance(node.func, ast.Attribute) and node.func.attr in ACTIVATIONS
+            and isinstance(node.func.value, ast.Name) and node.func.value.id == "nn"
+            and all(isinstance(a, ast.Constant) and type(a.value) in (int, float)
+                    for a in node.args))
 
 
 def _is_int(value: Any) -> bool:
