@@ -46,22 +46,38 @@ def test_torch_loads_it_as_written(tmp_path):
 
 
 def test_a_member_changed_on_disk_is_caught(tmp_path):
-    obj, _ = _obj()
-    path = tmp_path / "o.pt"
-    save_path(obj, path)
+    """The read-back holds the file's bytes to the CRC-32 each member was written with
+    (zipfile, which checks it as it reads, agrees with it): a byte changed is named."""
     import os
 
+    from ms_port.write.stored_zip import Member
+
+    obj, arrays = _obj()
+    path = tmp_path / "o.pt"
+    save_path(obj, path)
     with zipfile.ZipFile(path) as zf:
         info = zf.getinfo("archive/data/1")
+        assert zf.read(info) == arrays["a"].tobytes()  # zipfile checks the CRC-32
+        assert zf.testzip() is None
+    member = Member(info.filename.encode(), info.CRC, info.file_size, info.header_offset)
     fd = os.open(path, os.O_RDWR)
     try:
-        assert _crc_back(fd, info)[1]
-        offset = info.header_offset + 30 + len(info.filename.encode()) + 20 + 3
-        byte = os.pread(fd, 1, offset)
-        os.pwrite(fd, bytes([byte[0] ^ 1]), offset)
-        assert not _crc_back(fd, info)[1]
+        assert _crc_back(fd, member) == ("archive/data/1", True)
+        byte = os.pread(fd, 1, member.data + 3)
+        os.pwrite(fd, bytes([byte[0] ^ 1]), member.data + 3)
+        assert _crc_back(fd, member) == ("archive/data/1", False)
     finally:
         os.close(fd)
+
+
+def test_the_fast_crc_is_zlibs():
+    import zlib
+
+    from ms_port import _crc
+
+    data = np.random.default_rng(0).integers(0, 256, 3 << 20, dtype=np.uint8).tobytes()
+    assert _crc.crc32(data) == zlib.crc32(data)
+    assert _crc.crc32(data[1000:], _crc.crc32(data[:1000])) == zlib.crc32(data)
 
 
 def test_a_tensor_made_other_than_declared_is_refused(tmp_path):

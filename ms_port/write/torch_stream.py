@@ -16,15 +16,14 @@ The pickle is made by the standard library's :mod:`pickle` at protocol 2, as tor
 from __future__ import annotations
 
 import pickle
-import zipfile
-import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO, ClassVar
 
 import numpy as np
 
+from .._crc import crc32
 from ..read.tensors import numpy_dtype
 
 #: the storage class torch names each dtype's data by
@@ -120,11 +119,12 @@ def save_path(obj: Any, path: Path) -> None:
     """Write ``obj`` (its tensors :class:`Later`) to ``path`` as ``torch.save`` would, and
     prove it (the caller owns atomicity).
 
-    Three threads: the next tensor is made while one is written, and each written member
-    is read back from the file (the page cache) and its bytes held to the CRC-32 the zip
-    computed of what it was handed, while the next ones are written; the kernel is asked
-    to start writing to the disk behind the writer (as the ``.ckpt`` writer does:
-    :class:`~ms_port.write.writers._WriteBehind`). Then the file is fsynced and its
+    Four threads. The next tensor is made, and its CRC-32 computed (:mod:`ms_port._crc`),
+    while one is written (:class:`~ms_port.write.stored_zip.StoredZip`: the writer's thread
+    only writes); the kernel is asked to start writing to the disk behind the writer (as
+    the ``.ckpt`` writer does: :class:`~ms_port.write.writers._WriteBehind`); each written
+    member is read back from the file (the page cache) and its bytes held to the CRC-32 it
+    was written with, while the next ones are written. Then the file is fsynced and its
     pickle read by ms-port's reader, which takes exactly what
     ``torch.load(weights_only=True)`` takes (held to it by the differential fuzzing;
     importing torch to ask it costs 600 MiB). Two tensors are alive at once.
@@ -137,30 +137,29 @@ def save_path(obj: Any, path: Path) -> None:
     from concurrent.futures import ThreadPoolExecutor
 
     from ..read import torchzip
+    from .stored_zip import StoredZip
     from .writers import _one_ahead, _WriteBehind
 
     pickled, storages = _pickled(obj)
     fd = os.open(path, os.O_RDONLY | os.O_CREAT, 0o600)
     try:
-        with open(path, "wb") as f, \
-                zipfile.ZipFile(f, "w", zipfile.ZIP_STORED, allowZip64=True) as zf, \
-                ThreadPoolExecutor(1, "ms-port-prepare") as maker, \
+        with open(path, "wb") as f, ThreadPoolExecutor(1, "ms-port-prepare") as maker, \
                 ThreadPoolExecutor(1, "ms-port-check") as checker, \
                 ThreadPoolExecutor(1, "ms-port-fsync") as syncer:
             behind = _WriteBehind(f, syncer, None)  # the disk works while we write
-            zf.writestr(f"{ROOT}/data.pkl", pickled)
-            zf.writestr(f"{ROOT}/byteorder", "little")
+            zf = StoredZip(f)
+            for name, data in ((f"{ROOT}/data.pkl", pickled), (f"{ROOT}/byteorder", b"little")):
+                zf.add(name, [data], len(data), crc32(data))
             checks = []
-            for storage, flat in _one_ahead(((s, _flat(s.later)) for s in storages), maker):
-                name = f"{ROOT}/data/{storage.key}"
-                with zf.open(name, "w", force_zip64=True) as out:
-                    for start in range(0, len(flat), _CHUNK):
-                        out.write(flat[start:start + _CHUNK])
-                        behind("write", 0, 0)
+            made = ((s, _made(s.later)) for s in storages)
+            for storage, (flat, crc) in _one_ahead(made, maker):
+                member = zf.add(f"{ROOT}/data/{storage.key}", _chunks(flat, behind),
+                                len(flat), crc)
                 f.flush()
-                checks.append(checker.submit(_crc_back, fd, zf.getinfo(name)))
-            zf.writestr(f"{ROOT}/version", "3\n")
-            bad = [info.filename for info, ok in (c.result() for c in checks) if not ok]
+                checks.append(checker.submit(_crc_back, fd, member))
+            zf.add(f"{ROOT}/version", [b"3\n"], 2, crc32(b"3\n"))
+            zf.close()
+            bad = [name for name, ok in (c.result() for c in checks) if not ok]
             f.flush()
             os.fsync(f.fileno())
     finally:
@@ -174,25 +173,33 @@ def save_path(obj: Any, path: Path) -> None:
                          ) from None
 
 
-def _crc_back(fd: int, info: zipfile.ZipInfo) -> tuple[zipfile.ZipInfo, bool]:
-    """Whether a member's bytes, read back from the file, have the CRC-32 the zip wrote."""
-    import os
-    import struct
+def _chunks(flat: memoryview, behind: Callable[..., None]) -> Iterator[memoryview]:
+    for start in range(0, len(flat), _CHUNK):
+        yield flat[start:start + _CHUNK]
+        behind("write", 0, 0)
 
-    header = os.pread(fd, 30, info.header_offset)
-    if len(header) != 30 or header[:4] != b"PK\x03\x04":
-        return info, False
-    name_len, extra_len = struct.unpack("<HH", header[26:30])
-    start, left, crc = info.header_offset + 30 + name_len + extra_len, info.file_size, 0
+
+def _crc_back(fd: int, member: Any) -> tuple[str, bool]:
+    """Whether a member's bytes, read back from the file, have the CRC-32 it was written
+    with."""
+    import os
+
+    start, left, crc = member.data, member.size, 0
     buf = bytearray(min(_CHUNK, max(1, left)))
     while left:
         view = memoryview(buf)[:min(left, len(buf))]
-        got = os.preadv(fd, [view], start + info.file_size - left)
+        got = os.preadv(fd, [view], start + member.size - left)
         if got != len(view):
-            return info, False
-        crc = zlib.crc32(view, crc)
+            return member.name.decode("utf-8"), False
+        crc = crc32(view, crc)
         left -= got
-    return info, crc == info.CRC
+    return member.name.decode("utf-8"), crc == member.crc
+
+
+def _made(later: Later) -> tuple[memoryview, int]:
+    """The tensor's bytes, made now (:func:`_flat`), and their CRC-32."""
+    flat = _flat(later)
+    return flat, crc32(flat)
 
 
 def _flat(later: Later) -> memoryview:
