@@ -703,7 +703,7 @@ def prepare(cases: list[str]) -> None:
             make_verify()
         if case == "verify-vgg16":
             make_verify_vgg16()
-        if case == "resnet50":
+        if case in ("resnet50", "mindcv-resnet50"):
             make_resnet50()
         elif case in ("synth-1g", "synth-3g"):
             make_template(case.removeprefix("synth-"))
