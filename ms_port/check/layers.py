@@ -261,12 +261,18 @@ class Measure:
         return measure
 
     def run(self, model: Any, run: Callable[[], Any]) -> tuple[Any, dict[tuple[str, int], float]]:
-        handles = [m.register_forward_hook(self.hook(n)) for n, m, _ in _named(model, True)]
-        try:
-            return run(), self.values
-        finally:
-            for h in handles:
-                h.remove()
+        return with_hooks(model, self.hook, run), self.values
+
+
+def with_hooks(model: Any, hook: Callable[[str], Callable[..., Any]],
+               run: Callable[[], Any]) -> Any:
+    """``run()`` with ``hook(path)`` on every module of a PyTorch model, removed after."""
+    handles = [m.register_forward_hook(hook(n)) for n, m, _ in _named(model, True)]
+    try:
+        return run()
+    finally:
+        for h in handles:
+            h.remove()
 
 
 def _same_path_pairs(torch_events: list[Event], ms_events: list[Event],

@@ -33,7 +33,7 @@ from typing import Any, Callable
 import numpy as np
 
 from .compare import comparable, relative_error, torch_outputs
-from .layers import Pair, _float_arrays, _named
+from .layers import Pair, _float_arrays, with_hooks
 
 
 def _replacements(pairs: list[Pair]) -> dict[tuple[str, int], list[np.ndarray]]:
@@ -77,12 +77,7 @@ class Replay:
         return replay
 
     def run(self, model: Any, run: Callable[[], Any]) -> tuple[Any, dict[tuple[str, int], float]]:
-        handles = [m.register_forward_hook(self.hook(n)) for n, m, _ in _named(model, True)]
-        try:
-            return run(), self.own
-        finally:
-            for h in handles:
-                h.remove()
+        return with_hooks(model, self.hook, run), self.own
 
 
 def _replaced(output: Any, ms: list[np.ndarray]) -> Any:
