@@ -184,14 +184,30 @@ def zoo_tensor_row(t: TargetTensor) -> list[Any]:
     return [t.name, list(t.shape), t.dtype, t.layer, list(t.lineage), t.path]
 
 
-@functools.lru_cache(maxsize=1)
-def _mindcv_records() -> dict[str, Any]:
-    import gzip
+def _mindcv_archive() -> Any:
+    return resources.files("ms_port.archs") / MANIFESTS / f"mindcv-{MINDCV_RECORDED}.zip"
 
-    resource = resources.files("ms_port.archs") / MANIFESTS / f"mindcv-{MINDCV_RECORDED}.json.gz"
-    if not resource.is_file():
-        return {}
-    return json.loads(gzip.decompress(resource.read_bytes()))["models"]
+
+@functools.lru_cache(maxsize=1)
+def mindcv_recorded() -> frozenset[str]:
+    """The MindCV models recorded (:mod:`ms_port.archs.manifest`)."""
+    import zipfile
+
+    archive = _mindcv_archive()
+    if not archive.is_file():
+        return frozenset()
+    with archive.open("rb") as f, zipfile.ZipFile(f) as zf:
+        return frozenset(n.removesuffix(".json") for n in zf.namelist())
+
+
+def _mindcv_record(name: str) -> dict[str, Any] | None:
+    """One recorded MindCV model (its member of the archive only), or ``None``."""
+    import zipfile
+
+    if name not in mindcv_recorded():
+        return None
+    with _mindcv_archive().open("rb") as f, zipfile.ZipFile(f) as zf:
+        return json.loads(zf.read(f"{name}.json"))
 
 
 def recorded_zoo(spec: str) -> Target | None:
@@ -209,7 +225,7 @@ def recorded_zoo(spec: str) -> Target | None:
         installed = None
     if installed not in (None, MINDCV_RECORDED):
         return None
-    record = _mindcv_records().get(name)
+    record = _mindcv_record(name)
     if record is None:
         return None
     tensors = {n: TargetTensor(n, tuple(shape), dtype, layer, tuple(lineage), None, path)
