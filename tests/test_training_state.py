@@ -645,3 +645,43 @@ def test_verify_training_state_on_weights_alone_is_bad_input(run, tmp_path, cli)
     said = " ".join(r.output.split())
     assert "w.ckpt: no 'adam_m." in said and "convert with --training-state" in said
     assert "Traceback" not in r.output
+
+
+def test_a_float16_runs_loss_scale_goes_to_mindformers(run, tmp_path):
+    """A Trainer run in float16 saves its GradScaler (scaler.pt): its scale is written as
+    MindFormers' ``loss_scale`` (its resume sets ``scale_sense`` to it) and the YAML's
+    dynamic loss scale grows as torch's did; the RNG states are named as not carried."""
+    import yaml
+
+    folder = tmp_path / "checkpoint-4"
+    shutil.copytree(run / "checkpoint-4", folder)
+    torch.save({"scale": 1024.0, "growth_factor": 2.0, "backoff_factor": 0.5,
+                "growth_interval": 500, "_growth_tracker": 37}, folder / "scaler.pt")
+    torch.save({"python": None}, folder / "rng_state.pth")
+    out = tmp_path / "c4.ckpt"
+    report = ms_port.convert(folder, ms_model="mindformers:llama", output=out,
+                             training_state=True, model_config=tmp_path / "run.yaml")
+    assert report.ok
+    from ms_port.read.sources import read_source
+
+    state = {t.name: t for t in read_source(out).training_state}
+    assert state["loss_scale"].dtype == "float32" and state["loss_scale"].load() == 1024.0
+    wrapper = yaml.safe_load((tmp_path / "run.yaml").read_text())["runner_wrapper"]
+    assert wrapper["scale_sense"] == {"type": "DynamicLossScaleUpdateCell",
+                                      "loss_scale_value": 1024.0, "scale_factor": 2.0,
+                                      "scale_window": 500}
+    assert any("rng_state.pth" in n and "not carried" in n for n in report.plan.notes)
+    # without a scaler (a float32 or bfloat16 run), nothing of the kind is written
+    plain = ms_port.convert(run / "checkpoint-4", ms_model="mindformers:llama",
+                            output=tmp_path / "p.ckpt", training_state=True)
+    assert "loss_scale" not in {t.name for t in read_source(plain.output).training_state}
+
+
+def test_a_scaler_that_is_not_one_is_refused(run, tmp_path, cli):
+    folder = tmp_path / "checkpoint-4"
+    shutil.copytree(run / "checkpoint-4", folder)
+    torch.save({"scale": -1.0}, folder / "scaler.pt")
+    result = cli(["convert", str(folder), "--ms-model", "mindformers:llama",
+                  "--training-state", "-o", str(tmp_path / "o.ckpt")])
+    assert result.exit_code == 2 and "not a torch GradScaler's state" in result.output
+    assert not (tmp_path / "o.ckpt").exists()

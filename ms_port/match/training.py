@@ -13,7 +13,8 @@ Beside them, the counters MindFormers' resume reads (``load_resume_context_from_
 and the optimizer's own ``global_step``): ``global_step`` (int32 [1]: the steps taken; its
 AdamW reads the learning rate at it and corrects the bias with it + 1, as torch does),
 ``step_num`` (int64) and ``epoch_num`` (int64: the epoch being run, MindFormers' count from
-1, so a Trainer's 0.4 epochs is epoch 1).
+1, so a Trainer's 0.4 epochs is epoch 1); and, where the run trained in float16 with a loss
+scale, ``loss_scale`` (float32: MindFormers' resume sets its ``scale_sense`` to it).
 """
 
 from __future__ import annotations
@@ -104,8 +105,11 @@ def _moment_match(m: Match, state: TrainingState, k: int, prefix: str) -> Match 
 def _counters(state: TrainingState) -> list[TensorInfo]:
     epoch = 0 if state.epoch is None else math.ceil(state.epoch)
     values = {"global_step": state.step, "step_num": state.step, "epoch_num": epoch}
+    kinds = dict(COUNTERS)
+    if state.loss_scale is not None:
+        values["loss_scale"], kinds["loss_scale"] = state.loss_scale, ((), "float32")
     out = []
-    for name, (shape, dtype) in COUNTERS.items():
+    for name, (shape, dtype) in kinds.items():
         array = np.full(shape, values[name], dtype=dtype)
         out.append(TensorInfo(name, shape, dtype, lambda a=array: a.copy()))
     return out

@@ -38,6 +38,8 @@ OPTIMIZER = "optimizer.pt"
 SCHEDULER = "scheduler.pt"
 TRAINER_STATE = "trainer_state.json"
 TRAINING_ARGS = "training_args.bin"
+#: torch's GradScaler state, where the run trained in float16 (its loss scale)
+SCALER = "scaler.pt"
 #: TrainingArguments' fields read from training_args.bin (as data: nothing constructed)
 _ARGS = ("lr_scheduler_type", "lr_scheduler_kwargs", "warmup_steps", "warmup_ratio",
          "learning_rate", "optim", "max_steps", "per_device_train_batch_size",
@@ -138,7 +140,35 @@ def read_trainer_state(folder: str | Path, source: Source | None = None) -> Trai
     state.max_grad_norm = float(clip) if _number(clip) and clip > 0 else None
     state.intervals = {k: int(args[k]) for k in ("save_steps", "logging_steps")
                        if _number(args.get(k)) and args[k] >= 1}
+    _loss_scale(folder / SCALER, state)
+    rng = sorted(p.name for p in folder.glob("rng_state*.pth"))
+    if rng:
+        state.notes.append(f"{', '.join(rng)}: the run's random generators' states, not "
+                           "carried (MindSpore's are its own): the data order and dropout "
+                           "after resuming follow MindFormers' seed")
     return state
+
+
+def _loss_scale(path: Path, state: TrainingState) -> None:
+    """``scaler.pt`` (a float16 run's GradScaler): its scale, and how it grows and backs
+    off, for MindFormers' dynamic loss scale."""
+    if not path.is_file():
+        return
+    tree = read_torch_tree(path)
+    scale = tree.get("scale") if isinstance(tree, Mapping) else None
+    if not _number(scale) or not 0 < scale < float("inf"):
+        raise SourceError(f"{path}: not a torch GradScaler's state (no positive 'scale')",
+                          path=path)
+    state.loss_scale = float(scale)
+    growth, backoff, interval = (tree.get(k) for k in (
+        "growth_factor", "backoff_factor", "growth_interval"))
+    if _number(growth) and _number(backoff) and type(interval) is int and interval > 0:
+        state.loss_scaler = {"growth_factor": float(growth), "backoff_factor": float(backoff),
+                             "growth_interval": interval}
+        if abs(growth * backoff - 1) > 1e-9:
+            state.notes.append(f"{path.name}: the loss scale backs off by {backoff:g} on an "
+                               f"overflow; MindSpore's dynamic loss scale divides by its "
+                               f"growth factor {growth:g}: after an overflow the two differ")
 
 
 def training_args(path: Path) -> dict[str, Any]:

@@ -111,6 +111,9 @@ class TrainingState:
     batch_size: int | None = None
     #: how often the run saved and logged (``save_steps``, ``logging_steps``), where said
     intervals: dict[str, int] = field(default_factory=dict)
+    #: a dynamic loss scale's rules (torch GradScaler's ``growth_factor``,
+    #: ``backoff_factor``, ``growth_interval``), where the run had one
+    loss_scaler: dict[str, Any] | None = None
 
     @property
     def nbytes(self) -> int:

@@ -67,6 +67,11 @@ def training_sections(state: TrainingState) -> dict[str, Any]:
     if state.max_grad_norm:
         sections["runner_wrapper"] = {"type": "MFTrainOneStepCell", "use_clip_grad": True,
                                       "max_grad_norm": state.max_grad_norm}
+    if state.loss_scale is not None:  # a float16 run's GradScaler, as MindSpore's dynamic one
+        rules = state.loss_scaler or {"growth_factor": 2.0, "growth_interval": 2000}
+        sections.setdefault("runner_wrapper", {"type": "MFTrainOneStepCell"})["scale_sense"] = {
+            "type": "DynamicLossScaleUpdateCell", "loss_scale_value": state.loss_scale,
+            "scale_factor": rules["growth_factor"], "scale_window": rules["growth_interval"]}
     callbacks = [{"type": kind, key: state.intervals[field]}
                  for kind, key, field in _CALLBACKS if field in state.intervals]
     if callbacks:
