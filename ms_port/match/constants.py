@@ -46,11 +46,12 @@ def checked(state: Planning, pending: list[TensorInfo]) -> tuple[list[TensorInfo
         if own is None:
             kept.append(info)
             continue
-        held = np.asarray(info.load(), dtype=np.float64)
+        stored = np.asarray(info.load())  # read once: its values and the dtype they are in
+        held = stored.astype(np.float64)
         value = np.asarray(own(), dtype=np.float64)
         worst = float(np.max(np.abs(held - value) / np.maximum(np.abs(value), 1e-30),
                              initial=0.0))
-        if worst <= max(RTOL, rounding_of(np.asarray(info.load()).dtype)):
+        if worst <= max(RTOL, rounding_of(stored.dtype)):
             state.dropped.append(Dropped(info.name, f"the network's own value: checked equal "
                                                     f"to {targets[0]}, which the MindSpore "
                                                     "network computes when it is built"))

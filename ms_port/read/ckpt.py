@@ -12,7 +12,7 @@ What MindSpore 2.x ``save_checkpoint`` does, and this module reproduces byte for
 - a 0-d tensor has no ``dims`` at all; every other tensor lists its dims unpacked;
 - a tensor over 512 MiB is split into 512 MiB pieces, each a separate ``value`` with the
   same tag and the full dims; loaders join consecutive records that share a tag;
-- ``crc_check=True`` appends ``b"crc_num"`` plus the CRC-32 (``binascii.crc32``) of every
+- ``crc_check=True`` appends ``b"crc_num"`` plus the CRC-32 (zlib's; :mod:`ms_port._crc`) of every
   byte before it, as a 10-byte big-endian integer;
 - empty (0-element) tensors are dropped silently, and ``load_checkpoint`` reads dims
   ``[0]`` as a scalar, so :class:`CkptWriter` refuses them rather than lose them;
@@ -22,7 +22,6 @@ What MindSpore 2.x ``save_checkpoint`` does, and this module reproduces byte for
 
 from __future__ import annotations
 
-import binascii
 import contextlib
 import math
 import mmap
@@ -33,6 +32,7 @@ from typing import Any, BinaryIO, NamedTuple
 
 import numpy as np
 
+from .._crc import crc32
 from ..errors import SourceError, WriteError
 from .tensors import MAX_RANK, STORED_DTYPES, dtype_name, format_shape, numpy_dtype
 
@@ -275,7 +275,7 @@ def _file_crc32(path: str, end: int) -> int:
             n = f.readinto(block[:min(end, _CRC_BLOCK)])
             if not n:
                 break
-            crc, end = binascii.crc32(block[:n], crc), end - n
+            crc, end = crc32(block[:n], crc), end - n
     return crc
 
 
@@ -574,7 +574,7 @@ class CkptWriter:
     def _put(self, data: bytes | memoryview) -> None:
         """Write all of ``data``, updating the CRC and the byte count."""
         if self._crc_on:
-            self._crc = binascii.crc32(data, self._crc)
+            self._crc = crc32(data, self._crc)
         try:
             write_all(self._file, data)
         except OSError as exc:
