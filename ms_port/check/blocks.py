@@ -27,13 +27,13 @@ import gc
 import time
 import warnings
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 import numpy as np
 
 from .._libc import libc_function
-from ..errors import ForwardUnavailable, ParityError
+from ..errors import ForwardUnavailable, ParityError, shown
 from ..read.sources import Source
 from .compare import ms_to_numpy, relative_error
 from .layers import Event, Measure, Pair, distance, pair_events, record_ms, record_torch
@@ -46,6 +46,7 @@ from .parity import (
     judge,
 )
 from .report import LayerComparison, ParityReport
+from .spans import Span, in_spans, measured, merge_events, merge_output, plan_spans, span_rows
 from .verdict import Drift, bound_for, status_of
 
 #: bytes per parameter the whole-network verify holds at its peak: PyTorch float32 and
@@ -118,16 +119,21 @@ def choose_mode(mode: str, parameters: int, why_not: str | None,
 
 
 def _arrays(source: Source, names: dict[str, str], found: list[str], side: str,
-            dtype: Any = np.float32) -> dict[str, np.ndarray]:
+            dtype: Any = np.float32, span: tuple[Span, tuple[str, ...]] | None = None
+            ) -> dict[str, np.ndarray]:
     """The named tensors in ``dtype`` (bf16/fp16 checkpoints compute in float32; float64
-    for the noise), each cast as it is read; NaN/Inf is recorded in ``found``."""
+    for the noise), each cast as it is read; NaN/Inf is recorded in ``found``. ``span``:
+    a span of the vocabulary and the tensors (local names) read as its rows alone."""
     arrays = {}
     for local, name in names.items():
         info = source.tensors.get(name)
         if info is None:
-            raise ParityError(f"{source.path}: no tensor {name!r}, which the block needs; "
-                              "convert again", path=source.path)
-        array = np.asarray(info.load())
+            raise ParityError(f"{source.path}: no tensor {shown(name)}, which the block "
+                              "needs; convert again", path=source.path)
+        if span is not None and local in span[1]:
+            array = np.asarray(info.load_rows(span[0].start, span[0].stop))
+        else:
+            array = np.asarray(info.load())
         if array.dtype != dtype:
             array = array.astype(dtype)
         if dtype == np.float32:
@@ -189,6 +195,8 @@ class _BlockRun:
     timer: _Timer = field(default_factory=_Timer)
     drift: Drift = field(default_factory=Drift)
     nonfinite: list[str] = field(default_factory=list)
+    #: rows per span of the vocabulary (:mod:`ms_port.check.spans`); None: no spans
+    span_rows: int | None = None
 
 
 def run_blocks(blocks: Any, source: Source, checkpoint: Source, run: Run, *,
@@ -213,6 +221,7 @@ def run_blocks(blocks: Any, source: Source, checkpoint: Source, run: Run, *,
     state = _BlockRun(blocks, source, checkpoint, run, np.asarray(run.feed[0].array),
                       np.asarray(second[0].array), correspondence)
     pieces = blocks.pieces(set(source.tensors), set(checkpoint.tensors))
+    state.span_rows = _span_rows(pieces, source)
     # a family whose MindSpore side needs a setting held across its blocks (MindFormers'
     # parallel_core: GRAPH mode and its CPU stand-ins) gives it as ``session()``
     session = getattr(blocks, "session", None)
@@ -234,6 +243,25 @@ def run_blocks(blocks: Any, source: Source, checkpoint: Source, run: Run, *,
     return judge(outputs, compared, state.drift, networks, run,
                  correspondence=correspondence, nonfinite_weights=state.nonfinite,
                  tensor_diff=tensor_diff)
+
+
+#: elements per span of the vocabulary; None: half the largest decoder layer's parameters
+SPAN_NUMEL: int | None = None
+
+
+def _span_rows(pieces: list[Any], source: Source) -> int | None:
+    """Rows per span of the vocabulary (:data:`SPAN_NUMEL`, in rows of the embedding's
+    width), or None where no piece holds the vocabulary."""
+    vocab = [source.tensors.get(p.torch[n]) for p in pieces for n in p.rows if n in p.torch]
+    vocab = [info for info in vocab if info is not None and len(info.shape) == 2]
+    if not vocab:
+        return None
+    width = vocab[0].shape[1]
+    if SPAN_NUMEL is not None:
+        return max(1, SPAN_NUMEL // width)
+    layer = max((sum(source.tensors[n].numel for n in p.torch.values() if n in source.tensors)
+                 for p in pieces if p.kind == "layer"), default=0)
+    return span_rows(layer, width) if layer else None
 
 
 def _run_pieces(state: _BlockRun, pieces: list[Any]) -> list[LayerComparison]:
@@ -285,14 +313,37 @@ def _check_fits(piece: Any, source: Source, noise_floor: bool,
                              if wide == 8 else ""))
 
 
+@dataclass
+class _Recorded:
+    """One block's passes: PyTorch's layers with their float32 noise and sensitivity,
+    MindSpore's layers, and the block's output fed PyTorch's input, MindSpore's and
+    PyTorch's float64 one (None for the first block)."""
+
+    events: list[Event]
+    sens: dict[tuple[str, int], float]
+    noise: dict[tuple[str, int], float]
+    m_events: list[Event]
+    fed: np.ndarray | None = None
+    fed64: np.ndarray | None = None
+
+
 def _run_piece(state: _BlockRun, piece: Any) -> list[LayerComparison]:
-    """Build, load, run and compare one block on both sides; move the streams on."""
+    """Build, load, run and compare one block on both sides; move the streams on. A
+    block holding the vocabulary runs it a span of rows at a time where it outgrows a
+    decoder layer (:mod:`ms_port.check.spans`)."""
+    spans = _spans_of(state, piece)
+    recorded = _whole_piece(state, piece) if spans is None else _in_spans(state, piece, spans)
+    return _compare_piece(state, piece, recorded)
+
+
+def _whole_piece(state: _BlockRun, piece: Any) -> _Recorded:
+    """The block in one go: its PyTorch float32 passes (the second input's measured as it
+    runs), float64 (measured as it runs), then MindSpore."""
     import mindspore as ms
 
     blocks, source, checkpoint, streams = state.blocks, state.source, state.checkpoint, \
         state.streams
     ids, ids2, timer, nonfinite = state.ids, state.ids2, state.timer, state.nonfinite
-    tol, noise_floor = state.run.tol, state.run.noise_floor
 
     # one block of one precision of one side in memory at a time: PyTorch float32 (the
     # main and second-input passes), then float64 (the noise, its tensors read again as
@@ -312,12 +363,12 @@ def _run_piece(state: _BlockRun, piece: Any) -> list[LayerComparison]:
     gc.collect()
     noise: dict[tuple[str, int], float] = {}
     fed64 = None
-    if noise_floor and piece.exact:
+    if state.run.noise_floor and piece.exact:
         # a lookup rounds nothing: its float64 result is its float32 one, exactly (at
         # Llama-3-70B's widths this skips reading a 7.8 GiB float64 embedding)
         streams.t64 = streams.t.double()
         noise = {(e.path, e.call): 0.0 for e in events}
-    elif noise_floor:
+    elif state.run.noise_floor:
         with timer("read"):
             w_arrays = _arrays(source, piece.torch, nonfinite, "PyTorch", np.float64)
         with timer("build"):
@@ -327,7 +378,7 @@ def _run_piece(state: _BlockRun, piece: Any) -> list[LayerComparison]:
             streams.t64, noise = Measure(events, "float64").run(
                 alt, lambda mdl=alt: blocks.torch_step(mdl, piece, before64, ids))
             if given is not None:
-                fed64 = blocks.torch_step(alt, piece, given.double(), ids)
+                fed64 = blocks.torch_step(alt, piece, given.double(), ids).numpy()
         del alt
         gc.collect()
     with timer("read"):
@@ -345,18 +396,145 @@ def _run_piece(state: _BlockRun, piece: Any) -> list[LayerComparison]:
         fed = (None if given is None else
                ms_to_numpy(blocks.ms_step(net, piece, ms.Tensor(given.numpy()), ids)))
     del net
+    return _Recorded(events, sens, noise, m_events, fed, fed64)
+
+
+def _spans_of(state: _BlockRun, piece: Any) -> list[Span] | None:
+    """The spans of the vocabulary a block runs in (:func:`~ms_port.check.spans.
+    plan_spans`), or None: it holds no vocabulary, or one of a decoder layer's size."""
+    if not piece.rows or state.span_rows is None:
+        return None
+    found = [state.source.tensors.get(piece.torch[n]) for n in piece.rows if n in piece.torch]
+    found += [state.checkpoint.tensors.get(piece.ms[n]) for n in piece.rows if n in piece.ms]
+    if not found or not all(in_spans(info, state.span_rows) for info in found) or \
+            len({info.shape[0] for info in found}) != 1:
+        return None  # both sides' vocabularies alike, and too large for one span
+    return plan_spans(found[0].shape[0], state.span_rows, embedding=piece.kind == "embedding",
+                      ids=[state.ids, state.ids2])
+
+
+@dataclass
+class _SpanRuns:
+    """Each span's recorded passes (layers, output): PyTorch's main, second-input and
+    float64 ones, MindSpore's; and the block fed PyTorch's input on each side."""
+
+    main: list[tuple[list[Event], np.ndarray]] = field(default_factory=list)
+    second: list[tuple[list[Event], np.ndarray]] = field(default_factory=list)
+    wide: list[tuple[list[Event], np.ndarray]] = field(default_factory=list)
+    mind: list[tuple[list[Event], np.ndarray]] = field(default_factory=list)
+    fed: list[np.ndarray] = field(default_factory=list)
+    fed64: list[np.ndarray] = field(default_factory=list)
+
+
+def _in_spans(state: _BlockRun, piece: Any, spans: list[Span]) -> _Recorded:
+    """The block a span of the vocabulary at a time (:mod:`ms_port.check.spans`, each
+    span by :func:`_run_span`); the passes put back together and measured as
+    :func:`_whole_piece` measures them as they run."""
+    import mindspore as ms
+    import torch
+
+    streams, runs = state.streams, _SpanRuns()
+    given = _Streams(streams.t, streams.t64, streams.t2, streams.m)
+    for span in spans:
+        _run_span(state, replace(piece, vocab=span.rows), span, given, runs)
+
+    def together(parts: list[tuple[list[Event], np.ndarray]], ids: np.ndarray
+                 ) -> tuple[list[Event], np.ndarray]:
+        return (merge_events([e for e, _ in parts], spans, ids, piece.wide),
+                merge_output([o for _, o in parts], spans, ids))
+
+    events, out = together(runs.main, state.ids)
+    events2, out2 = together(runs.second, state.ids2)
+    streams.t, streams.t2 = torch.from_numpy(out), torch.from_numpy(out2)
+    sens = measured(events, events2, "recorded")
+    noise: dict[tuple[str, int], float] = {}
+    if state.run.noise_floor and piece.exact:
+        streams.t64 = streams.t.double()
+        noise = {(e.path, e.call): 0.0 for e in events}
+    elif state.run.noise_floor:
+        events64, out64 = together(runs.wide, state.ids)
+        streams.t64 = torch.from_numpy(out64)
+        noise = measured(events, events64, "float64")
+    m_events, m_out = together(runs.mind, state.ids)
+    streams.m = ms.Tensor(m_out)
+    return _Recorded(events, sens, noise, m_events,
+                     merge_output(runs.fed, spans, state.ids) if runs.fed else None,
+                     merge_output(runs.fed64, spans, state.ids) if runs.fed64 else None)
+
+
+def _run_span(state: _BlockRun, sub: Any, span: Span, given: _Streams, runs: _SpanRuns
+              ) -> None:
+    """One span of a block (``sub``: the piece built for its rows) on every pass, given
+    the previous block's outputs; its networks freed before the next span."""
+    import mindspore as ms
+
+    blocks, timer = state.blocks, state.timer
+    ids, ids2 = span.ids(state.ids), span.ids(state.ids2)
+    with timer("read"):
+        t_arrays = _arrays(state.source, sub.torch, state.nonfinite, "PyTorch",
+                           span=(span, sub.rows))
+    with timer("build"):
+        model = blocks.torch_network(sub, _handed_over(t_arrays))
+    with timer("torch"):
+        runs.main.append(_recorded(model, lambda m=model: blocks.torch_step(m, sub, given.t, ids)))
+        runs.second.append(_recorded(model,
+                                     lambda m=model: blocks.torch_step(m, sub, given.t2, ids2)))
+    del model
+    gc.collect()
+    if state.run.noise_floor and not sub.exact:
+        with timer("read"):
+            w_arrays = _arrays(state.source, sub.torch, state.nonfinite, "PyTorch",
+                               np.float64, span=(span, sub.rows))
+        with timer("build"):
+            alt = blocks.torch_network(sub, _handed_over(w_arrays))
+        with timer("torch"):
+            runs.wide.append(_recorded(alt,
+                                       lambda m=alt: blocks.torch_step(m, sub, given.t64, ids)))
+            if given.t is not None:
+                runs.fed64.append(blocks.torch_step(alt, sub, given.t.double(), ids).numpy())
+        del alt
+        gc.collect()
+    with timer("read"):
+        m_arrays = _arrays(state.checkpoint, sub.ms, state.nonfinite, "MindSpore",
+                           span=(span, sub.rows))
+    with timer("build"):
+        net = blocks.ms_network(sub, m_arrays)
+    del m_arrays
+    with timer("mindspore"):
+        if sub.outputs is None:
+            out, m_events = record_ms(net, lambda c=net: blocks.ms_step(c, sub, given.m, ids))
+        else:  # GRAPH mode: the block's output stands for its layers
+            out, m_events = blocks.ms_step(net, sub, given.m, ids), []
+        runs.mind.append((m_events, ms_to_numpy(out)))
+        if given.t is not None:
+            runs.fed.append(ms_to_numpy(blocks.ms_step(net, sub, ms.Tensor(given.t.numpy()),
+                                                       ids)))
+    del net
+    gc.collect()
+
+
+def _recorded(model: Any, run: Callable[[], Any]) -> tuple[list[Event], np.ndarray]:
+    """A PyTorch pass recorded: (its layers, its output)."""
+    out, events = record_torch(model, run)
+    return events, out.numpy()
+
+
+def _compare_piece(state: _BlockRun, piece: Any, recorded: _Recorded) -> list[LayerComparison]:
+    """A block's layers paired and compared, and the block fed PyTorch's input."""
+    streams = state.streams
+    events, m_events = recorded.events, recorded.m_events
     for e in [*events, *m_events]:
         e.path = piece.rename(e.path)
-    noise = {(piece.rename(p), c): v for (p, c), v in noise.items()}
-    sens = {(piece.rename(p), c): v for (p, c), v in sens.items()}
+    noise = {(piece.rename(p), c): v for (p, c), v in recorded.noise.items()}
+    sens = {(piece.rename(p), c): v for (p, c), v in recorded.sens.items()}
     pairs = (pair_events(events, m_events, state.correspondence) if piece.outputs is None
              else _block_pair(piece, events, ms_to_numpy(streams.m)))
-    found = _layer_comparisons(pairs, noise, sens, tol=tol, scaled=True,
+    found = _layer_comparisons(pairs, noise, sens, tol=state.run.tol, scaled=True,
                                drift=state.drift)
-    if fed is not None:
+    if recorded.fed is not None:
         out = streams.t.numpy()
-        found.append(_fed(piece.name, fed, out, None if fed64 is None else fed64.numpy(),
-                          distance(out, streams.t2.numpy(), "recorded"), tol=tol))
+        found.append(_fed(piece.name, recorded.fed, out, recorded.fed64,
+                          distance(out, streams.t2.numpy(), "recorded"), tol=state.run.tol))
     return found
 
 

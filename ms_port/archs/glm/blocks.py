@@ -16,7 +16,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ...errors import TargetError
-from ..llama.blocks import LOCAL, HuggingFaceSide, Piece, load_piece
+from ..llama.blocks import LOCAL, HuggingFaceSide, Piece, load_piece, vocab_of
 from .family import glm_config, glm_sizes
 
 #: the MindSpore decoder layer every layer runs as
@@ -58,10 +58,11 @@ class GlmBlocks(HuggingFaceSide):
             return {local + n[len(prefix):]: n for n in sorted(names)
                     if n.startswith(prefix + ".")}
 
+        embedding, output = "transformer.embedding.embedding_weight", \
+            "transformer.output_layer.weight"
         found: list[Piece] = [GlmPiece(
             "embedding", "embedding", {"model.embed_tokens.weight": "model.embed_tokens.weight"},
-            {"transformer.embedding.embedding_weight": "transformer.embedding.embedding_weight"},
-            exact=True)]
+            {embedding: embedding}, exact=True, rows=("model.embed_tokens.weight", embedding))]
         for i in range(self.sizes.layers):
             torch_prefix, ms_prefix = f"model.layers.{i}", f"transformer.encoder.layers.{i}"
             found.append(GlmPiece(torch_prefix, "layer",
@@ -73,8 +74,8 @@ class GlmBlocks(HuggingFaceSide):
         found.append(GlmPiece(
             "head", "head", {"model.norm.weight": "model.norm.weight", "lm_head.weight": head},
             {"transformer.encoder.final_layernorm.weight":
-             "transformer.encoder.final_layernorm.weight",
-             "transformer.output_layer.weight": "transformer.output_layer.weight"}))
+             "transformer.encoder.final_layernorm.weight", output: output},
+            rows=("lm_head.weight", output), wide=("lm_head", "transformer.output_layer")))
         return found
 
     def ms_network(self, piece: Piece, tensors: dict[str, Any]) -> Any:
@@ -83,7 +84,7 @@ class GlmBlocks(HuggingFaceSide):
         from ...read.targets import without_weights
         from .family import build_from
 
-        one = {**self.config, "num_hidden_layers": 1, "num_layers": 1}
+        one = {**self.config, "num_hidden_layers": 1, "num_layers": 1, **vocab_of(piece)}
         cfg = glm_config(one, seq_length=self.seq_length, **self.layouts)
         net = without_weights(lambda: build_from(cfg))
         self.standins = net.ms_port_notes

@@ -56,6 +56,15 @@ class Piece:
     #: one, so no float64 pass is run for its noise
     exact: bool = False
     slot: int = 0
+    #: the piece's tensors (local names, either side) whose rows are the vocabulary: verify
+    #: reads, builds and runs them a span of rows at a time where they outgrow a layer
+    rows: tuple[str, ...] = ()
+    #: the layers whose outputs run over the vocabulary (the LM head): a span's outputs
+    #: are its columns of the whole one
+    wide: tuple[str, ...] = ()
+    #: the vocabulary the piece's networks are built with: a span's rows (None: the
+    #: config's)
+    vocab: int | None = None
 
     def rename(self, path: str) -> str:
         """A recorded layer path under its real name (``model.layers.0.x`` -> ``…17.x``)."""
@@ -63,6 +72,13 @@ class Piece:
         if self.prefix and (path == local or path.startswith(local + ".")):
             return self.prefix + path[len(local):]
         return path
+
+
+def vocab_of(piece: Piece) -> dict[str, Any]:
+    """The config keys that build a piece's networks for its span of the vocabulary: the
+    span's rows, and no padding id (an id past the span would not fit an embedding; it
+    changes only gradients)."""
+    return {} if piece.vocab is None else {"vocab_size": piece.vocab, "pad_token_id": None}
 
 
 class HuggingFaceSide:
@@ -86,7 +102,7 @@ class HuggingFaceSide:
         but for the piece's tensors (float32)."""
         import torch
 
-        one = {**self.config, **self.small}
+        one = {**self.config, **self.small, **vocab_of(piece)}
         kinds = self.config.get("layer_types")
         if isinstance(kinds, list) and len(kinds) > piece.index:  # this layer's own kind
             one["layer_types"] = [kinds[piece.index]]
@@ -149,21 +165,22 @@ class LlamaBlocks(HuggingFaceSide):
                     if n.startswith(prefix + ".")}
 
         tied = self.sizes.tied
+        embedding = "model.tok_embeddings.embedding_weight"
         found = [Piece("embedding", "embedding",
                        {"model.embed_tokens.weight": "model.embed_tokens.weight"},
-                       {"model.tok_embeddings.embedding_weight":
-                        "model.tok_embeddings.embedding_weight"}, exact=True)]
+                       {embedding: embedding}, exact=True,
+                       rows=("model.embed_tokens.weight", embedding))]
         for i in range(self.sizes.layers):
             prefix = f"model.layers.{i}"
             found.append(Piece(prefix, "layer", under(source_names, prefix, LOCAL),
                                under(checkpoint_names, prefix, LOCAL), prefix, i))
         head_src = ("model.embed_tokens.weight" if tied or "lm_head.weight" not in source_names
                     else "lm_head.weight")
+        head_ms = embedding if tied else "lm_head.weight"
         found.append(Piece(
             "head", "head", {"model.norm.weight": "model.norm.weight", "lm_head.weight": head_src},
-            {"model.norm_out.weight": "model.norm_out.weight",
-             ("model.tok_embeddings.embedding_weight" if tied else "lm_head.weight"):
-             ("model.tok_embeddings.embedding_weight" if tied else "lm_head.weight")}))
+            {"model.norm_out.weight": "model.norm_out.weight", head_ms: head_ms},
+            rows=("lm_head.weight", head_ms), wide=("lm_head",)))
         return found
 
     # --- MindSpore --------------------------------------------------------------------
@@ -173,7 +190,7 @@ class LlamaBlocks(HuggingFaceSide):
         from ...read.targets import without_weights
         from .family import contained
 
-        one = {**self.config, "num_hidden_layers": 1}
+        one = {**self.config, "num_hidden_layers": 1, **vocab_of(piece)}
         cfg = llama_config(one, qkv_concat=self.qkv_concat, seq_length=self.seq_length)
 
         def build() -> Any:
@@ -230,4 +247,4 @@ def llama_blocks(config: dict[str, Any], build_torch: Any, *, qkv_concat: bool =
 
 
 __all__ = ["LOCAL", "HuggingFaceSide", "LlamaBlocks", "Piece", "llama_blocks", "load_piece",
-           "set_parameters"]
+           "set_parameters", "vocab_of"]

@@ -135,9 +135,9 @@ class ParallelCoreBlocks(HuggingFaceSide):
         self.options: dict[str, Any] = dict(shape.options or {})
         self.build_options: dict[str, Any] = dict(shape.build_options or {})
         self.not_run = tuple(shape.not_run)
-        self._net: Any = None
-        self._cells: dict[str, nn.Cell] = {}
-        self._params: dict[str, Any] = {}
+        self._standins: Any = None
+        #: the small networks built in this session, by vocabulary (None: the config's)
+        self._sized: dict[int | None, tuple[Any, dict[str, Any], dict[str, nn.Cell]]] = {}
         self._ran: list[str] = []
 
     # --- the pieces -------------------------------------------------------------------
@@ -152,7 +152,8 @@ class ParallelCoreBlocks(HuggingFaceSide):
         found = [Piece("embedding", "embedding",
                        {"model.embed_tokens.weight": "model.embed_tokens.weight"},
                        {embedding: embedding},
-                       outputs=("model.embed_tokens", "embedding.word_embeddings"), exact=True)]
+                       outputs=("model.embed_tokens", "embedding.word_embeddings"), exact=True,
+                       rows=("model.embed_tokens.weight", embedding))]
         for i in range(self.layers):
             prefix, slot = f"model.layers.{i}", self.slots[i]
             found.append(Piece(prefix, "layer",
@@ -166,7 +167,8 @@ class ParallelCoreBlocks(HuggingFaceSide):
         found.append(Piece(
             "head", "head", {"model.norm.weight": "model.norm.weight", "lm_head.weight": head_src},
             {"decoder.final_layernorm.weight": "decoder.final_layernorm.weight",
-             head_ms: head_ms}, outputs=("lm_head", "output_layer")))
+             head_ms: head_ms}, outputs=("lm_head", "output_layer"),
+            rows=("lm_head.weight", head_ms), wide=("lm_head",)))
         return found
 
     # --- MindSpore --------------------------------------------------------------------
@@ -179,35 +181,56 @@ class ParallelCoreBlocks(HuggingFaceSide):
             ForwardUnavailable: the network does not build here.
         """
         with cpu_standins() as standins:
+            self._standins = standins
             try:
-                net = build_network({**self.config, **self.small}, seq_length=self.seq_length,
-                                    options=self.build_options)
-            except _MINDSPORE_ERRORS as exc:
-                raise ForwardUnavailable.of(exc) from None
-            model = net.model
-            self._net = net
-            self._params = {p.name: p for p in net.get_parameters()}
-            tied = model.embedding.word_embeddings.weight if self.tied else None
-            mask = model.preprocess_labels_and_masks.casual_mask
-            self._cells = {
-                "embedding": _Embedding(model.embedding),
-                "head": _Head(model.decoder.final_layernorm, model.output_layer, tied),
-                **{f"layer{slot}": _Layer(model.decoder.layers[slot], mask, model.rotary_pos_emb)
-                   for slot in sorted(set(self.slots))},
-            }
-            try:
-                yield
+                net = self._network(None)[0]
+                try:
+                    yield
+                finally:
+                    self._ran = standins.lines(net)
             finally:
-                self._ran = standins.lines(net)
-                self._net, self._cells, self._params = None, {}, {}
+                self._sized, self._standins = {}, None
+
+    def _network(self, vocab: int | None) -> tuple[Any, dict[str, Any], dict[str, nn.Cell]]:
+        """MindFormers' small network for a vocabulary of ``vocab`` rows (None: the
+        config's; a span of it where verify runs the vocabulary in spans), built once:
+        (the network, its parameters by name, the blocks' cells).
+
+        Raises:
+            ForwardUnavailable: the network does not build here.
+        """
+        if vocab in self._sized:
+            return self._sized[vocab]
+        config = {**self.config, **self.small, **({} if vocab is None else
+                                                   {"vocab_size": vocab})}
+        try:
+            net = build_network(config, seq_length=self.seq_length,
+                                options=self.build_options)
+        except _MINDSPORE_ERRORS as exc:
+            raise ForwardUnavailable.of(exc) from None
+        # the names before the cells below take the network's layers in (which renames
+        # their parameters)
+        params = {p.name: p for p in net.get_parameters()}
+        model = net.model
+        tied = model.embedding.word_embeddings.weight if self.tied else None
+        mask = model.preprocess_labels_and_masks.casual_mask
+        cells = {
+            "embedding": _Embedding(model.embedding),
+            "head": _Head(model.decoder.final_layernorm, model.output_layer, tied),
+            **{f"layer{slot}": _Layer(model.decoder.layers[slot], mask, model.rotary_pos_emb)
+               for slot in sorted(set(self.slots))},
+        }
+        self._sized[vocab] = net, params, cells
+        return self._sized[vocab]
 
     def ms_network(self, piece: Piece, tensors: dict[str, Any]) -> Any:
-        """The piece's cell, its tensors set (float32) into the one network; ``tensors``
-        is emptied as they are set."""
-        if self._net is None:
+        """The piece's cell, its tensors set (float32) into the one network (of the
+        piece's span of the vocabulary); ``tensors`` is emptied as they are set."""
+        if self._standins is None:
             raise RuntimeError("ParallelCoreBlocks.ms_network() outside session()")
-        set_parameters(self._params, tensors)
-        return self._cells[f"layer{piece.slot}" if piece.kind == "layer" else piece.kind]
+        _, params, cells = self._network(piece.vocab if piece.kind != "layer" else None)
+        set_parameters(params, tensors)
+        return cells[f"layer{piece.slot}" if piece.kind == "layer" else piece.kind]
 
     def ms_step(self, cell: Any, piece: Piece, state: Any, ids: np.ndarray) -> Any:
         """One piece on MindSpore: token ids -> hidden states -> … -> logits (float32).
