@@ -3,6 +3,7 @@ verify layer by layer.
 
     python benchmarks/glm4.py                 # 2 layers (3.3 GB bfloat16), 3 runs
     python benchmarks/glm4.py --layers 4 --runs 1
+    python benchmarks/glm4.py --runs 1 --baseline 2706d67   # verify beside an earlier commit's
 
 Setup (untimed, cached under benchmarks/.cache/glm4/): a seeded bfloat16 GLM-4 in the
 ``-hf`` layout (transformers' ``glm`` names and config) at GLM-4-9B's widths: hidden 4096,
@@ -71,11 +72,25 @@ def hf_model(folder: Path, layers: int) -> Path:
     return folder
 
 
+def worktree(commit: str) -> Path:
+    """A checkout of ``commit`` under the cache (made once), to run its ms-port (with
+    ``python -P``: the working folder, this checkout, is not put before it)."""
+    import subprocess
+
+    where = CACHE / f"worktree-{commit}"
+    if not where.exists():
+        subprocess.run(["git", "-C", str(HERE.parent), "worktree", "add", "--detach",
+                        str(where), commit], check=True, capture_output=True)
+    return where
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--no-verify", action="store_true")
+    ap.add_argument("--baseline", metavar="COMMIT",
+                    help="also verify with ms-port at COMMIT (a git worktree), side by side")
     args = ap.parse_args()
     root = CACHE / f"{args.layers}l"
     hf = hf_model(root / "hf", args.layers)
@@ -108,13 +123,21 @@ def main() -> None:
         v["x_cp"] = v["wall"] / row["tools"]["cp"]["wall"]
         v["x_cp_fsync"] = v["wall"] / row["tools"]["cp + fsync"]["wall"]
     if not args.no_verify:
-        verdict = root / "verify.json"
-        row["verify_layers"] = measure(
-            ["/bin/sh", "-c", f'"$0" verify "$1" "$2" --ms-model mindformers:glm4 --mode '
-                              f'layers --json > "{verdict}"; test $? -le 1', ms, str(hf),
-             str(out)], "ms-port verify --mode layers")
-        report = json.loads(verdict.read_text())
-        row["verify_layers"].update({"verdict": report["verdict"], "error": report["error"]})
+        contenders = {"verify_layers": [ms]}
+        if args.baseline:
+            contenders["verify_layers_baseline"] = ["/usr/bin/env",
+                                                    f"PYTHONPATH={worktree(args.baseline)}",
+                                                    PY, "-P", "-m", "ms_port"]
+            row["baseline"] = args.baseline
+        for key, prog in contenders.items():
+            verdict = root / f"{key}.json"
+            row[key] = measure(
+                ["/bin/sh", "-c", '"$@" > "$0"; test $? -le 1', str(verdict), *prog, "verify",
+                 str(hf), str(out), "--ms-model", "mindformers:glm4", "--mode", "layers",
+                 "--json"], f"ms-port verify --mode layers ({key})")
+            report = json.loads(verdict.read_text())
+            row[key].update({"verdict": report["verdict"], "error": report["error"],
+                             "timings": report.get("timings")})
     shutil.rmtree(root / "unused", ignore_errors=True)
     print(json.dumps(row, indent=2))
 

@@ -18,6 +18,11 @@ os.environ.setdefault("ONEDNN_MAX_CPU_ISA", "AVX2")
 # ./output: a test that imported it without ms-port's containment (or after a fixture had
 # unset the variable) left output/log in the working folder, the repository's root. The
 # containment itself is tested in a subprocess without it (test_llm.py).
+# MindYOLO targets are recorded in a cache folder (ms_port.archs.yolo.record): the tests'
+# records go to a folder of their own, never the user's
+if "MS_PORT_CACHE" not in os.environ:
+    os.environ["MS_PORT_CACHE"] = tempfile.mkdtemp(prefix="ms-port-tests-cache-")
+    atexit.register(shutil.rmtree, os.environ["MS_PORT_CACHE"], ignore_errors=True)
 if "LOCAL_DEFAULT_PATH" not in os.environ:
     os.environ["LOCAL_DEFAULT_PATH"] = tempfile.mkdtemp(prefix="ms-port-tests-mindformers-")
     atexit.register(shutil.rmtree, os.environ["LOCAL_DEFAULT_PATH"], ignore_errors=True)

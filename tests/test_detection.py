@@ -200,6 +200,47 @@ def test_yolov8_converts_with_no_mapping_file_and_computes_ultralytics_outputs(y
     assert error < 3e-5, error
 
 
+_CONVERT_AGAIN = """
+import sys, ms_port
+report = ms_port.convert(sys.argv[1], ms_model="mindyolo:" + sys.argv[2], output=sys.argv[3])
+print(report.ok, sorted({m.split(".")[0] for m in sys.modules} & {"mindspore", "mindyolo"}))
+"""
+
+
+def test_a_configs_network_is_recorded_once_then_converted_without_mindspore(
+        yolov8, tmp_path, monkeypatch):
+    """The first conversion of a config records what alignment reads of MindYOLO's network
+    (the head's stride, a constant, among it); a later one, in a fresh process, reads the
+    record and imports neither MindSpore nor MindYOLO, and writes the same bytes. A
+    record tampered with is not used: the network is built again and recorded over."""
+    import os
+    import subprocess
+    import sys
+
+    root, best, config, _ = yolov8
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("MS_PORT_CACHE", str(cache))
+    first = ms_port.convert(best, ms_model=f"mindyolo:{config}", output=tmp_path / "a.ckpt")
+    assert any("recorded in" in n for n in first.plan.notes), first.plan.notes
+    [record] = list((cache / "mindyolo").glob("*.json"))
+
+    def again(out):
+        run = subprocess.run([sys.executable, "-c", _CONVERT_AGAIN, str(best), str(config),
+                              str(out)], capture_output=True, text=True, timeout=300,
+                             env={**os.environ, "MS_PORT_CACHE": str(cache)})
+        assert run.returncode == 0, run.stderr[-2000:]
+        return run.stdout.split(None, 1)
+
+    assert again(tmp_path / "b.ckpt") == ["True", "[]\n"]
+    assert (tmp_path / "b.ckpt").read_bytes() == (tmp_path / "a.ckpt").read_bytes()
+    held = json.loads(record.read_text())
+    held["tensors"][0][1] = [-1]  # a shape no network has
+    record.write_text(json.dumps(held))
+    assert again(tmp_path / "c.ckpt")[0] == "True"  # built again (MindSpore imported)
+    assert (tmp_path / "c.ckpt").read_bytes() == (tmp_path / "a.ckpt").read_bytes()
+    assert json.loads(record.read_text())["tensors"][0][1] != [-1]  # recorded over
+
+
 def test_swapped_head_convolutions_change_mindyolos_outputs(yolov8):
     """The twin: the same check is far off for a wrong conversion (two levels' box
     convolutions swapped), so the agreement above could have failed."""

@@ -211,12 +211,16 @@ def _mindcv_record(name: str) -> dict[str, Any] | None:
 
 
 def recorded_zoo(spec: str) -> Target | None:
-    """``mindcv:NAME`` as recorded from MindCV (:mod:`ms_port.archs.manifest`), without
-    importing MindSpore; ``None`` where it is not recorded, or where another MindCV than
-    the recorded one is installed (then the network is built)."""
+    """``mindcv:NAME`` as recorded from MindCV (:mod:`ms_port.archs.manifest`), or
+    ``mindyolo:CONFIG.yaml`` as an earlier conversion recorded it
+    (:mod:`ms_port.archs.yolo.record`), without importing MindSpore; ``None`` where it is
+    not recorded, or where another MindCV than the recorded one is installed (then the
+    network is built)."""
     from importlib import metadata
 
     prefix, _, name = spec.partition(":")
+    if prefix == "mindyolo":  # recorded by an earlier conversion, in the user's cache
+        return importlib.import_module("ms_port.archs.yolo.record").recorded(spec)
     if prefix != "mindcv":
         return None
     try:
@@ -427,7 +431,11 @@ def from_factory(spec: str, *, recorded: bool = True, **kwargs: Any) -> Target:
         return found
     factory = import_callable(spec)
     cell = without_weights(lambda: _call(factory, f"--ms-model {spec!r}", **kwargs))
-    return from_cell(cell, spec)
+    target = from_cell(cell, spec)
+    if recorded and not kwargs and spec.startswith("mindyolo:"):  # for the next time
+        note = importlib.import_module("ms_port.archs.yolo.record").remember(spec, target)
+        target.notes += [note] if note else []
+    return target
 
 
 #: model families built from the source's config.json: spec -> module with

@@ -1,0 +1,141 @@
+"""verify by layers runs the vocabulary a span of rows at a time: the embedding and the
+head never need more than a decoder layer, and the report is the whole block's.
+
+The spans are forced small here (``SPAN_NUMEL``: a vocabulary of 128 in spans of 40 or
+31 rows) so that the tiny fixtures run them; every family's blocks (LLaMA and GLM-4 in
+PyNative, Qwen3 in GRAPH mode) give the report the whole blocks give, field for field,
+and a wrong row of the head or of the embedding FAILs there, in whichever span it lies.
+Skipped where transformers / mindformers (the test extra) are absent.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import numpy as np
+import pytest
+
+from ms_port.check.layers import Event
+from ms_port.check.spans import Span, measured, merge_events, merge_output, plan_spans
+
+
+def test_spans_cover_the_vocabulary_and_put_the_outputs_back_together():
+    ids = np.array([[5, 99, 41, 5]])
+    # an embedding runs only the spans holding an id (here the second input's 130 too)
+    spans = plan_spans(131, 40, embedding=True, ids=[ids, np.array([[130]])])
+    assert [(s.start, s.stop) for s in spans] == [(0, 40), (40, 80), (80, 120), (120, 131)]
+    assert plan_spans(131, 40, embedding=True, ids=[ids])[-1].stop == 120
+    assert [s.rows for s in plan_spans(100, 40, embedding=False, ids=[])] == [40, 40, 20]
+    table = np.random.default_rng(0).standard_normal((131, 3))
+    # each span looks up its own ids (others at row 0): put back, the whole lookup
+    parts = [table[s.start:s.stop][s.ids(ids)] for s in spans]
+    assert np.array_equal(merge_output(parts, spans, ids), table[ids])
+    # a head's columns side by side; a layer not over the vocabulary taken once
+    head = [Span(a, b, False) for a, b in ((0, 2), (2, 5))]
+    x, w = np.ones((1, 4, 3)), table[:5]
+    per_span = [[Event("norm", 0, 0, "RMSNorm", True, [x]),
+                 Event("lm_head", 0, 1, "Linear", True, [x @ w[s.start:s.stop].T])]
+                for s in head]
+    merged = merge_events(per_span, head, ids, ("lm_head",))
+    assert merged[0].arrays[0] is x and np.array_equal(merged[1].arrays[0], x @ w.T)
+    # measured as Measure measures: the distance from the recorded pass, per layer
+    other = [Event("lm_head", 0, 1, "Linear", True, [merged[1].arrays[0] * (1 + 1e-3)])]
+    assert measured(merged, other, "recorded") == {("lm_head", 0): pytest.approx(1e-3)}
+
+
+transformers = pytest.importorskip("transformers")
+needs_mindformers = pytest.mark.skipif(importlib.util.find_spec("mindformers") is None,
+                                       reason="mindformers not installed (test extra)")
+
+import ms_port  # noqa: E402
+from ms_port.check import blocks  # noqa: E402
+from ms_port.testing import rewrite_checkpoint, tiny_hf_lm  # noqa: E402
+
+FIELDS = ("ms", "torch", "call", "paired_by", "shape", "error", "max_abs", "noise", "bound",
+          "sensitivity", "status")
+
+
+def _fields(report):
+    return ([tuple(getattr(c, f) for f in FIELDS) for c in report.layers],
+            [(o.error, o.noise, o.bound, o.status) for o in report.outputs], report.verdict)
+
+
+def _made(family, root):
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    if family == "mindformers:llama":
+        src = tiny_hf_lm("qwen2", root / "hf", tied=True, dtype="bfloat16", layers=2)
+    elif family == "mindformers:glm4":
+        from test_glm import _hf
+        src = _hf(root)
+    else:
+        from test_parallel_core import tiny_qwen3
+        src = tiny_qwen3(root / "hf")
+    out = root / "m.ckpt"
+    assert ms_port.convert(src, ms_model=family, output=out).ok
+    return src, out
+
+
+def _spans_run(monkeypatch):
+    """Make the spans 40 rows of the tiny models' width 64, and count what ran."""
+    ran = []
+    real = blocks.plan_spans
+
+    def plan(*args, **kwargs):
+        spans = real(*args, **kwargs)
+        ran.append([(s.start, s.stop) for s in spans])
+        return spans
+
+    monkeypatch.setattr(blocks, "plan_spans", plan)
+    monkeypatch.setattr(blocks, "SPAN_NUMEL", 64 * 40)
+    return ran
+
+
+@needs_mindformers
+@pytest.mark.parametrize("family", ["mindformers:llama", "mindformers:glm4",
+                                    "mindformers:qwen3"])
+def test_the_vocabulary_in_spans_gives_the_whole_blocks_report(family, tmp_path, monkeypatch):
+    src, out = _made(family, tmp_path)
+    whole = ms_port.verify(src, out, ms_model=family, mode="layers")
+    ran = _spans_run(monkeypatch)
+    spans = ms_port.verify(src, out, ms_model=family, mode="layers")
+    # the embedding (only the spans its ids fall in) and the head, each in spans
+    assert len(ran) == 2 and ran[1] == [(0, 40), (40, 80), (80, 120), (120, 128)], ran
+    assert spans.verdict == "PASS", spans.reasons
+    assert _fields(spans) == _fields(whole)
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory):
+    return _made("mindformers:llama", tmp_path_factory.mktemp("spans"))
+
+
+def _rows_swapped(name, a, b):
+    def edit(tensors):
+        w = tensors[name].copy()
+        w[[a, b]] = w[[b, a]]
+        tensors[name] = w
+        return tensors
+    return edit
+
+
+@needs_mindformers
+@pytest.mark.parametrize("row, layer", [(50, "head"), (97, "embedding")])
+def test_a_wrong_row_fails_in_its_span_naming_the_layer(llama, tmp_path, monkeypatch, row,
+                                                        layer):
+    """Two rows swapped inside one span (the tied embedding: the lookup and the head both
+    read it): FAIL, the tensor named, the forward parting at that block. Every token id
+    is fed, so every row is looked up."""
+    src, out = llama
+    tensor = "model.tok_embeddings.embedding_weight"
+    bad = rewrite_checkpoint(out, tmp_path / "bad.ckpt", _rows_swapped(tensor, row, row + 1))
+    np.save(tmp_path / "ids.npy", np.arange(128, dtype=np.int64)[None])
+    ran = _spans_run(monkeypatch)
+    report = ms_port.verify(src, bad, ms_model="mindformers:llama", inputs=tmp_path / "ids.npy",
+                            mode="layers")
+    assert len(ran) == 2 and report.verdict == "FAIL"
+    assert tensor in {d.target for d in report.tensors.deltas if d.status == "differs"}
+    first = report.first_divergence.describe()
+    assert ("tok_embeddings" if layer == "embedding" else "lm_head") in first, first
