@@ -249,9 +249,31 @@ class Many:
                 f"({format_shape(tt.shape)}) ({entry.where})"
                 + (f": {transforms_made(transforms, info.shape)}" if transforms else "")))
             return
+        groups, per_row = self._row_groups(info, transforms)
         self.matches[t] = Match(t, name, "mapping", f"renamed by {entry.where}", info.shape,
                                 tt.shape, info.dtype, cast_dtype(info.dtype, self.dtype),
-                                transforms)
+                                transforms, groups=groups, group_transforms=per_row)
+
+    def _row_groups(self, info: TensorInfo, transforms: tuple[Transform, ...]
+                    ) -> tuple[int, tuple[Transform, ...]]:
+        """``(rows, transforms)`` where a one-source entry's transforms can be computed a
+        row of the source's first axis at a time (an expert of transformers 5's stacked
+        ``experts.gate_up_proj [E, 2F, H]``): the writer and the read-back then hold one
+        expert, not the whole stack transposed (7.9 GiB at DeepSeek-V3's widths). The same
+        transforms must give, row after row, exactly the whole result: checked on two
+        numbered rows (:func:`separable`) once per row shape and transforms; a transform
+        naming the whole first axis (``reshape: [experts, …]``) does not fit one row, and
+        the tensor is written whole. Tensors under :data:`ROWS_FROM_BYTES` are written
+        whole."""
+        if (not transforms or len(info.shape) < 2 or info.shape[0] < 2
+                or info.nbytes < ROWS_FROM_BYTES):
+            return 0, ()
+        row = (1, *info.shape[1:])
+        key = ("rows", row, tuple(map(str, transforms)))
+        if key not in self.separable:
+            ok = separable(0, (row, row), 1, transforms, transforms)
+            self.separable[key] = transforms if ok else None
+        return (info.shape[0], transforms) if self.separable[key] else (0, ())
 
     def _split(self, entry: Any) -> None:
         axis = entry.layout.axis
@@ -374,6 +396,10 @@ def _before(transforms: tuple[Transform, ...], shape: tuple[int, ...]) -> tuple[
     return shape
 
 
+#: a one-source tensor this large or larger is transformed a row of its first axis at a time
+#: where that is exact (``Many._row_groups``); a smaller one is written whole
+ROWS_FROM_BYTES = 64 << 20
+
 #: the most elements of one group :func:`separable` numbers (two groups are numbered):
 #: DeepSeek-V3's experts are 29M each; larger groups are written whole
 MAX_PROBE = 1 << 25
@@ -401,4 +427,4 @@ def separable(axis: int, shapes: tuple[tuple[int, ...], ...], k: int,
         return False
 
 
-__all__ = ["MAX_OVER", "MAX_PROBE", "Many", "separable"]
+__all__ = ["MAX_OVER", "MAX_PROBE", "ROWS_FROM_BYTES", "Many", "separable"]

@@ -101,7 +101,18 @@ class Plan(Renderable):
 
     def grouped(self, m: Match) -> Iterator[np.ndarray]:
         """What ``m``'s target must hold, one group at a time (``m.groups``), in order:
-        the writer and the read-back hold one expert's rows, not the whole tensor."""
+        the writer and the read-back hold one expert's rows, not the whole tensor. A
+        one-source target's groups are its source's rows along the first axis, each read
+        alone."""
+        if not m.parts:
+            info = self.source.tensors[m.source]
+            rows = info.shape[0] // m.groups
+            for g in range(m.groups):
+                array = apply_all(m.group_transforms,
+                                  np.asarray(info.load_rows(g * rows, (g + 1) * rows)))
+                yield (array.astype(numpy_dtype(m.out_dtype)) if m.out_dtype != m.dtype
+                       else array)
+            return
         for names, layout in grouped_parts(m):
             array = apply_all(m.group_transforms,
                               layout.join([self.source.tensors[n].load() for n in names]))
