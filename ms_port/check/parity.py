@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 from typing import Any, Callable
 
 import numpy as np
@@ -69,8 +69,8 @@ from .report import (
 from .verdict import ROUNDING_REACH, Drift, K, bound_for, decide, pass_message, status_of
 
 __all__ = ["ERROR_DEFINITION", "FAIL", "INCONCLUSIVE", "PASS", "Divergence",
-           "LayerComparison", "OutputComparison", "ParityReport", "check_run", "compare_networks",
-           "correspondence_from_pairs", "run_parity"]
+           "LayerComparison", "OutputComparison", "ParityOptions", "ParityReport", "check_run",
+           "compare_networks", "correspondence_from_pairs", "run_parity"]
 
 _DTYPES = ("float32", "float64")
 #: a passing error this many times the noise gets a note: something besides rounding
@@ -474,24 +474,27 @@ class Run:
             self.timings[key.split(" (")[0].replace(" ", "_")] = time.perf_counter() - t0
 
 
-def run_parity(
-    torch_model: Any,
-    ms_model: Any,
-    *,
-    inputs: Any = None,
-    input_shape: tuple[int, ...] | None = None,
-    batch: int = 1,
-    seed: int = 0,
-    tol: float = 1e-5,
-    dtype: str = "float32",
-    torch_device: str = "cpu",
-    ms_device: str = "cpu",
-    correspondence: list[tuple[str, str]] | None = None,
-    noise_floor: bool = True,
-    layers: bool = True,
-    tensor_diff: Any = None,
-    progress: Callable[[str], None] | None = None,
-) -> ParityReport:
+@dataclass(frozen=True)
+class ParityOptions:
+    """How :func:`run_parity` runs and judges two networks (its keywords, one object)."""
+
+    inputs: Any = None
+    input_shape: tuple[int, ...] | None = None
+    batch: int = 1
+    seed: int = 0
+    tol: float = 1e-5
+    dtype: str = "float32"
+    torch_device: str = "cpu"
+    ms_device: str = "cpu"
+    correspondence: list[tuple[str, str]] | None = None
+    noise_floor: bool = True
+    layers: bool = True
+    tensor_diff: Any = None
+    progress: Callable[[str], None] | None = None
+
+
+def run_parity(torch_model: Any, ms_model: Any, options: ParityOptions | None = None,
+               **overrides: Any) -> ParityReport:
     """Run both networks on the same inputs, compare every output and paired layer, and
     decide PASS, FAIL or INCONCLUSIVE (see :mod:`ms_port.check.verdict`).
 
@@ -503,6 +506,8 @@ def run_parity(
     Args:
         torch_model: a ``torch.nn.Module`` with its weights loaded.
         ms_model: a ``mindspore.nn.Cell`` with its weights loaded.
+        options: a :class:`ParityOptions`; ``**overrides`` set any of its fields by
+            name (``run_parity(a, b, input_shape=(3, 224, 224), tol=1e-4)``):
         inputs: :class:`~ms_port.check.inputs.InputArray` s or arrays (batch axis first),
             one per positional input; or else
         input_shape / batch / seed: one standard-normal float32 input of
@@ -533,12 +538,18 @@ def run_parity(
         >>> report.verdict, report.message  # doctest: +SKIP
         ('PASS', 'PASS: 1 output and 161 layers within their bounds; …')
     """
-    _validate(tol, dtype, batch)
-    run = Run(_as_inputs(inputs, input_shape, batch, seed), seed=seed, tol=tol, dtype=dtype,
-              torch_device=torch_device, ms_device=ms_device, noise_floor=noise_floor,
-              progress=progress)
-    return compare_networks(torch_model, ms_model, run, correspondence=correspondence,
-                            layers=layers, tensor_diff=tensor_diff)
+    known = {f.name for f in fields(ParityOptions)}
+    unknown = sorted(set(overrides) - known)
+    if unknown:
+        raise TypeError(f"run_parity() got unknown option(s) {', '.join(unknown)}; "
+                        f"options: {', '.join(sorted(known))}")
+    o = replace(options or ParityOptions(), **overrides)
+    _validate(o.tol, o.dtype, o.batch)
+    run = Run(_as_inputs(o.inputs, o.input_shape, o.batch, o.seed), seed=o.seed, tol=o.tol,
+              dtype=o.dtype, torch_device=o.torch_device, ms_device=o.ms_device,
+              noise_floor=o.noise_floor, progress=o.progress)
+    return compare_networks(torch_model, ms_model, run, correspondence=o.correspondence,
+                            layers=o.layers, tensor_diff=o.tensor_diff)
 
 
 def compare_networks(torch_model: Any, ms_model: Any, run: Run, *,
