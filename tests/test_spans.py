@@ -43,6 +43,28 @@ def test_spans_cover_the_vocabulary_and_put_the_outputs_back_together():
     assert measured(merged, other, "recorded") == {("lm_head", 0): pytest.approx(1e-3)}
 
 
+def test_a_block_in_spans_is_held_to_one_spans_memory_before_it_is_read():
+    """verify refuses a block that cannot fit before reading it; a vocabulary run in spans
+    needs one span of it, not the whole (a 70B head is 8 GiB in float64)."""
+    from types import SimpleNamespace
+
+    from ms_port.archs.llama.blocks import Piece
+    from ms_port.check.blocks import BLOCK_MARGIN, _check_fits
+    from ms_port.errors import ForwardUnavailable
+    from ms_port.read.tensors import TensorInfo
+
+    head = Piece("head", "head", {"lm_head.weight": "lm_head.weight"}, {},
+                 rows=("lm_head.weight",), wide=("lm_head",))
+    source = SimpleNamespace(tensors={"lm_head.weight": TensorInfo("lm_head.weight",
+                                                                   (1000, 10), "float32")})
+    one_span = 100 * 10 * 8 + BLOCK_MARGIN
+    _check_fits(head, source, True, available=one_span, span_rows=100)
+    with pytest.raises(ForwardUnavailable, match="block head needs"):
+        _check_fits(head, source, True, available=one_span)
+    with pytest.raises(ForwardUnavailable):
+        _check_fits(head, source, True, available=one_span - 1, span_rows=100)
+
+
 transformers = pytest.importorskip("transformers")
 needs_mindformers = pytest.mark.skipif(importlib.util.find_spec("mindformers") is None,
                                        reason="mindformers not installed (test extra)")

@@ -270,7 +270,8 @@ def _run_pieces(state: _BlockRun, pieces: list[Any]) -> list[LayerComparison]:
     try:
         for n, piece in enumerate(pieces):
             state.run.step(f"block {n + 1}/{len(pieces)}: {piece.name}")
-            _check_fits(piece, state.source, state.run.noise_floor)
+            _check_fits(piece, state.source, state.run.noise_floor,
+                        span_rows=state.span_rows if _spans_of(state, piece) else None)
             compared += _run_piece(state, piece)
             # a block's networks hold reference cycles: collect them before the next block.
             # What the first block imported (both frameworks) is frozen out of the scan:
@@ -290,10 +291,11 @@ BLOCK_MARGIN = 1 << 30
 
 
 def _check_fits(piece: Any, source: Source, noise_floor: bool,
-                available: int | None = None) -> None:
+                available: int | None = None, span_rows: int | None = None) -> None:
     """Refuse a block whose PyTorch step cannot fit in the memory left, before reading it:
     its tensors in float64 (the noise pass; float32 without it), beside all the run holds
-    already, plus :data:`BLOCK_MARGIN`. The OOM killer would end the run with no word.
+    already, plus :data:`BLOCK_MARGIN`; a vocabulary tensor counts one span of
+    ``span_rows`` rows. The OOM killer would end the run with no word.
 
     Raises:
         ForwardUnavailable: it does not fit (verify then proves the tensors alone).
@@ -301,7 +303,13 @@ def _check_fits(piece: Any, source: Source, noise_floor: bool,
     available = available_memory() if available is None else available
     if available is None:
         return
-    numel = sum(source.tensors[n].numel for n in piece.torch.values() if n in source.tensors)
+    numel = 0
+    for local, name in piece.torch.items():
+        info = source.tensors.get(name)
+        if info is None:
+            continue
+        spanned = span_rows is not None and local in piece.rows and in_spans(info, span_rows)
+        numel += info.numel // info.shape[0] * span_rows if spanned else info.numel
     wide = 8 if noise_floor and not piece.exact else 4
     need = numel * wide + BLOCK_MARGIN
     if need > available:
