@@ -271,7 +271,7 @@ def _run_pieces(state: _BlockRun, pieces: list[Any]) -> list[LayerComparison]:
         for n, piece in enumerate(pieces):
             state.run.step(f"block {n + 1}/{len(pieces)}: {piece.name}")
             _check_fits(piece, state.source, state.run.noise_floor,
-                        span_rows=state.span_rows if _spans_of(state, piece) else None)
+                        span_rows=state.span_rows if _vocabulary(state, piece) else None)
             compared += _run_piece(state, piece)
             # a block's networks hold reference cycles: collect them before the next block.
             # What the first block imported (both frameworks) is frozen out of the scan:
@@ -407,17 +407,26 @@ def _whole_piece(state: _BlockRun, piece: Any) -> _Recorded:
     return _Recorded(events, sens, noise, m_events, fed, fed64)
 
 
-def _spans_of(state: _BlockRun, piece: Any) -> list[Span] | None:
-    """The spans of the vocabulary a block runs in (:func:`~ms_port.check.spans.
-    plan_spans`), or None: it holds no vocabulary, or one of a decoder layer's size."""
+def _vocabulary(state: _BlockRun, piece: Any) -> int | None:
+    """The rows of the vocabulary a block runs in spans, or None: it holds no vocabulary,
+    one of a decoder layer's size, or the two sides' differ."""
     if not piece.rows or state.span_rows is None:
         return None
     found = [state.source.tensors.get(piece.torch[n]) for n in piece.rows if n in piece.torch]
     found += [state.checkpoint.tensors.get(piece.ms[n]) for n in piece.rows if n in piece.ms]
     if not found or not all(in_spans(info, state.span_rows) for info in found) or \
             len({info.shape[0] for info in found}) != 1:
-        return None  # both sides' vocabularies alike, and too large for one span
-    return plan_spans(found[0].shape[0], state.span_rows, embedding=piece.kind == "embedding",
+        return None
+    return found[0].shape[0]
+
+
+def _spans_of(state: _BlockRun, piece: Any) -> list[Span] | None:
+    """The spans of the vocabulary a block runs in (:func:`~ms_port.check.spans.
+    plan_spans`), or None (:func:`_vocabulary`)."""
+    vocab = _vocabulary(state, piece)
+    if vocab is None or state.span_rows is None:
+        return None
+    return plan_spans(vocab, state.span_rows, embedding=piece.kind == "embedding",
                       ids=[state.ids, state.ids2])
 
 

@@ -76,9 +76,13 @@ class Piece:
 
 def vocab_of(piece: Piece) -> dict[str, Any]:
     """The config keys that build a piece's networks for its span of the vocabulary: the
-    span's rows, and no padding id (an id past the span would not fit an embedding; it
-    changes only gradients)."""
-    return {} if piece.vocab is None else {"vocab_size": piece.vocab, "pad_token_id": None}
+    span's rows, and no padding, start or end id (an id past the span would not fit an
+    embedding, and transformers warns of each; none of them changes a forward's values
+    here)."""
+    if piece.vocab is None:
+        return {}
+    return {"vocab_size": piece.vocab, "pad_token_id": None, "bos_token_id": None,
+            "eos_token_id": None}
 
 
 class HuggingFaceSide:
