@@ -5,9 +5,9 @@ of it: names, shapes, dtypes, layer kinds and their bases, and the constants the
 computes (YOLOv5's anchors). Building it imports MindSpore and MindYOLO (seconds, hundreds
 of MiB). The first conversion of a config records that in the user's cache folder, under
 the digest of what MindYOLO builds the network from (the config's merged ``network``
-section and ``nc``) and of the MindYOLO version; every later conversion of the same
-network (the same file, a copy, or another file merging to the same network) reads the
-record and builds nothing.
+section and ``nc``) and of the MindYOLO, MindSpore and ms-port versions; every later
+conversion of the same network (the same file, a copy, or another file merging to the
+same network) reads the record and builds nothing.
 
 A record is data read from disk: it is used only when it parses as a record of this
 format for this key (every name a string, every shape a list of small non-negative
@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from ... import __version__
 from ...read.targets import Target, TargetTensor, zoo_tensor_row
 from ...read.tensors import NUMPY_DTYPES, numpy_dtype
 from .mindyolo import network_of, read_config
@@ -57,12 +58,12 @@ def cache_folder() -> Path | None:
 def _key(config: str) -> str | None:
     """The digest of what MindYOLO builds the network from, or None: MindYOLO absent."""
     try:
-        version = metadata.version("mindyolo")
+        versions = {name: metadata.version(name) for name in ("mindyolo", "mindspore")}
     except metadata.PackageNotFoundError:
         return None
     network, nc = network_of(read_config(config), config)
-    text = json.dumps({"format": FORMAT, "mindyolo": version, "network": network, "nc": nc},
-                      sort_keys=True, default=str)
+    text = json.dumps({"format": FORMAT, **versions, "ms-port": __version__,
+                       "network": network, "nc": nc}, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()
 
 
