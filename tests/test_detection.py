@@ -241,6 +241,30 @@ def test_a_configs_network_is_recorded_once_then_converted_without_mindspore(
     assert json.loads(record.read_text())["tensors"][0][1] != [-1]  # recorded over
 
 
+@pytest.mark.parametrize("bad", [
+    "[" * 100_000 + "]" * 100_000,  # nested past the parser's recursion
+    '{"format": 1, "cls": "x", "constants": {}, "tensors": [["w", [268435457], "float32", '
+    'null, [], null]]}',  # more elements than any detector holds
+    '{"format": 1, "cls": "x", "constants": {"w": [100000000000000000000]}, "tensors": '
+    '[["w", [1], "int32", null, [], null]]}',  # a value no int32 holds
+    '{"format": 1, "cls": "x", "constants": {}, "tensors": [["w", [2, -1], "float32", '
+    'null, [], null]]}',
+    '{"format": 1, "cls": "x", "constants": [], "tensors": []}',
+])
+def test_a_record_that_does_not_check_out_is_not_used(tmp_path, monkeypatch, bad):
+    """The cache's record of a MindYOLO network is data read from disk: whatever it holds,
+    it is used only as a record (else the network is built), never a traceback."""
+    pytest.importorskip("mindyolo")
+    from ms_port.archs.yolo import record
+
+    monkeypatch.setenv("MS_PORT_CACHE", str(tmp_path / "cache"))
+    config = write_config(tmp_path)
+    path = record._path(str(config))
+    path.parent.mkdir(parents=True)
+    path.write_text(bad)
+    assert record.recorded(f"mindyolo:{config}") is None
+
+
 def test_swapped_head_convolutions_change_mindyolos_outputs(yolov8):
     """The twin: the same check is far off for a wrong conversion (two levels' box
     convolutions swapped), so the agreement above could have failed."""

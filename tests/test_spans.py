@@ -173,3 +173,26 @@ def test_a_wrong_row_fails_in_its_span_naming_the_layer(llama, tmp_path, monkeyp
     status = {c.ms: c.status for c in report.layers}
     assert status["head (fed PyTorch's input)"] == "fail"
     assert status["model.layers.0 (fed PyTorch's input)"] == "ok"
+
+
+@needs_mindformers
+def test_nan_in_spans_is_counted_once_over_every_row(llama, tmp_path, monkeypatch):
+    """NaN in two rows of the tied embedding, in two spans (one of them perhaps no token id
+    runs): the report counts both, once, though the embedding and the head each read the
+    tensor a span at a time."""
+    src, out = llama
+    tensor = "model.tok_embeddings.embedding_weight"
+
+    def poison(tensors):
+        w = tensors[tensor].copy()
+        w[[10, 100], 3] = np.nan
+        tensors[tensor] = w
+        return tensors
+
+    bad = rewrite_checkpoint(out, tmp_path / "nan.ckpt", poison)
+    _spans_run(monkeypatch)
+    report = ms_port.verify(src, bad, ms_model="mindformers:llama", mode="layers")
+    assert report.verdict == "FAIL"
+    found = [r for r in report.reasons if r.startswith("weights hold NaN/Inf")]
+    assert len(found) == 1 and f"MindSpore {tensor}: 2 NaN" in found[0], report.reasons
+    assert found[0].count(tensor) == 1

@@ -35,13 +35,12 @@ import numpy as np
 from .._libc import libc_function
 from ..errors import ForwardUnavailable, ParityError, shown
 from ..read.sources import Source
-from .compare import ms_to_numpy, relative_error
+from .compare import ms_to_numpy, nonfinite, relative_error
 from .layers import Event, Measure, Pair, distance, pair_events, record_ms, record_torch
 from .parity import (
     Networks,
     Run,
     _compare_outputs,
-    _count_nonfinite,
     _layer_comparisons,
     judge,
 )
@@ -118,7 +117,45 @@ def choose_mode(mode: str, parameters: int, why_not: str | None,
     return "whole", f"the whole networks fit (~{need / gib:.1f} GiB{where})"
 
 
-def _arrays(source: Source, names: dict[str, str], found: list[str], side: str,
+class _Found:
+    """NaN/Inf in the tensors the blocks read, per side and tensor, in the order first
+    seen: each tensor counted once, whole or over its spans' rows (a tied embedding read
+    again for the head, a final norm read again for each span, are not counted twice)."""
+
+    def __init__(self) -> None:
+        self.counts: dict[tuple[str, str], list[int]] = {}
+        self.done: set[tuple[str, str]] = set()
+        self.rows: set[tuple[str, str, int, int]] = set()
+
+    def add(self, side: str, name: str, array: np.ndarray,
+            rows: tuple[int, int] | None = None) -> None:
+        key = (side, name)
+        if key in self.done or (rows is not None and (*key, *rows) in self.rows):
+            return
+        nan, inf = nonfinite(array)
+        held = self.counts.setdefault(key, [0, 0])
+        held[0] += nan
+        held[1] += inf
+        if rows is None:
+            self.done.add(key)
+        else:
+            self.rows.add((*key, *rows))
+
+    def piece_done(self) -> None:
+        """A block's tensors are all counted (its spans' rows among them)."""
+        self.done.update((side, name) for side, name, _, _ in self.rows)
+        self.rows.clear()
+
+    def lines(self) -> list[str]:
+        out = []
+        for (side, name), (nan, inf) in self.counts.items():
+            counts = [f"{n} {kind}" for n, kind in ((nan, "NaN"), (inf, "Inf")) if n]
+            if counts:
+                out.append(f"{side} {name}: {', '.join(counts)}")
+        return out
+
+
+def _arrays(source: Source, names: dict[str, str], found: _Found, side: str,
             dtype: Any = np.float32, span: tuple[Span, tuple[str, ...]] | None = None
             ) -> dict[str, np.ndarray]:
     """The named tensors in ``dtype`` (bf16/fp16 checkpoints compute in float32; float64
@@ -130,16 +167,12 @@ def _arrays(source: Source, names: dict[str, str], found: list[str], side: str,
         if info is None:
             raise ParityError(f"{source.path}: no tensor {shown(name)}, which the block "
                               "needs; convert again", path=source.path)
-        if span is not None and local in span[1]:
-            array = np.asarray(info.load_rows(span[0].start, span[0].stop))
-        else:
-            array = np.asarray(info.load())
+        rows = (span[0].start, span[0].stop) if span is not None and local in span[1] else None
+        array = np.asarray(info.load() if rows is None else info.load_rows(*rows))
         if array.dtype != dtype:
             array = array.astype(dtype)
         if dtype == np.float32:
-            bad = _count_nonfinite(side, name, array)
-            if bad:
-                found.append(bad)
+            found.add(side, name, array, rows)
         arrays[local] = array
     return arrays
 
@@ -194,7 +227,7 @@ class _BlockRun:
     streams: _Streams = field(default_factory=_Streams)
     timer: _Timer = field(default_factory=_Timer)
     drift: Drift = field(default_factory=Drift)
-    nonfinite: list[str] = field(default_factory=list)
+    nonfinite: _Found = field(default_factory=_Found)
     #: rows per span of the vocabulary (:mod:`ms_port.check.spans`); None: no spans
     span_rows: int | None = None
 
@@ -241,7 +274,7 @@ def run_blocks(blocks: Any, source: Source, checkpoint: Source, run: Run, *,
                         known=lambda c: [])
     run.timings.update(state.timer.spent)
     return judge(outputs, compared, state.drift, networks, run,
-                 correspondence=correspondence, nonfinite_weights=state.nonfinite,
+                 correspondence=correspondence, nonfinite_weights=state.nonfinite.lines(),
                  tensor_diff=tensor_diff)
 
 
@@ -273,6 +306,7 @@ def _run_pieces(state: _BlockRun, pieces: list[Any]) -> list[LayerComparison]:
             _check_fits(piece, state.source, state.run.noise_floor,
                         span_rows=state.span_rows if _vocabulary(state, piece) else None)
             compared += _run_piece(state, piece)
+            state.nonfinite.piece_done()
             # a block's networks hold reference cycles: collect them before the next block.
             # What the first block imported (both frameworks) is frozen out of the scan:
             # a full collection over it took 1.1 s per block
@@ -414,8 +448,10 @@ def _vocabulary(state: _BlockRun, piece: Any) -> int | None:
         return None
     found = [state.source.tensors.get(piece.torch[n]) for n in piece.rows if n in piece.torch]
     found += [state.checkpoint.tensors.get(piece.ms[n]) for n in piece.rows if n in piece.ms]
-    if not found or not all(in_spans(info, state.span_rows) for info in found) or \
-            len({info.shape[0] for info in found}) != 1:
+    # each span's rows read alone (a format that can only read the whole tensor would
+    # read it again for every span and pass)
+    if not found or not all(in_spans(info, state.span_rows) and info.rows_loader is not None
+                            for info in found) or len({info.shape[0] for info in found}) != 1:
         return None
     return found[0].shape[0]
 
@@ -426,6 +462,8 @@ def _spans_of(state: _BlockRun, piece: Any) -> list[Span] | None:
     vocab = _vocabulary(state, piece)
     if vocab is None or state.span_rows is None:
         return None
+    if any(x.size and (x.min() < 0 or x.max() >= vocab) for x in (state.ids, state.ids2)):
+        return None  # an id no span holds: the whole block says so, as before
     return plan_spans(vocab, state.span_rows, embedding=piece.kind == "embedding",
                       ids=[state.ids, state.ids2])
 
@@ -454,6 +492,7 @@ def _in_spans(state: _BlockRun, piece: Any, spans: list[Span]) -> _Recorded:
     given = _Streams(streams.t, streams.t64, streams.t2, streams.m)
     for span in spans:
         _run_span(state, replace(piece, vocab=span.rows), span, given, runs)
+    _scan_unrun(state, piece, spans)
 
     def together(parts: list[tuple[list[Event], np.ndarray]], ids: np.ndarray
                  ) -> tuple[list[Event], np.ndarray]:
@@ -477,6 +516,24 @@ def _in_spans(state: _BlockRun, piece: Any, spans: list[Span]) -> _Recorded:
     return _Recorded(events, sens, noise, m_events,
                      merge_output(runs.fed, spans, state.ids) if runs.fed else None,
                      merge_output(runs.fed64, spans, state.ids) if runs.fed64 else None)
+
+
+def _scan_unrun(state: _BlockRun, piece: Any, spans: list[Span]) -> None:
+    """NaN/Inf in the rows of the spans no token id ran (an embedding's), counted as the
+    whole block would have: a span at a time, both sides."""
+    vocab = _vocabulary(state, piece)
+    if vocab is None or state.span_rows is None or not spans[0].embedding:
+        return
+    ran, step = {s.start for s in spans}, state.span_rows
+    for start in range(0, vocab, step):
+        if start in ran:
+            continue
+        span = Span(start, min(start + step, vocab), embedding=False)
+        with state.timer("read"):
+            for names, where, side in ((piece.torch, state.source, "PyTorch"),
+                                       (piece.ms, state.checkpoint, "MindSpore")):
+                _arrays(where, {k: v for k, v in names.items() if k in piece.rows},
+                        state.nonfinite, side, span=(span, piece.rows))
 
 
 def _run_span(state: _BlockRun, sub: Any, span: Span, given: _Streams, runs: _SpanRuns

@@ -538,6 +538,9 @@ def run_parity(torch_model: Any, ms_model: Any, options: ParityOptions | None = 
         >>> report.verdict, report.message  # doctest: +SKIP
         ('PASS', 'PASS: 1 output and 161 layers within their bounds; …')
     """
+    if options is not None and not isinstance(options, ParityOptions):
+        raise TypeError(f"run_parity()'s third argument is a ParityOptions, not "
+                        f"{type(options).__name__}; give the other options by name")
     known = {f.name for f in fields(ParityOptions)}
     unknown = sorted(set(overrides) - known)
     if unknown:

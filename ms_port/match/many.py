@@ -266,14 +266,16 @@ class Many:
         the tensor is written whole. Tensors under :data:`ROWS_FROM_BYTES` are written
         whole."""
         if (not transforms or len(info.shape) < 2 or info.shape[0] < 2
-                or info.nbytes < ROWS_FROM_BYTES):
-            return 0, ()
-        row = (1, *info.shape[1:])
-        key = ("rows", row, tuple(map(str, transforms)))
+                or info.nbytes < ROWS_FROM_BYTES or info.rows_loader is None):
+            return 0, ()  # (a format that reads only whole tensors would read it per group)
+        rows = info.shape[0]
+        per = _rows_per_group(rows, info.nbytes // rows)
+        block = (per, *info.shape[1:])
+        key = ("rows", block, tuple(map(str, transforms)))
         if key not in self.separable:
-            ok = separable(0, (row, row), 1, transforms, transforms)
+            ok = rows // per >= 2 and separable(0, (block, block), 1, transforms, transforms)
             self.separable[key] = transforms if ok else None
-        return (info.shape[0], transforms) if self.separable[key] else (0, ())
+        return (rows // per, transforms) if self.separable[key] else (0, ())
 
     def _split(self, entry: Any) -> None:
         axis = entry.layout.axis
@@ -399,6 +401,17 @@ def _before(transforms: tuple[Transform, ...], shape: tuple[int, ...]) -> tuple[
 #: a one-source tensor this large or larger is transformed a row of its first axis at a time
 #: where that is exact (``Many._row_groups``); a smaller one is written whole
 ROWS_FROM_BYTES = 64 << 20
+
+#: the bytes a row group holds at most, where a row is smaller (an expert is one group)
+ROW_GROUP_BYTES = 8 << 20
+
+
+def _rows_per_group(rows: int, row_bytes: int) -> int:
+    """The most rows, dividing ``rows``, whose bytes stay within :data:`ROW_GROUP_BYTES`
+    (at least one)."""
+    most = max(1, min(rows, ROW_GROUP_BYTES // max(1, row_bytes)))
+    return next(n for n in range(most, 0, -1) if rows % n == 0)
+
 
 #: the most elements of one group :func:`separable` numbers (two groups are numbered):
 #: DeepSeek-V3's experts are 29M each; larger groups are written whole

@@ -104,7 +104,7 @@ class Plan(Renderable):
         the writer and the read-back hold one expert's rows, not the whole tensor. A
         one-source target's groups are its source's rows along the first axis, each read
         alone."""
-        if not m.parts:
+        if not m.parts:  # equal groups of rows (many.Many._row_groups)
             info = self.source.tensors[m.source]
             rows = info.shape[0] // m.groups
             for g in range(m.groups):

@@ -663,7 +663,11 @@ def _safetensors_tensors(path: Path) -> tuple[dict[str, TensorInfo], dict[str, s
     for name, (shape, dtype, offset, nbytes) in entries.items():
         tensors[name] = TensorInfo(
             name, shape, dtype,
-            lambda p=path, o=offset, n=nbytes, s=shape, d=dtype: _map_region(p, o, n, s, d))
+            lambda p=path, o=offset, n=nbytes, s=shape, d=dtype: _map_region(p, o, n, s, d),
+            # a span of rows is a slice of the map: only its pages are read
+            (None if not shape or dtype in PACKED_DTYPES else
+             lambda a, b, p=path, o=offset, n=nbytes, s=shape, d=dtype:
+             _map_region(p, o, n, s, d)[a:b]))
     return tensors, metadata
 
 

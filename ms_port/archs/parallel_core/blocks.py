@@ -228,6 +228,8 @@ class ParallelCoreBlocks(HuggingFaceSide):
         piece's span of the vocabulary); ``tensors`` is emptied as they are set."""
         if self._standins is None:
             raise RuntimeError("ParallelCoreBlocks.ms_network() outside session()")
+        if piece.kind == "layer":  # the embedding's spans are done: their weights go
+            self._sized = {k: v for k, v in self._sized.items() if k is None}
         _, params, cells = self._network(piece.vocab if piece.kind != "layer" else None)
         set_parameters(params, tensors)
         return cells[f"layer{piece.slot}" if piece.kind == "layer" else piece.kind]

@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import math
 import os
 import tempfile
 from importlib import metadata
@@ -42,7 +43,9 @@ FORMAT = 1
 MAX_CONSTANT = 1 << 16
 #: the largest record read (yolov8x's: ~90 KiB)
 MAX_RECORD_BYTES = 16 << 20
-MAX_DIM = 1 << 31
+#: a recorded tensor's rank and elements at most (yolov8x's largest: 3.7M elements)
+MAX_RANK = 8
+MAX_NUMEL = 1 << 28
 
 
 def cache_folder() -> Path | None:
@@ -84,7 +87,8 @@ def recorded(spec: str) -> Target | None:
             return None
         record = json.loads(path.read_text())
         tensors = _tensors(record)
-    except (OSError, ValueError, TypeError, KeyError, IndexError, AttributeError):
+    except (OSError, ValueError, TypeError, KeyError, IndexError, AttributeError,
+            RecursionError, OverflowError, MemoryError):
         return None  # unreadable or not a record: built again, and recorded over
     if tensors is None:
         return None
@@ -94,13 +98,17 @@ def recorded(spec: str) -> Target | None:
 
 
 def _tensors(record: dict[str, Any]) -> dict[str, TargetTensor] | None:
-    if record.get("format") != FORMAT or not isinstance(record.get("cls"), str):
+    if (record.get("format") != FORMAT or not isinstance(record.get("cls"), str)
+            or not isinstance(record.get("constants"), dict)
+            or not isinstance(record.get("tensors"), list) or not record["tensors"]):
         return None
     constants = record["constants"]
     tensors = {}
     for name, shape, dtype, layer, lineage, path in record["tensors"]:
         if not (isinstance(name, str) and isinstance(dtype, str) and dtype in NUMPY_DTYPES
-                and all(isinstance(d, int) and 0 <= d < MAX_DIM for d in shape)
+                and isinstance(shape, list) and len(shape) <= MAX_RANK
+                and all(type(d) is int and 0 <= d <= MAX_NUMEL for d in shape)
+                and math.prod(shape) <= MAX_NUMEL
                 and isinstance(layer, (str, type(None))) and isinstance(path, (str, type(None)))
                 and all(isinstance(c, str) for c in lineage)):
             return None
