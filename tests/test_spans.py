@@ -127,8 +127,10 @@ def _spans_run(monkeypatch):
 @needs_mindformers
 @pytest.mark.parametrize("family", ["mindformers:llama", "mindformers:glm4",
                                     "mindformers:qwen3"])
-def test_the_vocabulary_in_spans_gives_the_whole_blocks_report(family, tmp_path, monkeypatch):
-    src, out = _made(family, tmp_path)
+def test_the_vocabulary_in_spans_gives_the_whole_blocks_report(family, tmp_path, monkeypatch,
+                                                               request):
+    src, out = (request.getfixturevalue("llama") if family == "mindformers:llama"
+                else _made(family, tmp_path))
     whole = ms_port.verify(src, out, ms_model=family, mode="layers")
     ran = _spans_run(monkeypatch)
     spans = ms_port.verify(src, out, ms_model=family, mode="layers")

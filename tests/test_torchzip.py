@@ -78,3 +78,25 @@ def test_unknown_globals_fall_back_to_weights_only_torch_load(tmp_path):
     source = read_source(path)
     assert list(source.tensors) == ["w"]
     assert [s.name for s in source.skipped] == ["shape"]
+
+
+def test_rows_are_read_alone_and_equal_the_whole_tensors_rows(tmp_path):
+    """A span of rows (verify's vocabulary in spans, convert's stacked experts) is read
+    from its own bytes, for contiguous, transposed and offset views alike."""
+    import torch
+
+    from ms_port.read.sources import read_source
+
+    base = torch.arange(6 * 10, dtype=torch.float32).reshape(6, 10)
+    tensors = {"plain": base, "transposed": base.t(), "offset": base[2:5, 1:9],
+               "stacked": torch.arange(4 * 3 * 2, dtype=torch.int64).reshape(4, 3, 2)}
+    torch.save(tensors, tmp_path / "t.pt")
+    src = read_source(tmp_path / "t.pt")
+    for name, tensor in tensors.items():
+        info = src.tensors[name]
+        assert info.rows_loader is not None
+        whole = tensor.numpy()
+        for a, b in ((0, 1), (1, 3), (0, whole.shape[0]), (2, 2)):
+            assert np.array_equal(info.load_rows(a, b), whole[a:b]), (name, a, b)
+    with pytest.raises(ValueError):
+        src.tensors["plain"].load_rows(3, 7)

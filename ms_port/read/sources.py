@@ -523,7 +523,8 @@ def _tensor_leaf(name: str, value: Any) -> TensorInfo | Skipped:
     from .torchzip import Instance, LazyTensor
 
     if isinstance(value, LazyTensor):
-        return TensorInfo(name, value.shape, value.dtype, value.load)
+        return TensorInfo(name, value.shape, value.dtype, value.load,
+                          value.load_rows if value.shape else None)
     if isinstance(value, Instance):
         return Skipped(name, str(value.cls), "an object kept as data (never constructed)")
     torch = sys.modules.get("torch")  # only a torch.load fallback yields torch tensors

@@ -49,7 +49,7 @@ import math
 import os
 import struct
 import zipfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -145,6 +145,14 @@ class LazyTensor:
         # geometry was checked against the storage in _rebuild_tensor: the view is inside
         view = np.lib.stride_tricks.as_strided(flat, self.shape, strides, writeable=False)
         return view if view.flags.c_contiguous else np.ascontiguousarray(view)
+
+    def load_rows(self, start: int, stop: int) -> np.ndarray:
+        """Rows ``start:stop`` along the first axis, only their span of the storage read:
+        a view of this tensor, inside it, so inside the storage checked for it."""
+        if not self.shape or not 0 <= start <= stop <= self.shape[0]:
+            raise ValueError(f"rows {start}:{stop} of a tensor of shape {self.shape}")
+        return replace(self, storage_offset=self.storage_offset + start * self.stride[0],
+                       shape=(stop - start, *self.shape[1:])).load()
 
 
 def _span(shape: tuple[int, ...], stride: tuple[int, ...]) -> int:
