@@ -217,7 +217,7 @@ def test_a_configs_network_is_recorded_once_then_converted_without_mindspore(
     import subprocess
     import sys
 
-    root, best, config, _ = yolov8
+    _, best, config, _ = yolov8
     cache = tmp_path / "cache"
     monkeypatch.setenv("MS_PORT_CACHE", str(cache))
     first = ms_port.convert(best, ms_model=f"mindyolo:{config}", output=tmp_path / "a.ckpt")
