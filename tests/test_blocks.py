@@ -75,6 +75,37 @@ def test_a_blocks_freed_arrays_go_back_to_the_system(how, freed):
     assert (released > 400) is freed, released
 
 
+_POOL = """
+import gc, sys
+import numpy as np
+import mindspore as ms
+from mindspore import ops
+from ms_port.check.devices import release_ms_pool
+def rss():
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) >> 10 for line in f if line.startswith("VmRSS:"))
+w = ms.Parameter(ms.Tensor(np.ones((8192, 16384), np.float32)))  # 512 MiB, run once
+y = ops.matmul(ms.Tensor(np.ones((4, 8192), np.float32)), w)
+del w, y
+gc.collect()
+before = rss()
+if sys.argv[1] == "release":
+    assert release_ms_pool()
+print(before - rss())
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc: Linux")
+@pytest.mark.parametrize("how, freed", [("release", True), ("as-is", False)])
+def test_mindspores_pool_gives_a_blocks_memory_back(how, freed):
+    """A block's MindSpore tensors, freed, stay in MindSpore's memory pool (512 MiB here)
+    until the pool is emptied, as verify by layers does after each block."""
+    run = subprocess.run([sys.executable, "-c", _POOL, how], capture_output=True,
+                         text=True, check=True)
+    released = int(run.stdout.split()[-1])
+    assert (released > 400) is freed, released
+
+
 @pytest.fixture(scope="module")
 def made(tmp_path_factory):
     root = tmp_path_factory.mktemp("blocks")

@@ -36,6 +36,7 @@ from .._libc import libc_function
 from ..errors import ForwardUnavailable, ParityError, shown
 from ..read.sources import Source
 from .compare import ms_to_numpy, nonfinite, relative_error
+from .devices import release_ms_pool
 from .layers import Event, Measure, Pair, distance, pair_events, record_ms, record_torch
 from .parity import (
     Networks,
@@ -315,6 +316,10 @@ def _run_pieces(state: _BlockRun, pieces: list[Any]) -> list[LayerComparison]:
                 gc.freeze()
             else:
                 gc.collect()
+            # the block's MindSpore tensors are freed: what MindSpore's pool keeps of them
+            # goes back too (at Llama-3-70B's widths, a decoder layer's float32 weights
+            # stayed resident through the next block's float64 read)
+            release_ms_pool()
     finally:
         gc.unfreeze()
     return compared
@@ -585,6 +590,7 @@ def _run_span(state: _BlockRun, sub: Any, span: Span, given: _Streams, runs: _Sp
                                                        ids)))
     del net
     gc.collect()
+    release_ms_pool()
 
 
 def _recorded(model: Any, run: Callable[[], Any]) -> tuple[list[Event], np.ndarray]:

@@ -165,6 +165,22 @@ def set_ms_device(device: str) -> None:
             side="mindspore", device=device) from exc
 
 
+def release_ms_pool() -> bool:
+    """Hand the memory MindSpore's pool keeps after its tensors are freed back to the
+    system (``mindspore.runtime.empty_cache``); True where it could. Measured on a CPU: a
+    512 MiB weight run once and deleted stayed resident until this was called."""
+    import mindspore as ms
+
+    empty = getattr(getattr(ms, "runtime", None), "empty_cache", None)
+    if empty is None:  # pragma: no cover - MindSpore < 2.5
+        return False
+    try:
+        empty()
+    except RuntimeError:  # pragma: no cover - a backend without a pool to empty
+        return False
+    return True
+
+
 def ms_device_name() -> str:
     import mindspore
 
