@@ -200,3 +200,33 @@ def test_nan_in_spans_is_counted_once_over_every_row(llama, tmp_path, monkeypatc
     found = [r for r in report.reasons if r.startswith("weights hold NaN/Inf")]
     assert len(found) == 1 and f"MindSpore {tensor}: 2 NaN" in found[0], report.reasons
     assert found[0].count(tensor) == 1
+
+
+@needs_mindformers
+def test_the_float64_pass_holds_one_modules_weights_at_a_time(llama, monkeypatch):
+    """A decoder layer's float64 pass reads each module's weights as it runs and lets them
+    go after (a 70B layer is 6.4 GiB in float64): whenever a module runs, no other
+    module's weights are in memory, and the report is the one the whole layer gives."""
+    src, out = llama
+    args = dict(ms_model="mindformers:llama", mode="layers")
+    monkeypatch.setattr(blocks, "on_demand", lambda *a, **k: None)
+    whole = ms_port.verify(src, out, **args)
+    monkeypatch.undo()
+    held, real = [], blocks.on_demand
+
+    def watched(model, *args, **kwargs):
+        found = real(model, *args, **kwargs)
+        if found is not None:
+            def count(module, _args):
+                mine = {id(p) for p in module.parameters(recurse=False)}
+                held.append(sum(p.device.type != "meta" and id(p) not in mine
+                                for p in model.parameters()))
+            for module in model.modules():
+                module.register_forward_pre_hook(count)
+        return found
+
+    monkeypatch.setattr(blocks, "on_demand", watched)
+    lazy = ms_port.verify(src, out, **args)
+    assert held and max(held) == 0, held  # nothing but the running module's own
+    assert _fields(lazy) == _fields(whole)
+    assert [c.error for c in lazy.layers] == [c.error for c in whole.layers]

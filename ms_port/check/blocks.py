@@ -38,6 +38,7 @@ from ..read.sources import Source
 from .compare import ms_to_numpy, nonfinite, relative_error
 from .devices import release_ms_pool
 from .layers import Event, Measure, Pair, distance, pair_events, record_ms, record_torch
+from .lazy import on_demand
 from .parity import (
     Networks,
     Run,
@@ -416,10 +417,16 @@ def _whole_piece(state: _BlockRun, piece: Any) -> _Recorded:
         streams.t64 = streams.t.double()
         noise = {(e.path, e.call): 0.0 for e in events}
     elif state.run.noise_floor:
-        with timer("read"):
-            w_arrays = _arrays(source, piece.torch, nonfinite, "PyTorch", np.float64)
-        with timer("build"):
-            alt = blocks.torch_network(piece, _handed_over(w_arrays))
+        alt = None
+        if piece.kind == "layer":  # each module's float64 weights read as it runs
+            with timer("build"):
+                alt = on_demand(blocks.torch_network(piece, {}), piece.torch, source,
+                                np.float64)
+        if alt is None:
+            with timer("read"):
+                w_arrays = _arrays(source, piece.torch, nonfinite, "PyTorch", np.float64)
+            with timer("build"):
+                alt = blocks.torch_network(piece, _handed_over(w_arrays))
         with timer("torch"):
             before64 = streams.t64
             streams.t64, noise = Measure(events, "float64").run(
