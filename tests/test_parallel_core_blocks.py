@@ -189,9 +189,11 @@ def test_deepseek_by_layers_runs_each_layer_as_the_one_of_its_kind(tmp_path, opt
     assert any(d.target.startswith("mtp.") for d in report.tensors.deltas)
     assert [n for n in report.notes if "Multi-Token Prediction layer (the Hub's "
             "model.layers.3, MindFormers' mtp.*) not run" in n]
-    whole = ms_port.verify(src, out, ms_model=FAMILY, mode="whole", ms_options=options or None)
-    assert whole.verdict == "PASS"
-    assert report.outputs[0].error == pytest.approx(whole.outputs[0].error, rel=0.2, abs=2e-7)
+    if not options:  # the whole network in each layout: test_parallel_core_deepseek
+        whole = ms_port.verify(src, out, ms_model=FAMILY, mode="whole")
+        assert whole.verdict == "PASS"
+        assert report.outputs[0].error == pytest.approx(whole.outputs[0].error, rel=0.2,
+                                                        abs=2e-7)
 
 
 @pytest.mark.parametrize("layer", [0, 2])  # the dense layer, an MoE layer

@@ -125,12 +125,10 @@ def _spans_run(monkeypatch, rows=40):
 
 
 @needs_mindformers
-@pytest.mark.parametrize("family", ["mindformers:llama", "mindformers:glm4",
-                                    "mindformers:qwen3"])
-def test_the_vocabulary_in_spans_gives_the_whole_blocks_report(family, tmp_path, monkeypatch,
-                                                               request):
-    src, out = (request.getfixturevalue("llama") if family == "mindformers:llama"
-                else _made(family, tmp_path))
+@pytest.mark.parametrize("family", ["mindformers:glm4", "mindformers:qwen3"])
+def test_the_vocabulary_in_spans_gives_the_whole_blocks_report(family, tmp_path, monkeypatch):
+    """(LLaMA's blocks: test_spans_and_one_module_at_a_time_give_the_whole_blocks_report.)"""
+    src, out = _made(family, tmp_path)
     whole = ms_port.verify(src, out, ms_model=family, mode="layers")
     # GRAPH mode compiles a network per span size: two equal spans compile once
     rows = 64 if family == "mindformers:qwen3" else 40
@@ -203,10 +201,11 @@ def test_nan_in_spans_is_counted_once_over_every_row(llama, tmp_path, monkeypatc
 
 
 @needs_mindformers
-def test_the_float64_pass_holds_one_modules_weights_at_a_time(llama, monkeypatch):
-    """A decoder layer's float64 pass reads each module's weights as it runs and lets them
-    go after (a 70B layer is 6.4 GiB in float64): whenever a module runs, no other
-    module's weights are in memory, and the report is the one the whole layer gives."""
+def test_spans_and_one_module_at_a_time_give_the_whole_blocks_report(llama, monkeypatch):
+    """LLaMA's blocks (tied, bfloat16) with the vocabulary in spans and each decoder layer's
+    float64 pass reading a module's weights as it runs and letting them go after (a 70B
+    layer is 6.4 GiB in float64), against whole blocks loaded whole: the same report.
+    Whenever a module runs in the float64 pass, no other module's weights are in memory."""
     src, out = llama
     args = dict(ms_model="mindformers:llama", mode="layers")
     monkeypatch.setattr(blocks, "on_demand", lambda *a, **k: None)
@@ -226,7 +225,12 @@ def test_the_float64_pass_holds_one_modules_weights_at_a_time(llama, monkeypatch
         return found
 
     monkeypatch.setattr(blocks, "on_demand", watched)
-    lazy = ms_port.verify(src, out, **args)
+    ran = _spans_run(monkeypatch)
+    parts = ms_port.verify(src, out, **args)
     assert held and max(held) == 0, held  # nothing but the running module's own
-    assert _fields(lazy) == _fields(whole)
-    assert [c.error for c in lazy.layers] == [c.error for c in whole.layers]
+    assert len(ran) == 2 and ran[1] == [(0, 40), (40, 80), (80, 120), (120, 128)], ran
+    assert parts.verdict == "PASS", parts.reasons
+    assert _fields(parts) == _fields(whole) and _same_errors(parts, whole)
+    # the layers' errors are exactly the whole ones' (only the head's product is split)
+    assert [c.error for c in parts.layers if ".layers." in c.ms] == [
+        c.error for c in whole.layers if ".layers." in c.ms]
