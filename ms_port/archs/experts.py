@@ -8,6 +8,7 @@ correspondence and nothing else (no imports of ms-port's own).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 #: transformers 5 holds a mixture of experts fused in memory, while its files (and the
@@ -57,4 +58,44 @@ def stack_experts(state: dict[str, Any], wanted: dict[str, Any]) -> None:
             state[name] = stacked
 
 
-__all__ = ["STACKED_IN_MEMORY", "stack_experts"]
+def expert_parts(layer: str, suffix: str, names: set[str], count: int
+                 ) -> tuple[str, ...] | None:
+    """The file's tensors holding in-memory ``{layer}.{suffix}`` ([E, ...]; ``layer``:
+    ``model.layers.3``, ``suffix``: ``mlp.experts.gate_up_proj``), each expert's on its
+    own: the one stacked tensor (its rows are the experts), or the per-expert ones of
+    :data:`STACKED_IN_MEMORY` (``{e}`` filled in, expert by expert); None where the file
+    holds neither whole."""
+    stacked = f"{layer}.{suffix}"
+    if stacked in names:
+        return (stacked,)
+    parts = STACKED_IN_MEMORY.get(suffix)
+    if parts is None:
+        return None
+    found = tuple(f"{layer}.{p.format(e=e)}" for e in range(count) for p in parts)
+    return found if all(n in names for n in found) else None
+
+
+@dataclass(frozen=True)
+class RoutedExperts:
+    """A mixture-of-experts layer's routed experts, which verify by layers may run a
+    group at a time (:mod:`ms_port.check.routed`).
+
+    Attributes:
+        count: the experts (E).
+        torch: the in-memory stacked tensors' local names (``model.layers.0.mlp.experts.
+            gate_up_proj``, [E, ...]) -> the file's tensors holding them
+            (:func:`expert_parts`).
+        ms: the MindSpore experts' local names -> the checkpoint's tensors, each with its
+            rows the experts' in turn (``weight1`` [E x H, 2F]).
+        torch_layer / ms_layer: the layer's names in the files (``model.layers.3``,
+            ``decoder.layers.3``), to name an expert.
+    """
+
+    count: int
+    torch: dict[str, tuple[str, ...]]
+    ms: dict[str, str]
+    torch_layer: str
+    ms_layer: str
+
+
+__all__ = ["STACKED_IN_MEMORY", "RoutedExperts", "expert_parts", "stack_experts"]

@@ -47,6 +47,7 @@ from .parity import (
     judge,
 )
 from .report import LayerComparison, ParityReport
+from .routed import group_numel, plan_groups, run_routed, without_experts
 from .spans import Span, in_spans, measured, merge_events, merge_output, plan_spans, span_rows
 from .verdict import Drift, bound_for, status_of
 
@@ -305,9 +306,14 @@ def _run_pieces(state: _BlockRun, pieces: list[Any]) -> list[LayerComparison]:
     try:
         for n, piece in enumerate(pieces):
             state.run.step(f"block {n + 1}/{len(pieces)}: {piece.name}")
-            _check_fits(piece, state.source, state.run.noise_floor,
-                        span_rows=state.span_rows if _vocabulary(state, piece) else None)
-            compared += _run_piece(state, piece)
+            groups = plan_groups(state.blocks, piece, state.source)
+            if groups is None:
+                _check_fits(piece, state.source, state.run.noise_floor,
+                            span_rows=state.span_rows if _vocabulary(state, piece) else None)
+            else:  # the routed experts count one group
+                _check_fits(without_experts(piece, groups), state.source,
+                            state.run.noise_floor, extra=group_numel(groups, state.source))
+            compared += _run_piece(state, piece, groups)
             state.nonfinite.piece_done()
             # a block's networks hold reference cycles: collect them before the next block.
             # What the first block imported (both frameworks) is frozen out of the scan:
@@ -330,12 +336,13 @@ def _run_pieces(state: _BlockRun, pieces: list[Any]) -> list[LayerComparison]:
 BLOCK_MARGIN = 1 << 30
 
 
-def _check_fits(piece: Any, source: Source, noise_floor: bool,
-                available: int | None = None, span_rows: int | None = None) -> None:
+def _check_fits(piece: Any, source: Source, noise_floor: bool, available: int | None = None,
+                span_rows: int | None = None, extra: int = 0) -> None:
     """Refuse a block whose PyTorch step cannot fit in the memory left, before reading it:
     its tensors in float64 (the noise pass; float32 without it), beside all the run holds
     already, plus :data:`BLOCK_MARGIN`; a vocabulary tensor counts one span of
-    ``span_rows`` rows. The OOM killer would end the run with no word.
+    ``span_rows`` rows; ``extra``: parameters beyond the piece's (a group of routed
+    experts). The OOM killer would end the run with no word.
 
     Raises:
         ForwardUnavailable: it does not fit (verify then proves the tensors alone).
@@ -343,7 +350,7 @@ def _check_fits(piece: Any, source: Source, noise_floor: bool,
     available = available_memory() if available is None else available
     if available is None:
         return
-    numel = 0
+    numel = extra
     for local, name in piece.torch.items():
         info = source.tensors.get(name)
         if info is None:
@@ -375,10 +382,14 @@ class _Recorded:
     fed64: np.ndarray | None = None
 
 
-def _run_piece(state: _BlockRun, piece: Any) -> list[LayerComparison]:
+def _run_piece(state: _BlockRun, piece: Any, groups: Any = None) -> list[LayerComparison]:
     """Build, load, run and compare one block on both sides; move the streams on. A
     block holding the vocabulary runs it a span of rows at a time where it outgrows a
-    decoder layer (:mod:`ms_port.check.spans`)."""
+    decoder layer (:mod:`ms_port.check.spans`); a mixture of experts' routed experts run
+    a group at a time where ``groups`` says (:mod:`ms_port.check.routed`)."""
+    if groups is not None:
+        recorded, experts = run_routed(state, piece, groups, _whole_piece)
+        return _compare_piece(state, piece, recorded) + experts
     spans = _spans_of(state, piece)
     recorded = _whole_piece(state, piece) if spans is None else _in_spans(state, piece, spans)
     return _compare_piece(state, piece, recorded)

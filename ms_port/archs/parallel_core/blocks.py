@@ -37,6 +37,7 @@ import numpy as np
 from mindspore import nn
 
 from ...errors import ForwardUnavailable
+from ..experts import RoutedExperts, expert_parts
 from ..llama.blocks import HuggingFaceSide, Piece, set_parameters
 from .cpu import build_network, cpu_standins
 from .deepseek import FAMILY as DEEPSEEK
@@ -72,6 +73,35 @@ class _Layer(nn.Cell):
         rotary = self.rotary(ids.shape[1])
         out = self.layer(hidden.transpose(1, 0, 2), mask, rotary_pos_emb=rotary)[0]
         return out.transpose(1, 0, 2)
+
+
+class _RoutedStandIn(nn.Cell):
+    """In place of a mixture of experts' routed experts (``FFNGroupedGEMM``), in GRAPH
+    mode: keeps what the layer gives them (the tokens, the router's coefficients and
+    expert indices) in parameters, read after the call, and returns the routed sum set
+    into :attr:`routed` before it (verify computes it a group of experts at a time)."""
+
+    def __init__(self, tokens: int, hidden: int, topk: int) -> None:
+        super().__init__()
+        zeros = np.zeros
+
+        def held(shape: tuple[int, ...], dtype: Any, name: str) -> ms.Parameter:
+            return ms.Parameter(ms.Tensor(zeros(shape, dtype)), name=f"routed_standin.{name}",
+                                requires_grad=False)
+
+        self.tokens = held((1, tokens, hidden), np.float32, "tokens")
+        self.probs = held((1, tokens, topk), np.float32, "probs")
+        self.index = held((1, tokens, topk), np.int32, "index")
+        self.routed = held((1, tokens, hidden), np.float32, "routed")
+        self.assign = ms.ops.Assign()
+
+    def construct(self, tokens: ms.Tensor, probs: ms.Tensor, index: ms.Tensor) -> ms.Tensor:
+        kept = self.assign(self.tokens, tokens.reshape(self.tokens.shape).astype(ms.float32))
+        kept = ms.ops.depend(kept, self.assign(self.probs, probs.reshape(self.probs.shape)
+                                               .astype(ms.float32)))
+        kept = ms.ops.depend(kept, self.assign(self.index, index.reshape(self.index.shape)
+                                               .astype(ms.int32)))
+        return ms.ops.depend(self.routed, kept)
 
 
 class _Head(nn.Cell):
@@ -116,6 +146,9 @@ class BlockShape:
     options: dict[str, Any] | None = None
     build_options: dict[str, Any] | None = None
     not_run: tuple[str, ...] = ()
+    #: the routed experts of a mixture-of-experts layer, and how many each token takes
+    experts: int = 0
+    topk: int = 0
 
 
 class ParallelCoreBlocks(HuggingFaceSide):
@@ -135,10 +168,13 @@ class ParallelCoreBlocks(HuggingFaceSide):
         self.options: dict[str, Any] = dict(shape.options or {})
         self.build_options: dict[str, Any] = dict(shape.build_options or {})
         self.not_run = tuple(shape.not_run)
+        self.experts, self.topk = shape.experts, shape.topk
         self._standins: Any = None
         #: the small networks built in this session, by vocabulary (None: the config's)
-        self._sized: dict[int | None, tuple[Any, dict[str, Any], dict[str, nn.Cell]]] = {}
+        self._sized: dict[Any, tuple[Any, dict[str, Any], dict[str, nn.Cell]]] = {}
         self._ran: list[str] = []
+        #: the small networks' routed experts a group at a time, by group size
+        self._groups: dict[int, tuple[nn.Cell, dict[str, Any]]] = {}
 
     # --- the pieces -------------------------------------------------------------------
     def pieces(self, source_names: set[str], checkpoint_names: set[str]) -> list[Piece]:
@@ -189,18 +225,22 @@ class ParallelCoreBlocks(HuggingFaceSide):
                 finally:
                     self._ran = standins.lines(net)
             finally:
-                self._sized, self._standins = {}, None
+                self._sized, self._groups, self._standins = {}, {}, None
 
-    def _network(self, vocab: int | None) -> tuple[Any, dict[str, Any], dict[str, nn.Cell]]:
+    def _network(self, vocab: int | None, routed: int | None = None
+                 ) -> tuple[Any, dict[str, Any], dict[str, nn.Cell]]:
         """MindFormers' small network for a vocabulary of ``vocab`` rows (None: the
         config's; a span of it where verify runs the vocabulary in spans), built once:
-        (the network, its parameters by name, the blocks' cells).
+        (the network, its parameters by name, the blocks' cells). ``routed``: the tokens
+        of a forward, for a network whose mixture-of-experts layers' routed experts are
+        :class:`_RoutedStandIn` (its cell ``standin{slot}``).
 
         Raises:
             ForwardUnavailable: the network does not build here.
         """
-        if vocab in self._sized:
-            return self._sized[vocab]
+        key = vocab if routed is None else ("routed", routed)
+        if key in self._sized:
+            return self._sized[key]
         config = {**self.config, **self.small, **({} if vocab is None else
                                                    {"vocab_size": vocab})}
         try:
@@ -208,10 +248,18 @@ class ParallelCoreBlocks(HuggingFaceSide):
                                 options=self.build_options)
         except _MINDSPORE_ERRORS as exc:
             raise ForwardUnavailable.of(exc) from None
+        model = net.model
+        standins = {}
+        if routed is not None:  # before any cell takes the layers in
+            for slot in sorted(set(self.slots)):
+                mlp = model.decoder.layers[slot].mlp
+                if hasattr(mlp, "experts") and hasattr(mlp, "router"):
+                    standins[f"standin{slot}"] = _RoutedStandIn(
+                        routed, int(self.config["hidden_size"]), self.topk)
+                    mlp.experts = standins[f"standin{slot}"]
         # the names before the cells below take the network's layers in (which renames
         # their parameters)
         params = {p.name: p for p in net.get_parameters()}
-        model = net.model
         tied = model.embedding.word_embeddings.weight if self.tied else None
         mask = model.preprocess_labels_and_masks.casual_mask
         cells = {
@@ -219,9 +267,10 @@ class ParallelCoreBlocks(HuggingFaceSide):
             "head": _Head(model.decoder.final_layernorm, model.output_layer, tied),
             **{f"layer{slot}": _Layer(model.decoder.layers[slot], mask, model.rotary_pos_emb)
                for slot in sorted(set(self.slots))},
+            **standins,
         }
-        self._sized[vocab] = net, params, cells
-        return self._sized[vocab]
+        self._sized[key] = net, params, cells
+        return self._sized[key]
 
     def ms_network(self, piece: Piece, tensors: dict[str, Any]) -> Any:
         """The piece's cell, its tensors set (float32) into the one network (of the
@@ -229,7 +278,8 @@ class ParallelCoreBlocks(HuggingFaceSide):
         if self._standins is None:
             raise RuntimeError("ParallelCoreBlocks.ms_network() outside session()")
         if piece.kind == "layer":  # the embedding's spans are done: their weights go
-            self._sized = {k: v for k, v in self._sized.items() if k is None}
+            self._sized = {k: v for k, v in self._sized.items()
+                           if k is None or isinstance(k, tuple)}
         _, params, cells = self._network(piece.vocab if piece.kind != "layer" else None)
         set_parameters(params, tensors)
         return cells[f"layer{piece.slot}" if piece.kind == "layer" else piece.kind]
@@ -250,6 +300,68 @@ class ParallelCoreBlocks(HuggingFaceSide):
         except _MINDSPORE_ERRORS as exc:
             raise ForwardUnavailable.of(exc) from None
 
+    # --- the routed experts a group at a time (ms_port.check.routed) --------------------
+    def routed_of(self, piece: Piece, source_names: set[str]) -> RoutedExperts | None:
+        """A mixture-of-experts layer's routed experts (None: the piece is none, or its
+        files do not hold its experts whole): transformers' stacked ``gate_up_proj`` /
+        ``down_proj``, MindFormers' ``weight1`` / ``weight2``."""
+        if piece.kind != "layer" or not self.experts or piece.prefix is None:
+            return None
+        local, ms_local = f"model.layers.{piece.slot}.mlp.experts", \
+            f"decoder.layers.{piece.slot}.mlp.experts"
+        ms_names = {f"{ms_local}.{w}": piece.ms.get(f"{ms_local}.{w}")
+                    for w in ("weight1", "weight2")}
+        torch_names = {f"{local}.{s}": expert_parts(piece.prefix, f"mlp.experts.{s}",
+                                                     source_names, self.experts)
+                       for s in ("gate_up_proj", "down_proj")}
+        if None in ms_names.values() or None in torch_names.values():
+            return None
+        return RoutedExperts(self.experts, torch_names, ms_names,  # type: ignore[arg-type]
+                             piece.prefix, f"decoder.layers.{piece.index}")
+
+    def torch_experts(self, model: Any, piece: Piece, new: Any = None) -> Any:
+        """transformers' routed experts module of the piece's layer; ``new``: put in its
+        place (the one taken out is returned)."""
+        mlp = model.model.layers[piece.slot].mlp
+        old = mlp.experts
+        if new is not None:
+            mlp.experts = new
+        return old
+
+    def ms_routed(self, piece: Piece, tensors: dict[str, Any], tokens: int
+                  ) -> tuple[Any, Any]:
+        """The piece's layer cell in a network whose routed experts are a
+        :class:`_RoutedStandIn`, its other tensors set (float32): (the cell, the stand-in)."""
+        if self._standins is None:
+            raise RuntimeError("ParallelCoreBlocks.ms_routed() outside session()")
+        _, params, cells = self._network(None, routed=tokens)
+        set_parameters(params, tensors)
+        return cells[f"layer{piece.slot}"], cells[f"standin{piece.slot}"]
+
+    def ms_group(self, size: int, tensors: dict[str, np.ndarray]) -> Any:
+        """MindFormers' routed experts (``FFNGroupedGEMM``) built for ``size`` experts,
+        built once per size, holding a group's tensors (``weight1`` / ``weight2``:
+        float32, the group's rows): called ``(tokens [1, N, H], coefficients [1, N, k],
+        expert indices [1, N, k])``."""
+        if size not in self._groups:
+            import copy
+
+            _, params, _ = self._network(None)
+            slot = next(s for s in sorted(set(self.slots))
+                        if f"decoder.layers.{s}.mlp.experts.weight1" in params)
+            experts = self._sized[None][0].model.decoder.layers[slot].mlp.experts
+            config = copy.copy(experts.config)
+            config.num_moe_experts = size
+            try:
+                cell = type(experts)(config)
+            except _MINDSPORE_ERRORS as exc:
+                raise ForwardUnavailable.of(exc) from None
+            cell.set_train(False)
+            self._groups[size] = cell, {"weight1": cell.weight1, "weight2": cell.weight2}
+        cell, own = self._groups[size]
+        set_parameters(own, tensors)
+        return cell
+
     def notes(self) -> list[str]:
         """What the report says of how the MindSpore side ran."""
         return [f"MindSpore ran in GRAPH mode with CPU stand-ins for what has no CPU kernel "
@@ -267,7 +379,8 @@ def qwen3_blocks(config: dict[str, Any], build_torch: Any, *, seq_length: int = 
     # qwen3_moe takes no such option (no dense MLP): the default is left unsaid
     layout = {} if use_interleaved_weight_layout_mlp else {INTERLEAVED: False}
     return ParallelCoreBlocks(config, build_torch, BlockShape(
-        family, sizes.layers, sizes.tied, seq_length, options=layout, build_options=layout))
+        family, sizes.layers, sizes.tied, seq_length, options=layout, build_options=layout,
+        experts=sizes.experts, topk=int(config.get("num_experts_per_tok") or 0)))
 
 
 def qwen3_moe_blocks(config: dict[str, Any], build_torch: Any, *, seq_length: int = 16) -> Any:
@@ -300,7 +413,8 @@ def deepseek_blocks(config: dict[str, Any], build_torch: Any, *, seq_length: int
     return ParallelCoreBlocks(config, build_torch, BlockShape(
         DEEPSEEK, sizes.layers, False, seq_length, slots=slots, small=small, options=options,
         build_options={"mla_qkv_concat": mla_qkv_concat, "mtp": False, **interleaved},
-        not_run=not_run))
+        not_run=not_run, experts=sizes.experts,
+        topk=int(config.get("num_experts_per_tok") or 0)))
 
 
 __all__ = ["MS_LOCAL", "BlockShape", "ParallelCoreBlocks", "deepseek_blocks", "qwen3_blocks",
