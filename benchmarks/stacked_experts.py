@@ -3,6 +3,7 @@ convert into MindFormers beside ``cp`` + ``fsync``, and beside an earlier commit
 
     python benchmarks/stacked_experts.py                       # 2 layers, 3 runs
     python benchmarks/stacked_experts.py --runs 1 --baseline 2706d67
+    python benchmarks/stacked_experts.py --verify --runs 1 --baseline cd15a58
 
 ``torch.save(model.state_dict())`` of transformers 5's Qwen3-MoE (and ``save_file`` of the
 same) writes each layer's experts as they are held in memory: ``mlp.experts.gate_up_proj``
@@ -12,6 +13,10 @@ bfloat16, where the Hub's files keep one tensor per expert. Setup (untimed, cach
 layers, the embedding and the head (3.7 GB). Each contender runs as a fresh process
 through ``_launch.py`` (its wall and peak RSS) with warm inputs; each output is flushed and
 dropped from the cache after its run.
+
+``--verify``: the conversion is written once (untimed) and ``verify --mode layers`` of it
+is measured instead (wall, peak RSS, the verdict), beside the baseline's where given: the
+routed experts a group at a time against the whole layer.
 """
 
 from __future__ import annotations
@@ -60,7 +65,12 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--baseline", metavar="COMMIT",
                     help="also convert with ms-port at COMMIT (a git worktree), side by side")
+    ap.add_argument("--verify", action="store_true",
+                    help="measure verify --mode layers of the conversion instead of convert")
     args = ap.parse_args()
+    if args.verify:
+        verify_main(args)
+        return
     root = CACHE / f"{args.layers}l"
     src = stacked_model(root / "hf", args.layers)
     st = src / "model.safetensors"
@@ -91,6 +101,43 @@ def main() -> None:
                     for k, v in runs.items()}
     for v in row["tools"].values():
         v["x_cp_fsync"] = v["wall"] / row["tools"]["cp + fsync"]["wall"]
+    print(json.dumps(row, indent=2))
+
+
+def verify_main(args: argparse.Namespace) -> None:
+    """``--verify``: verify by layers of the conversion, now and at the baseline."""
+    import subprocess
+
+    root = CACHE / f"{args.layers}l"
+    src = stacked_model(root / "hf", args.layers)
+    out = root / "verify.ckpt"
+    ms = str(Path(PY).parent / "ms-port")
+    if not out.exists():
+        subprocess.run([ms, "convert", str(src), "--ms-model", "mindformers:qwen3_moe", "-o",
+                        str(out), "-q"], check=True)
+    verify = ["verify", str(src), str(out), "--ms-model", "mindformers:qwen3_moe", "--mode",
+              "layers", "--json"]
+    tools = {"ms-port verify --mode layers": [ms, *verify]}
+    if args.baseline:
+        tools[f"at {args.baseline}"] = ["/usr/bin/env", f"PYTHONPATH={worktree(args.baseline)}",
+                                        PY, "-P", "-m", "ms_port", *verify]
+    from run import OUT as RUN_OUT
+
+    runs: dict[str, list[dict[str, float]]] = {k: [] for k in tools}
+    verdicts: dict[str, list[str]] = {k: [] for k in tools}
+    for _ in range(args.runs):
+        for name, cmd in tools.items():
+            warm([src, out])
+            runs[name].append(measure(cmd, name))
+            report = json.loads((RUN_OUT / "stdout.txt").read_text())
+            verdicts[name].append(f"{report['verdict']} (logits "
+                                  f"{report['outputs'][0]['error']:.3g})")
+    row = {"case": f"qwen3-30b-a3b-widths-stacked-experts-{args.layers}l-verify-layers",
+           "runs": args.runs,
+           "tools": {k: {"wall": statistics.median(r["wall"] for r in v),
+                         "rss_mib": statistics.median(r["rss"] for r in v),
+                         "verdicts": verdicts[k]}
+                     for k, v in runs.items()}}
     print(json.dumps(row, indent=2))
 
 

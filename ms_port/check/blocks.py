@@ -257,7 +257,7 @@ def run_blocks(blocks: Any, source: Source, checkpoint: Source, run: Run, *,
     state = _BlockRun(blocks, source, checkpoint, run, np.asarray(run.feed[0].array),
                       np.asarray(second[0].array), correspondence)
     pieces = blocks.pieces(set(source.tensors), set(checkpoint.tensors))
-    state.span_rows = _span_rows(pieces, source)
+    state.span_rows = _span_rows(pieces, source, blocks)
     # a family whose MindSpore side needs a setting held across its blocks (MindFormers'
     # parallel_core: GRAPH mode and its CPU stand-ins) gives it as ``session()``
     session = getattr(blocks, "session", None)
@@ -285,9 +285,10 @@ def run_blocks(blocks: Any, source: Source, checkpoint: Source, run: Run, *,
 SPAN_NUMEL: int | None = None
 
 
-def _span_rows(pieces: list[Any], source: Source) -> int | None:
+def _span_rows(pieces: list[Any], source: Source, blocks: Any = None) -> int | None:
     """Rows per span of the vocabulary (:data:`SPAN_NUMEL`, in rows of the embedding's
-    width), or None where no piece holds the vocabulary."""
+    width), or None where no piece holds the vocabulary. A layer whose routed experts run
+    a group at a time counts its other tensors and one group."""
     vocab = [source.tensors.get(p.torch[n]) for p in pieces for n in p.rows if n in p.torch]
     vocab = [info for info in vocab if info is not None and len(info.shape) == 2]
     if not vocab:
@@ -295,9 +296,18 @@ def _span_rows(pieces: list[Any], source: Source) -> int | None:
     width = vocab[0].shape[1]
     if SPAN_NUMEL is not None:
         return max(1, SPAN_NUMEL // width)
-    layer = max((sum(source.tensors[n].numel for n in p.torch.values() if n in source.tensors)
-                 for p in pieces if p.kind == "layer"), default=0)
+    layer = max((_layer_numel(p, source, blocks) for p in pieces if p.kind == "layer"),
+                default=0)
     return span_rows(layer, width) if layer else None
+
+
+def _layer_numel(piece: Any, source: Source, blocks: Any) -> int:
+    """A decoder layer's parameters as verify by layers holds them."""
+    groups = None if blocks is None else plan_groups(blocks, piece, source)
+    if groups is not None:
+        piece = without_experts(piece, groups)
+    own = sum(source.tensors[n].numel for n in piece.torch.values() if n in source.tensors)
+    return own + (0 if groups is None else group_numel(groups, source))
 
 
 def _run_pieces(state: _BlockRun, pieces: list[Any]) -> list[LayerComparison]:

@@ -1,0 +1,231 @@
+"""Verify by layers with a mixture of experts' routed experts run a group at a time
+(``ms_port.check.routed``): the same report as the whole layer's, every expert proven on
+every token (one no token is routed to among them), a wrong one named.
+
+Skipped where transformers / mindformers (the test extra) are absent.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import shutil
+
+import pytest
+
+transformers = pytest.importorskip("transformers")
+pytest.importorskip("torch")
+if importlib.util.find_spec("mindformers") is None:
+    pytest.skip("mindformers not installed (test extra)", allow_module_level=True)
+
+from test_parallel_core import tiny_qwen3_moe  # noqa: E402
+from test_parallel_core_deepseek import tiny_deepseek  # noqa: E402
+
+import ms_port  # noqa: E402
+from ms_port.check import routed  # noqa: E402
+from ms_port.testing import rewrite_checkpoint  # noqa: E402
+
+QWEN3_MOE, DEEPSEEK = "mindformers:qwen3_moe", "mindformers:deepseek3"
+H, E, F = 64, 4, 32  # both fixtures' hidden size, experts, expert intermediate size
+
+
+@pytest.fixture(scope="module")
+def moe(tmp_path_factory):
+    """The tiny Qwen3-MoE (2 MoE layers of 4 experts, top 2), its conversion, and verify by
+    layers of it with each layer's experts whole."""
+    root = tmp_path_factory.mktemp("moe")
+    src = tiny_qwen3_moe(root / "hf")
+    out = root / "m.ckpt"
+    assert ms_port.convert(src, ms_model=QWEN3_MOE, output=out).ok
+    whole = ms_port.verify(src, out, ms_model=QWEN3_MOE, mode="layers")
+    assert whole.verdict == "PASS" and not _experts(whole), whole.reasons
+    return src, out, whole
+
+
+def _experts(report):
+    return [c for c in report.layers if c.paired_by == "expert"]
+
+
+def _others(report):
+    return [c for c in report.layers if c.paired_by != "expert"]
+
+
+@pytest.mark.parametrize("size", [1, 2])
+def test_experts_a_group_at_a_time_give_the_whole_layers_report(moe, monkeypatch, size):
+    """Every row of the whole layers' report, to float32 rounding (the routed sum adds
+    the groups' shares in turn), and one row per group: its worst expert, every expert
+    run on every token of PyTorch's input on both sides, within its own bound."""
+    src, out, whole = moe
+    monkeypatch.setattr(routed, "EXPERTS_PER_GROUP", size)
+    report = ms_port.verify(src, out, ms_model=QWEN3_MOE, mode="layers")
+    assert report.verdict == "PASS", report.reasons
+    mine, theirs = _others(report), _others(whole)
+    assert [(c.ms, c.torch, c.paired_by) for c in mine] == [
+        (c.ms, c.torch, c.paired_by) for c in theirs]
+    for a, b in zip(mine, theirs):
+        assert a.status == b.status == "ok"
+        assert a.error == pytest.approx(b.error, rel=0.3, abs=1e-7), a.name
+        assert a.noise == pytest.approx(b.noise, rel=0.3, abs=1e-7), a.name
+        assert a.sensitivity == pytest.approx(b.sensitivity, rel=0.1), a.name
+    assert report.outputs[0].error == pytest.approx(whole.outputs[0].error, rel=0.3, abs=1e-7)
+    experts = _experts(report)
+    assert len(experts) == 2 * E // size  # per layer, one row per group
+    for layer in (0, 1):
+        rows = [c for c in experts if c.ms == f"decoder.layers.{layer}.mlp.experts"]
+        assert len(rows) == E // size
+        for g, c in enumerate(rows):
+            expert = int(c.torch.rpartition(".")[2])
+            assert c.torch == f"model.layers.{layer}.mlp.experts.{expert}"
+            assert g * size <= expert < (g + 1) * size
+            assert f"the worst of experts {g * size}-{(g + 1) * size - 1}" in c.note
+            assert c.status == "ok" and c.shape == (16, H)
+            assert c.error < 1e-6 and 0 < c.noise < 1e-6 and c.sensitivity > 0.1
+    if size == 1:  # every expert has a row of its own
+        assert sorted(c.torch for c in experts) == sorted(
+            f"model.layers.{i}.mlp.experts.{e}" for i in (0, 1) for e in range(E))
+
+
+def test_a_wrong_expert_fails_in_its_group_naming_it(moe, tmp_path, monkeypatch):
+    """Expert 2 of layer 1 off by 1e-3 in MindSpore's checkpoint: FAIL, its group's row
+    names it and is above its bound; the other group's is within."""
+    src, out, _ = moe
+    name = "decoder.layers.1.mlp.experts.weight1"
+
+    def edit(t):
+        w = t[name].reshape(E, H, 2 * F).copy()
+        w[2] *= 1.001
+        t[name] = w.reshape(E * H, 2 * F)
+
+    wrong = rewrite_checkpoint(out, tmp_path / "wrong.ckpt", edit)
+    monkeypatch.setattr(routed, "EXPERTS_PER_GROUP", 2)
+    report = ms_port.verify(src, wrong, ms_model=QWEN3_MOE, mode="layers")
+    assert report.verdict == "FAIL"
+    rows = [c for c in _experts(report) if c.ms == "decoder.layers.1.mlp.experts"]
+    assert [c.status for c in rows] == ["ok", "fail"]
+    assert rows[1].torch == "model.layers.1.mlp.experts.2" and "expert 2," in rows[1].note
+    assert rows[1].error > 1e-4 > 100 * rows[1].bound
+    assert all(c.status == "ok" for c in _experts(report) if c.ms.startswith("decoder.layers.0"))
+
+
+@pytest.fixture(scope="module")
+def unrouted(tmp_path_factory):
+    """The tiny DeepSeek-V3 (a dense layer, two of 4 routed experts in 2 groups, top 2
+    within 1 group, a shared expert) whose correction bias keeps every token out of
+    experts 2 and 3 (their group's score is -1000), and its conversion."""
+    from safetensors.numpy import load_file, save_file
+
+    root = tmp_path_factory.mktemp("unrouted")
+    src = tiny_deepseek(root / "made")
+    hf = root / "hf"
+    hf.mkdir()
+    for f in src.iterdir():
+        if f.suffix != ".safetensors":
+            shutil.copy(f, hf / f.name)
+    tensors = {}
+    for f in sorted(src.glob("*.safetensors")):
+        tensors.update(load_file(f))
+    for layer in (1, 2):
+        bias = tensors[f"model.layers.{layer}.mlp.gate.e_score_correction_bias"].copy()
+        bias[2:] = -1000.0
+        tensors[f"model.layers.{layer}.mlp.gate.e_score_correction_bias"] = bias
+    save_file(tensors, hf / "model.safetensors", metadata={"format": "pt"})
+    index = hf / "model.safetensors.index.json"
+    if index.exists():
+        index.unlink()
+    out = root / "m.ckpt"
+    assert ms_port.convert(hf, ms_model=DEEPSEEK, output=out).ok
+    return hf, out
+
+
+def test_an_expert_no_token_is_routed_to_is_proven_all_the_same(unrouted, tmp_path,
+                                                                 monkeypatch):
+    """DeepSeek-V3's layers a group at a time give the whole layers' verdict; and expert 3,
+    which no token reaches, wrong in MindSpore's checkpoint: every layer's output is right
+    (the whole layer passes it), the expert's own row FAILs."""
+    src, out = unrouted
+    whole = ms_port.verify(src, out, ms_model=DEEPSEEK, mode="layers")
+    assert whole.verdict == "PASS", whole.reasons
+    monkeypatch.setattr(routed, "EXPERTS_PER_GROUP", 2)
+    grouped = ms_port.verify(src, out, ms_model=DEEPSEEK, mode="layers")
+    assert grouped.verdict == "PASS", grouped.reasons
+    assert [c.ms for c in _others(grouped)] == [c.ms for c in _others(whole)]
+    assert len(_experts(grouped)) == 4  # layers 1 and 2, two groups each
+
+    name = "decoder.layers.2.mlp.experts.weight2"
+
+    def edit(t):
+        w = t[name].reshape(E, F, H).copy()
+        w[3] = w[3][::-1]  # expert 3's down projection, its rows reversed
+        t[name] = w.reshape(E * F, H)
+
+    wrong = rewrite_checkpoint(out, tmp_path / "wrong.ckpt", edit)
+    monkeypatch.setattr(routed, "EXPERTS_PER_GROUP", None)
+    unseen = ms_port.verify(src, wrong, ms_model=DEEPSEEK, mode="layers")
+    assert unseen.verdict == "PASS"  # no token reaches expert 3: the forward cannot see it
+    monkeypatch.setattr(routed, "EXPERTS_PER_GROUP", 2)
+    report = ms_port.verify(src, wrong, ms_model=DEEPSEEK, mode="layers")
+    assert report.verdict == "FAIL"
+    assert all(c.status == "ok" for c in _others(report))
+    bad = [c for c in _experts(report) if c.status != "ok"]
+    assert [(c.ms, c.torch) for c in bad] == [("decoder.layers.2.mlp.experts",
+                                               "model.layers.2.mlp.experts.3")]
+
+
+def test_groups_are_planned_from_the_layer_and_divide_the_experts(monkeypatch):
+    """By default a group holds as many experts as the layer's other tensors (at least
+    :data:`routed.GROUP_NUMEL` parameters), a divisor of the experts; a layer whose experts
+    are no larger runs whole."""
+    from ms_port.archs.experts import RoutedExperts
+
+    class Info:
+        def __init__(self, numel):
+            self.numel = numel
+
+    class Blocks:
+        def routed_of(self, piece, names):
+            return RoutedExperts(256, {"x.gate_up_proj": ("gu",), "x.down_proj": ("d",)},
+                                 {"x.weight1": "w1", "x.weight2": "w2"}, "model.layers.3",
+                                 "decoder.layers.3")
+
+    class Piece:
+        def __init__(self):
+            self.torch = {"a": "attention", "x.gate_up_proj": "gu", "x.down_proj": "d"}
+
+    class Source:
+        def __init__(self, attention, gate_up, down):
+            self.tensors = {"attention": Info(attention), "gu": Info(gate_up),
+                            "d": Info(down)}
+
+    deepseek = Source(233_000_000, 256 * 29_360_128, 256 * 14_680_064)
+    groups = routed.plan_groups(Blocks(), Piece(), deepseek)
+    assert groups is not None and groups.size == 4  # DeepSeek-V3: 5.3 experts fit, 4 divide
+    assert routed.group_numel(groups, deepseek) == 4 * 44_040_192
+    assert list(groups.starts)[:3] == [0, 4, 8] and len(groups.starts) == 64
+    small = Source(10_000, 256 * 100, 256 * 50)
+    assert routed.plan_groups(Blocks(), Piece(), small) is None
+    monkeypatch.setattr(routed, "EXPERTS_PER_GROUP", 3)
+    assert routed.plan_groups(Blocks(), Piece(), small).size == 2  # divides 256
+
+
+def test_a_layer_refused_for_memory_counts_one_group_of_experts():
+    """The memory check before a routed layer is read counts its other tensors and one
+    group, not every expert."""
+    from ms_port.check.blocks import _check_fits
+    from ms_port.errors import ForwardUnavailable
+
+    class Info:
+        def __init__(self, numel):
+            self.numel, self.shape = numel, (numel,)
+
+    class Piece:
+        def __init__(self):
+            self.name, self.torch, self.rows, self.exact = "model.layers.3", {"a": "attention"}, \
+                (), False
+
+    class Source:
+        def __init__(self):
+            self.tensors = {"attention": Info(1_000)}
+
+    gib = 2**30
+    _check_fits(Piece(), Source(), True, available=2 * gib, extra=100_000_000)  # 0.8 GB
+    with pytest.raises(ForwardUnavailable, match=r"block model\.layers\.3 needs ~2\.9 GiB"):
+        _check_fits(Piece(), Source(), True, available=2 * gib, extra=250_000_000)
