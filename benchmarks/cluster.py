@@ -54,6 +54,33 @@ def measure(cmd: list[str], label: str) -> dict[str, float]:
     return {"wall": done.wall, "rss": done.rss}
 
 
+def verify_side_by_side(verify: list[str], paths: list[Path], runs: int,
+                        baseline: str | None = None) -> dict[str, dict]:
+    """``ms-port VERIFY… --json`` (now, and at ``baseline`` from a git worktree), each run
+    a fresh process with ``paths`` warm: per contender the median wall and peak RSS of
+    ``runs``, and each run's verdict with the logits' error (and its first reason)."""
+    from glm4 import worktree
+    from run import OUT as RUN_OUT
+
+    tools = {f"ms-port {verify[0]}": [_ms_port(), *verify]}
+    if baseline:
+        tools[f"at {baseline}"] = ["/usr/bin/env", f"PYTHONPATH={worktree(baseline)}", PY,
+                                   "-P", "-m", "ms_port", *verify]
+    found: dict[str, dict] = {k: {"runs": [], "verdicts": []} for k in tools}
+    for _ in range(runs):
+        for name, cmd in tools.items():
+            warm(paths)
+            found[name]["runs"].append(measure(cmd, name))
+            report = json.loads((RUN_OUT / "stdout.txt").read_text())
+            error = report["outputs"][0]["error"] if report.get("outputs") else None
+            found[name]["verdicts"].append(
+                f"{report['verdict']} (logits {error})"
+                + "".join(f"; {r}" for r in report.get("reasons", [])[:1]))
+    return {k: {"wall": statistics.median(r["wall"] for r in v["runs"]),
+                "rss_mib": statistics.median(r["rss"] for r in v["runs"]),
+                "verdicts": v["verdicts"]} for k, v in found.items()}
+
+
 def warm(paths: list[Path]) -> None:
     """The harness's own warm-up (``run.warm``), over the files of folders too."""
     from run import warm as warm_files

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -25,8 +24,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import inputs  # noqa: E402
-from cluster import measure, warm  # noqa: E402
-from glm4 import worktree  # noqa: E402
+from cluster import verify_side_by_side  # noqa: E402
 
 CACHE = HERE / ".cache" / "deepseek-layers"
 PY = sys.executable
@@ -74,28 +72,9 @@ def main() -> None:
                         str(out), "-q"], check=True)
     verify = ["verify", str(src), str(out), "--ms-model", "mindformers:deepseek3", "--mode",
               "layers", "--json"]
-    tools = {"ms-port verify --mode layers": [ms, *verify]}
-    if args.baseline:
-        tools[f"at {args.baseline}"] = ["/usr/bin/env", f"PYTHONPATH={worktree(args.baseline)}",
-                                        PY, "-P", "-m", "ms_port", *verify]
-    from run import OUT as RUN_OUT
-
-    runs: dict[str, list[dict[str, float]]] = {k: [] for k in tools}
-    verdicts: dict[str, list[str]] = {k: [] for k in tools}
-    for _ in range(args.runs):
-        for name, cmd in tools.items():
-            warm([src, out])
-            runs[name].append(measure(cmd, name))
-            report = json.loads((RUN_OUT / "stdout.txt").read_text())
-            error = report["outputs"][0]["error"] if report.get("outputs") else None
-            verdicts[name].append(f"{report['verdict']} (logits {error})"
-                                  + "".join(f"; {r}" for r in report.get("reasons", [])[:1]))
     row = {"case": f"deepseek-v3-widths-2-layers-{args.experts}-experts-verify-layers",
            "model_bytes": (src / "model.safetensors").stat().st_size, "runs": args.runs,
-           "tools": {k: {"wall": statistics.median(r["wall"] for r in v),
-                         "rss_mib": statistics.median(r["rss"] for r in v),
-                         "verdicts": verdicts[k]}
-                     for k, v in runs.items()}}
+           "tools": verify_side_by_side(verify, [src, out], args.runs, args.baseline)}
     print(json.dumps(row, indent=2))
 
 

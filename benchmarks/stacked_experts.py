@@ -30,7 +30,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from cluster import measure, settle, warm  # noqa: E402
+from cluster import measure, settle, verify_side_by_side, warm  # noqa: E402
 from glm4 import worktree  # noqa: E402
 from inputs import QWEN3_MOE_SIZES, _write_bf16, qwen3_moe_config, qwen3_moe_layer  # noqa: E402
 
@@ -117,27 +117,9 @@ def verify_main(args: argparse.Namespace) -> None:
                         str(out), "-q"], check=True)
     verify = ["verify", str(src), str(out), "--ms-model", "mindformers:qwen3_moe", "--mode",
               "layers", "--json"]
-    tools = {"ms-port verify --mode layers": [ms, *verify]}
-    if args.baseline:
-        tools[f"at {args.baseline}"] = ["/usr/bin/env", f"PYTHONPATH={worktree(args.baseline)}",
-                                        PY, "-P", "-m", "ms_port", *verify]
-    from run import OUT as RUN_OUT
-
-    runs: dict[str, list[dict[str, float]]] = {k: [] for k in tools}
-    verdicts: dict[str, list[str]] = {k: [] for k in tools}
-    for _ in range(args.runs):
-        for name, cmd in tools.items():
-            warm([src, out])
-            runs[name].append(measure(cmd, name))
-            report = json.loads((RUN_OUT / "stdout.txt").read_text())
-            verdicts[name].append(f"{report['verdict']} (logits "
-                                  f"{report['outputs'][0]['error']:.3g})")
     row = {"case": f"qwen3-30b-a3b-widths-stacked-experts-{args.layers}l-verify-layers",
            "runs": args.runs,
-           "tools": {k: {"wall": statistics.median(r["wall"] for r in v),
-                         "rss_mib": statistics.median(r["rss"] for r in v),
-                         "verdicts": verdicts[k]}
-                     for k, v in runs.items()}}
+           "tools": verify_side_by_side(verify, [src, out], args.runs, args.baseline)}
     print(json.dumps(row, indent=2))
 
 
