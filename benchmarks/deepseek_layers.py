@@ -47,6 +47,7 @@ def model(folder: Path, experts: int) -> Path:
         inputs.FP8_CONFIG.clear()
         inputs.FP8_CONFIG.update(saved)
     config.pop("quantization_config")
+    config["num_nextn_predict_layers"] = 0  # no MTP layer written
     h = cut["hidden_size"]
     shapes = [("model.embed_tokens.weight", (VOCAB, h)), *layers,
               ("model.norm.weight", (h,)), ("lm_head.weight", (VOCAB, h))]
