@@ -232,3 +232,39 @@ def test_a_layer_refused_for_memory_counts_one_group_of_experts():
     _check_fits(Piece(), Source(), True, available=2 * gib, extra=100_000_000)  # 0.8 GB
     with pytest.raises(ForwardUnavailable, match=r"block model\.layers\.3 needs ~2\.9 GiB"):
         _check_fits(Piece(), Source(), True, available=2 * gib, extra=250_000_000)
+
+
+def test_the_tensor_check_reads_stacked_experts_a_group_at_a_time(moe, tmp_path, monkeypatch):
+    """The tensor check before the forward compares a stack the plan computes an expert
+    at a time (``weight1`` / ``weight2``) an expert's rows at a time: the whole expected
+    stack is never made where every group is identical; a wrong expert is still named."""
+    from ms_port.check.tensors import compare_through_plan
+    from ms_port.match.result import Plan
+    from ms_port.read.sources import read_source
+
+    src, out, _ = moe
+    plan = ms_port.plan(src, ms_model=QWEN3_MOE)
+    assert {m.groups for m in plan.matches if m.target.endswith("experts.weight1")} == {E}
+    whole = Plan.expected
+
+    def never_whole(self, m):
+        assert not m.target.endswith(("experts.weight1", "experts.weight2")), m.target
+        return whole(self, m)
+
+    def check(path):
+        ckpt = read_source(path)
+        return compare_through_plan(plan, {i.name: i.load for i in ckpt}, a="hf", b="ms",
+                                    infos=ckpt.tensors)
+
+    monkeypatch.setattr(Plan, "expected", never_whole)
+    found = check(out)
+    assert found.ok
+    stacks = [d for d in found.deltas if d.target.endswith(("experts.weight1", "weight2"))]
+    assert len(stacks) == 4 and all(d.status == "identical" for d in stacks)
+    assert {d.shape for d in stacks} == {(E * H, 2 * F), (E * F, H)}
+    monkeypatch.setattr(Plan, "expected", whole)
+    name = "decoder.layers.0.mlp.experts.weight2"
+    wrong = rewrite_checkpoint(out, tmp_path / "wrong.ckpt", lambda t: t.update(
+        {name: t[name].reshape(E, F, H)[[0, 1, 3, 2]].reshape(E * F, H)}))
+    failed = check(wrong)
+    assert [d.target for d in failed.deltas if d.status == "differs"] == [name]

@@ -341,7 +341,7 @@ def tensors_only(request: Request, why: str) -> Any:
         return request.not_loaded(not_loaded, [n for n in ckpt.tensors
                                                if n not in tgt.tensors])
     tensors = compare_through_plan(plan, {i.name: i.load for i in ckpt}, a=request.names[0],
-                                   b=request.names[1])
+                                   b=request.names[1], infos=ckpt.tensors)
     differing = [d for d in tensors.deltas if d.status in ("differs", "shape")]
     if differing:
         verdict = FAIL
@@ -382,7 +382,7 @@ def by_layers(request: Request, blocks: Any) -> Any:
         return request.not_loaded(not_loaded, unused)
     request.step("comparing every tensor through the plan")
     tensors = compare_through_plan(plan, {i.name: i.load for i in ckpt}, a=request.names[0],
-                                   b=request.names[1])
+                                   b=request.names[1], infos=ckpt.tensors)
     correspondence = correspondence_from_pairs((m.target, m.source) for m in plan.matches
                                                if not m.parts and m.part is None)
     if unused:
