@@ -312,17 +312,35 @@ def _masked_torch(seen: _Seen, first: int, size: int) -> tuple[Any, Any, Any]:
             torch.from_numpy(seen.weights))
 
 
-def _masked_ms(seen: _Seen, first: int, size: int) -> tuple[Any, Any, Any]:
+def _masked_ms(seen: _Seen, first: int, size: int) -> tuple[np.ndarray, ...]:
     """A call's tokens, coefficients and indices for a group on MindSpore: an index
     outside it goes to the group's first expert with weight 0."""
+    inside = (seen.index >= first) & (seen.index < first + size)
+    return (seen.tokens.astype(np.float32), np.where(inside, seen.weights, 0).astype(np.float32),
+            np.where(inside, seen.index - first, 0).astype(np.int32))
+
+
+def _each_ms_rows(seen: _Seen, size: int) -> list[tuple[np.ndarray, ...]]:
+    """Each of a group's experts on every token of ``seen`` (weight 1), as rows of one
+    MindSpore call."""
+    n, k = seen.index.shape
+    weights = np.zeros((n, k), np.float32)
+    weights[:, 0] = 1
+    return [(seen.tokens.astype(np.float32), weights, np.full((n, k), e, np.int32))
+            for e in range(size)]
+
+
+def _ms_call(cell: Any, parts: list[tuple[np.ndarray, ...]]) -> list[np.ndarray]:
+    """MindSpore's experts on every part's tokens in one call (their rows one after
+    another: the experts act on each token alone), each part's output back."""
     import mindspore as ms
 
-    inside = (seen.index >= first) & (seen.index < first + size)
-    index = np.where(inside, seen.index - first, 0).astype(np.int32)
-    weights = np.where(inside, seen.weights, 0).astype(np.float32)
-    n, k = index.shape
-    return (ms.Tensor(seen.tokens.astype(np.float32).reshape(1, n, -1)),
-            ms.Tensor(weights.reshape(1, n, k)), ms.Tensor(index.reshape(1, n, k)))
+    tokens, weights, index = (np.concatenate([p[i] for p in parts]) for i in range(3))
+    m, k = index.shape
+    out = cell(ms.Tensor(tokens.reshape(1, m, -1)), ms.Tensor(weights.reshape(1, m, k)),
+               ms.Tensor(index.reshape(1, m, k))).asnumpy().reshape(m, -1)
+    edges = np.cumsum([0] + [len(p[0]) for p in parts])
+    return [out[a:b] for a, b in zip(edges[:-1], edges[1:])]
 
 
 @dataclass
@@ -346,17 +364,6 @@ def _each_torch(module: Any, seen: _Seen, size: int, dtype: Any) -> list[np.ndar
     with torch.no_grad():
         return [module(tokens, torch.full((n, 1), e, dtype=torch.int64), ones).numpy()
                 for e in range(size)]
-
-
-def _each_ms(cell: Any, seen: _Seen, size: int) -> list[np.ndarray]:
-    import mindspore as ms
-
-    n, k = seen.index.shape
-    tokens = ms.Tensor(seen.tokens.astype(np.float32).reshape(1, n, -1))
-    weights = np.zeros((1, n, k), np.float32)
-    weights[..., 0] = 1
-    return [cell(tokens, ms.Tensor(weights), ms.Tensor(np.full((1, n, k), e, np.int32)))
-            .asnumpy().reshape(n, -1) for e in range(size)]
 
 
 def _run_groups(state: Any, piece: Any, groups: Groups, template: Any, book: _Book
@@ -388,12 +395,13 @@ def _run_groups(state: Any, piece: Any, groups: Groups, template: Any, book: _Bo
                         main, None)
         with state.timer("build"):
             cell = state.blocks.ms_group(groups.size, _ms_group(state, groups, first))
-        with state.timer("mindspore"):
-            for key, seen in book.seen.items():
-                if key[0] == "MindSpore":
-                    out = cell(*_masked_ms(seen, first, groups.size))
-                    routed[key] += out.asnumpy().reshape(routed[key].shape)
-            each.mind = _each_ms(cell, main, groups.size)
+        with state.timer("mindspore"):  # one call: every pass's tokens and every expert's
+            keys = [key for key in book.seen if key[0] == "MindSpore"]
+            outs = _ms_call(cell, [_masked_ms(book.seen[key], first, groups.size)
+                                   for key in keys] + _each_ms_rows(main, groups.size))
+            for key, out in zip(keys, outs):
+                routed[key] += out.reshape(routed[key].shape)
+            each.mind = outs[len(keys):]
         del cell
         gc.collect()
         release_ms_pool()

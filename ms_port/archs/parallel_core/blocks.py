@@ -175,6 +175,8 @@ class ParallelCoreBlocks(HuggingFaceSide):
         self._ran: list[str] = []
         #: the small networks' routed experts a group at a time, by group size
         self._groups: dict[int, tuple[nn.Cell, dict[str, Any]]] = {}
+        #: MindFormers' routed experts as the small network built them (never loaded)
+        self._experts: Any = None
 
     # --- the pieces -------------------------------------------------------------------
     def pieces(self, source_names: set[str], checkpoint_names: set[str]) -> list[Piece]:
@@ -226,6 +228,7 @@ class ParallelCoreBlocks(HuggingFaceSide):
                     self._ran = standins.lines(net)
             finally:
                 self._sized, self._groups, self._standins = {}, {}, None
+                self._experts = None
 
     def _network(self, vocab: int | None, routed: int | None = None
                  ) -> tuple[Any, dict[str, Any], dict[str, nn.Cell]]:
@@ -254,6 +257,7 @@ class ParallelCoreBlocks(HuggingFaceSide):
             for slot in sorted(set(self.slots)):
                 mlp = model.decoder.layers[slot].mlp
                 if hasattr(mlp, "experts") and hasattr(mlp, "router"):
+                    self._experts = mlp.experts  # the template of each group's (no weights)
                     standins[f"standin{slot}"] = _RoutedStandIn(
                         routed, int(self.config["hidden_size"]), self.topk)
                     mlp.experts = standins[f"standin{slot}"]
@@ -278,11 +282,18 @@ class ParallelCoreBlocks(HuggingFaceSide):
         if self._standins is None:
             raise RuntimeError("ParallelCoreBlocks.ms_network() outside session()")
         if piece.kind == "layer":  # the embedding's spans are done: their weights go
-            self._sized = {k: v for k, v in self._sized.items()
-                           if k is None or isinstance(k, tuple)}
+            self._keep(lambda k: k is None)
+        else:  # no routed layer follows the first span or the head
+            self._keep(lambda k: not isinstance(k, tuple))
         _, params, cells = self._network(piece.vocab if piece.kind != "layer" else None)
         set_parameters(params, tensors)
         return cells[f"layer{piece.slot}" if piece.kind == "layer" else piece.kind]
+
+    def _keep(self, wanted: Callable[[Any], bool]) -> None:
+        """Let go of the small networks ``wanted`` rejects (by their key in ``_sized``):
+        each holds the last weights set into it (DeepSeek-V3's dense layer, 2.3 GiB in
+        float32, held while its MoE layers run in the routed network)."""
+        self._sized = {k: v for k, v in self._sized.items() if wanted(k)}
 
     def ms_step(self, cell: Any, piece: Piece, state: Any, ids: np.ndarray) -> Any:
         """One piece on MindSpore: token ids -> hidden states -> … -> logits (float32).
@@ -334,6 +345,7 @@ class ParallelCoreBlocks(HuggingFaceSide):
         :class:`_RoutedStandIn`, its other tensors set (float32): (the cell, the stand-in)."""
         if self._standins is None:
             raise RuntimeError("ParallelCoreBlocks.ms_routed() outside session()")
+        self._keep(lambda k: isinstance(k, tuple))  # a dense layer's weights go
         _, params, cells = self._network(None, routed=tokens)
         set_parameters(params, tensors)
         return cells[f"layer{piece.slot}"], cells[f"standin{piece.slot}"]
@@ -346,10 +358,9 @@ class ParallelCoreBlocks(HuggingFaceSide):
         if size not in self._groups:
             import copy
 
-            _, params, _ = self._network(None)
-            slot = next(s for s in sorted(set(self.slots))
-                        if f"decoder.layers.{s}.mlp.experts.weight1" in params)
-            experts = self._sized[None][0].model.decoder.layers[slot].mlp.experts
+            if self._experts is None:
+                raise RuntimeError("ParallelCoreBlocks.ms_group() before ms_routed()")
+            experts = self._experts
             config = copy.copy(experts.config)
             config.num_moe_experts = size
             try:
