@@ -366,6 +366,21 @@ def _each_torch(module: Any, seen: _Seen, size: int, dtype: Any) -> list[np.ndar
                 for e in range(size)]
 
 
+@dataclass
+class _GroupRun:
+    """What every group of one layer shares: the run, the experts, transformers'
+    experts module (the template), the calls kept in step 1 and their routed sums so far,
+    PyTorch's main and second-input calls (each expert runs on their tokens)."""
+
+    state: Any
+    groups: Groups
+    template: Any
+    book: _Book
+    routed: dict[tuple[str, str, int], np.ndarray]
+    main: _Seen
+    second: _Seen
+
+
 def _run_groups(state: Any, piece: Any, groups: Groups, template: Any, book: _Book
                 ) -> list[LayerComparison]:
     """Step 2: every group on every pass's call, its share added to the pass's routed
@@ -383,55 +398,59 @@ def _run_groups(state: Any, piece: Any, groups: Groups, template: Any, book: _Bo
                           "network")
     routed = {key: np.zeros_like(seen.tokens, dtype=np.float32 if key[0] == "MindSpore"
                                  else seen.tokens.dtype) for key, seen in book.seen.items()}
+    run = _GroupRun(state, groups, template, book, routed, main, second)
     compared = []
     for first in groups.starts:
         state.run.step(f"{piece.name}: experts {first}-{first + groups.size - 1} of "
                        f"{groups.experts.count}")
         each = _Experts()
-        _torch_pass(state, groups, template, book, routed, each, first, np.float32,
-                    main, second)
+        _torch_pass(run, each, first, np.float32)
         if state.run.noise_floor:
-            _torch_pass(state, groups, template, book, routed, each, first, np.float64,
-                        main, None)
-        with state.timer("build"):
-            cell = state.blocks.ms_group(groups.size, _ms_group(state, groups, first))
-        with state.timer("mindspore"):  # one call: every pass's tokens and every expert's
-            keys = [key for key in book.seen if key[0] == "MindSpore"]
-            outs = _ms_call(cell, [_masked_ms(book.seen[key], first, groups.size)
-                                   for key in keys] + _each_ms_rows(main, groups.size))
-            for key, out in zip(keys, outs):
-                routed[key] += out.reshape(routed[key].shape)
-            each.mind = outs[len(keys):]
-        del cell
-        gc.collect()
-        release_ms_pool()
+            _torch_pass(run, each, first, np.float64)
+        _ms_pass(run, each, first)
         compared.append(_worst(state, piece, groups, first, each))
     book.routed = routed
     return compared
 
 
-def _torch_pass(state: Any, groups: Groups, template: Any, book: _Book,
-                routed: dict[tuple[str, str, int], np.ndarray], each: _Experts, first: int,
-                dtype: Any, main: _Seen, second: _Seen | None) -> None:
+def _torch_pass(run: _GroupRun, each: _Experts, first: int, dtype: Any) -> None:
     """One precision's PyTorch group: its share of each of that precision's calls, and
-    each expert on PyTorch's input (and on the second one)."""
+    each expert on PyTorch's input (float32: and on the second one)."""
     import torch
 
+    state, size = run.state, run.groups.size
     with state.timer("build"):
-        module = _small(template, _torch_group(state, groups, first, dtype), groups.size)
+        module = _small(run.template, _torch_group(state, run.groups, first, dtype), size)
     wanted = str(torch.float32 if dtype == np.float32 else torch.float64)
     with state.timer("torch"), torch.no_grad():
-        for key, seen in book.seen.items():
+        for key, seen in run.book.seen.items():
             if key[0] == "PyTorch" and key[1] == wanted:
-                routed[key] += module(*_masked_torch(seen, first, groups.size)).numpy()
+                run.routed[key] += module(*_masked_torch(seen, first, size)).numpy()
         if dtype == np.float32:
-            each.main = _each_torch(module, main, groups.size, np.float32)
-            if second is not None:
-                each.second = _each_torch(module, second, groups.size, np.float32)
+            each.main = _each_torch(module, run.main, size, np.float32)
+            each.second = _each_torch(module, run.second, size, np.float32)
         else:
-            each.wide = _each_torch(module, main, groups.size, np.float64)
+            each.wide = _each_torch(module, run.main, size, np.float64)
     del module
     gc.collect()
+
+
+def _ms_pass(run: _GroupRun, each: _Experts, first: int) -> None:
+    """MindSpore's group in one call: its share of every MindSpore call, and each expert
+    on PyTorch's input (rows one after another)."""
+    state, size = run.state, run.groups.size
+    with state.timer("build"):
+        cell = state.blocks.ms_group(size, _ms_group(state, run.groups, first))
+    with state.timer("mindspore"):
+        keys = [key for key in run.book.seen if key[0] == "MindSpore"]
+        outs = _ms_call(cell, [_masked_ms(run.book.seen[key], first, size) for key in keys]
+                        + _each_ms_rows(run.main, size))
+        for key, out in zip(keys, outs):
+            run.routed[key] += out.reshape(run.routed[key].shape)
+        each.mind = outs[len(keys):]
+    del cell
+    gc.collect()
+    release_ms_pool()
 
 
 def _worst(state: Any, piece: Any, groups: Groups, first: int, each: _Experts
