@@ -292,8 +292,11 @@ class ParallelCoreBlocks(HuggingFaceSide):
     def _keep(self, wanted: Callable[[Any], bool]) -> None:
         """Let go of the small networks ``wanted`` rejects (by their key in ``_sized``):
         each holds the last weights set into it (DeepSeek-V3's dense layer, 2.3 GiB in
-        float32, held while its MoE layers run in the routed network)."""
+        float32, held while its MoE layers run in the routed network); the groups'
+        experts cells go with the routed network."""
         self._sized = {k: v for k, v in self._sized.items() if wanted(k)}
+        if not any(isinstance(k, tuple) for k in self._sized):
+            self._groups = {}
 
     def ms_step(self, cell: Any, piece: Piece, state: Any, ids: np.ndarray) -> Any:
         """One piece on MindSpore: token ids -> hidden states -> … -> logits (float32).
