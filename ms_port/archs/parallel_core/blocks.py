@@ -28,6 +28,7 @@ a wrong tensor is also named by the tensor check.
 from __future__ import annotations
 
 import contextlib
+import gc
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -294,9 +295,19 @@ class ParallelCoreBlocks(HuggingFaceSide):
         each holds the last weights set into it (DeepSeek-V3's dense layer, 2.3 GiB in
         float32, held while its MoE layers run in the routed network); the groups'
         experts cells go with the routed network."""
-        self._sized = {k: v for k, v in self._sized.items() if wanted(k)}
+        kept = {k: v for k, v in self._sized.items() if wanted(k)}
+        dropped = len(kept) < len(self._sized)
+        self._sized = kept
         if not any(isinstance(k, tuple) for k in self._sized):
+            dropped = dropped or bool(self._groups)
             self._groups = {}
+        if dropped:
+            # a network is a web of reference cycles, and verify by layers freezes what
+            # its first block left alive (ms_port.check.blocks): a network built then (the
+            # session's, the embedding's spans) is collected only once unfrozen
+            gc.unfreeze()
+            gc.collect()
+            gc.freeze()
 
     def ms_step(self, cell: Any, piece: Piece, state: Any, ids: np.ndarray) -> Any:
         """One piece on MindSpore: token ids -> hidden states -> … -> logits (float32).
