@@ -123,11 +123,11 @@ class _Book:
     def check(self, key: tuple[str, str, int], tokens: np.ndarray) -> None:
         seen = self.seen.get(key)
         if seen is None or seen.tokens.shape != tokens.shape or not np.array_equal(
-                seen.tokens, tokens):
-            raise ParityError(f"{key[0]}: the routed experts were given other tokens when the "
-                              "layer ran again; the forward is not deterministic here, so it "
-                              "cannot be run a group of experts at a time. Verify with "
-                              "--mode whole where it fits")
+                seen.tokens, tokens, equal_nan=True):
+            raise ParityError(f"{key[0]}'s routed experts were given other tokens when the "
+                              "layer ran again (its forward is not deterministic here), so "
+                              "they cannot run a group at a time; verify with --mode whole "
+                              "where it fits")
 
 
 _STANDIN: Any = None
