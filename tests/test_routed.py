@@ -174,9 +174,8 @@ def test_an_expert_no_token_is_routed_to_is_proven_all_the_same(unrouted, tmp_pa
 
 
 def test_groups_are_planned_from_the_layer_and_divide_the_experts(monkeypatch):
-    """By default a group holds as many experts as the layer's other tensors (at least
-    :data:`routed.GROUP_NUMEL` parameters), a divisor of the experts; a layer whose experts
-    are no larger runs whole."""
+    """By default a group holds at most :data:`routed.GROUP_NUMEL` parameters (at least
+    one expert), a divisor of the experts; experts no larger run whole."""
     from ms_port.archs.experts import RoutedExperts
 
     class Info:
@@ -200,9 +199,11 @@ def test_groups_are_planned_from_the_layer_and_divide_the_experts(monkeypatch):
 
     deepseek = Source(233_000_000, 256 * 29_360_128, 256 * 14_680_064)
     groups = routed.plan_groups(Blocks(), Piece(), deepseek)
-    assert groups is not None and groups.size == 4  # DeepSeek-V3: 5.3 experts fit, 4 divide
-    assert routed.group_numel(groups, deepseek) == 4 * 44_040_192
-    assert list(groups.starts)[:3] == [0, 4, 8] and len(groups.starts) == 64
+    assert groups is not None and groups.size == 1  # DeepSeek-V3: 1.5 experts fit
+    assert routed.group_numel(groups, deepseek) == 44_040_192
+    assert list(groups.starts)[:3] == [0, 1, 2] and len(groups.starts) == 256
+    qwen = Source(19_000_000, 256 * 3_145_728, 256 * 1_572_864)  # 256 experts of 4.7M
+    assert routed.plan_groups(Blocks(), Piece(), qwen).size == 8  # 14 fit, 8 divide 256
     small = Source(10_000, 256 * 100, 256 * 50)
     assert routed.plan_groups(Blocks(), Piece(), small) is None
     monkeypatch.setattr(routed, "EXPERTS_PER_GROUP", 3)
