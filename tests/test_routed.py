@@ -269,3 +269,23 @@ def test_the_tensor_check_reads_stacked_experts_a_group_at_a_time(moe, tmp_path,
         {name: t[name].reshape(E, F, H)[[0, 1, 3, 2]].reshape(E * F, H)}))
     failed = check(wrong)
     assert [d.target for d in failed.deltas if d.status == "differs"] == [name]
+
+
+def test_stacked_experts_in_the_file_run_a_group_of_rows_at_a_time(moe, tmp_path, monkeypatch):
+    """A state dict saved from transformers 5 (its stacked ``experts.gate_up_proj``
+    [E, 2F, H]) gives each group its rows of the stack: the same verdict and expert rows."""
+    from safetensors.torch import save_file
+
+    src, out, _ = moe
+    model = transformers.Qwen3MoeForCausalLM.from_pretrained(src)
+    state = {k: v.contiguous() for k, v in model.state_dict().items()}
+    assert "model.layers.1.mlp.experts.gate_up_proj" in state
+    fused = tmp_path / "fused"
+    fused.mkdir()
+    save_file(state, fused / "model.safetensors", metadata={"format": "pt"})
+    shutil.copy(src / "config.json", fused / "config.json")
+    monkeypatch.setattr(routed, "EXPERTS_PER_GROUP", 2)
+    report = ms_port.verify(fused, out, ms_model=QWEN3_MOE, mode="layers")
+    assert report.verdict == "PASS", report.reasons
+    rows = _experts(report)
+    assert len(rows) == 4 and all(c.status == "ok" and c.error < 1e-6 for c in rows)

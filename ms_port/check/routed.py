@@ -114,6 +114,8 @@ class _Book:
     ``(side, dtype, call)``."""
 
     replay: bool = False
+    #: the block, to name it
+    block: str = ""
     seen: dict[tuple[str, str, int], _Seen] = field(default_factory=dict)
     routed: dict[tuple[str, str, int], np.ndarray] = field(default_factory=dict)
 
@@ -121,7 +123,8 @@ class _Book:
         seen = self.seen.get(key)
         if seen is None or seen.tokens.shape != tokens.shape or not np.array_equal(
                 seen.tokens, tokens, equal_nan=True):
-            raise ParityError(f"{key[0]}'s routed experts were given other tokens when the "
+            raise ParityError(f"block {self.block}: {key[0]}'s routed experts were given other "
+                              "tokens when the "
                               "layer ran again (its forward is not deterministic here), so "
                               "they cannot run a group at a time; verify with --mode whole "
                               "where it fits")
@@ -214,7 +217,7 @@ def run_routed(state: Any, piece: Any, groups: Groups, whole: Callable[[Any, Any
     _whole_piece`, lent by the caller) gives them, and each group's worst expert
     compared."""
     sub = without_experts(piece, groups)
-    book = _Book()
+    book = _Book(block=piece.name)
     tokens = int(np.asarray(state.ids).size)
     proxy = _RoutedBlocks(state.blocks, book, tokens)
     streams = replace(state.streams)
