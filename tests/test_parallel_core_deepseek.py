@@ -653,9 +653,11 @@ def separate():
 def _standins(*, mtp):
     from ms_port.archs.parallel_core import cpu as pc
 
-    # MLA casts q/k/v to the compute dtype itself (no Attention class, no float16 cast)
+    # MLA casts q/k/v to the compute dtype itself (no Attention class, no float16 cast);
+    # DeepSeek-V3.2's sparse attention's stand-ins run only where it is built
     return [s.name for s in pc.STANDINS
-            if s.name != "qkv-float16-cast" and (mtp or s.name != "mtp-not-run")]
+            if s.name != "qkv-float16-cast" and (mtp or s.name != "mtp-not-run")
+            and not s.name.startswith("dsa-")]
 
 
 @needs_mindformers

@@ -449,26 +449,42 @@ def graph(request: Request, forward: str) -> Any:
     where = src.config_path or request.names[0]
     check_size(src.config, where, sum(i.numel for i in src))
     blocks = family_blocks(family)
+    config, said = _run_config(family, src.config, int(np.asarray(request.feed[0].array).shape[1]))
     mode, why = choose_mode(opts.mode, sum(i.numel for i in src),
                             None if blocks is not None else
                             f"{family} has no blocks to run one at a time")
     if mode == "whole":
-        result = graph_whole(request, lambda: torch_from_config(src.config, where), forward)
+        result = graph_whole(request, lambda: torch_from_config(config, where), forward,
+                             config)
         if result.mode == "whole":
             result.mode_reason = f"{why}; GRAPH mode with CPU stand-ins"
+        result.notes += said
         return result
     options = family_options(family, opts.ms_options)
     options.setdefault("seq_length", int(np.asarray(request.feed[0].array).shape[1]))
     try:
-        result = by_layers(request, blocks(src.config, lambda c: torch_from_config(c, where),
+        result = by_layers(request, blocks(config, lambda c: torch_from_config(c, where),
                                            **options))
     except ForwardUnavailable as exc:
         return tensors_only(request, exc.message)
     result.mode, result.mode_reason = mode, why
+    result.notes += said
     return result
 
 
-def graph_whole(request: Request, build_torch: Callable[[], Any], forward: str) -> Any:
+def _run_config(family: str, config: dict[str, Any], seq_length: int
+                ) -> tuple[dict[str, Any], list[str]]:
+    """The config both sides are built with for ``seq_length`` tokens (a family's
+    ``run_config``: DeepSeek-V3.2's indexer keeping fewer tokens than the run has), and
+    what the report says of it."""
+    from ..read.targets import family_module
+
+    adjust = getattr(family_module(family), "run_config", None)
+    return adjust(config, seq_length) if adjust is not None else (config, [])
+
+
+def graph_whole(request: Request, build_torch: Callable[[], Any], forward: str,
+                config: dict[str, Any] | None = None) -> Any:
     """verify a network that runs only in GRAPH mode, with CPU stand-ins for the kernels
     it lacks (MindFormers' parallel_core): every tensor through the plan, then the logits
     of both networks against their rounding-aware bound. GRAPH mode records no layer, so
@@ -494,7 +510,8 @@ def graph_whole(request: Request, build_torch: Callable[[], Any], forward: str) 
     request.step("building and running MindFormers' network (GRAPH mode, CPU stand-ins)")
     t0 = time.perf_counter()
     try:
-        ran = _graph_forward(request, module, ids)
+        ran = _graph_forward(request, module, ids,
+                             request.src.config if config is None else config)
     except (RuntimeError, ValueError, TypeError) as exc:  # MindSpore's compile/run errors
         return tensors_only(request, ForwardUnavailable.of(exc).message)
     if not isinstance(ran, tuple):
@@ -536,14 +553,15 @@ def _torch_runs(tnet: Any, draws: tuple[np.ndarray, np.ndarray], run: Any,
     return runs
 
 
-def _graph_forward(request: Request, module: Any, ids: np.ndarray) -> Any:
+def _graph_forward(request: Request, module: Any, ids: np.ndarray,
+                   config: dict[str, Any]) -> Any:
     """(MindFormers' logits, the stand-ins that ran), or the report of a checkpoint the
     network does not load."""
     from ..read.targets import family_options
 
-    src, opts = request.src, request.options
+    opts = request.options
     with module.cpu_standins() as standins:
-        net = module.build_network(src.config, seq_length=int(ids.shape[1]),
+        net = module.build_network(config, seq_length=int(ids.shape[1]),
                                    options=family_options(request.family, opts.ms_options))
         loaded = module.load_arrays(net, {i.name: np.asarray(i.load(), dtype=np.float32)
                                           for i in request.ckpt})

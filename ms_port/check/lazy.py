@@ -30,6 +30,7 @@ def on_demand(model: Any, names: dict[str, str], source: Source, dtype: Any) -> 
     import torch
 
     wanted = dict(names)
+    as_torch = torch.from_numpy(np.empty(0, dtype)).dtype
     held: dict[Any, list[tuple[str, bool, str, Any]]] = {}
     for path, module in model.named_modules():
         for is_buffer, table in ((False, module._parameters), (True, module._buffers)):
@@ -42,6 +43,16 @@ def on_demand(model: Any, names: dict[str, str], source: Source, dtype: Any) -> 
                 held.setdefault(module, []).append((attr, is_buffer, wanted.pop(full), tensor))
     if wanted:
         return None
+    # the placeholders say the dtype their tensors will have: a module may read another's
+    # weight dtype before that one runs (DeepSeek-V3.2's indexer casts its input to
+    # weights_proj's before calling it)
+    for module, entries in held.items():
+        for k, (attr, is_buffer, name, meta) in enumerate(entries):
+            if meta.is_floating_point() and meta.dtype != as_torch:
+                meta = meta.to(as_torch) if is_buffer else torch.nn.Parameter(
+                    meta.to(as_torch), requires_grad=False)
+                (module._buffers if is_buffer else module._parameters)[attr] = meta
+                entries[k] = (attr, is_buffer, name, meta)
 
     def put_in(module: Any, _args: Any) -> None:
         for attr, is_buffer, name, _meta in held[module]:

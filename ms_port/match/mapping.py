@@ -40,11 +40,6 @@ def selected_model_types(target_key: str) -> list[str]:
 #: model types a family is sometimes handed that no shipped table takes yet: what they are,
 #: and what ms-port offers for them (said where a family refuses the config)
 PLANNED_MODEL_TYPES = {
-    "deepseek_v32": "DeepSeek-V3.2 (DSA: a lightning indexer in every layer; MindFormers 2.1 "
-                    "trains it as TrainingDeepseekV3ForCausalLM with "
-                    "experimental_attention_variant: dsa); its target, mindformers:deepseek32, "
-                    "is not built yet: its indexer's rows need reordering, which "
-                    "mindformers:deepseek3 would not do",
     "deepseek_v4": "DeepSeek-V4 (one shared K=V head, hyper-connections, compressed "
                    "attention; MindFormers 2.1's PyNative DeepseekV4ForCausalLM); its target, "
                    "mindformers:deepseek4, is not built yet",

@@ -75,7 +75,8 @@ split tensors, and tied ones (see :mod:`ms_port.match.layouts`, :mod:`ms_port.ma
 Transforms: ``unsqueeze``, ``squeeze``, ``transpose``, ``reshape`` (which may name config
 values), and ``{rope_halves: [BLOCK, ROWS]}`` (the first ROWS rows, block by block, even
 rows then odd ones: rotary pairs as halves, MindFormers' ``use_rearrange_rope``; its
-inverse ``rope_pairs``).
+inverse ``rope_pairs``), ``{roll: [BLOCK, SHIFT]}`` (each block of BLOCK rows rolled by
+SHIFT: a head's two halves swapped; its inverse a roll by BLOCK - SHIFT).
 
 Layouts: ``concat`` / ``{concat: AXIS}``, ``interleave`` / ``{interleave: AXIS}`` (one row
 of each part in turn), ``{grouped: GROUPS, sizes: [...], axis: 0}`` (per group, ``sizes[i]``

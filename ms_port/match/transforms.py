@@ -142,6 +142,26 @@ def _reordered(array: np.ndarray, arg: list[int], *, to_halves: bool) -> np.ndar
         np.ascontiguousarray(moved)
 
 
+def _roll_kept(shape: tuple[int, ...], arg: list[Any]) -> tuple[int, ...]:
+    """A shape that rolling rows in blocks (``arg``: ``[block, shift]``) fits, unchanged."""
+    if not all(_is_int(x) for x in arg):
+        raise ValueError(f"{arg} names config values: resolve it against the config first")
+    block, shift = arg
+    if not shape or shape[0] % block or not 0 < shift < block:
+        raise ValueError(f"cannot roll the rows of {shape} by {shift} in blocks of {block} "
+                         "(blocks dividing the rows, a shift between 0 and the block)")
+    return shape
+
+
+def _rolled(array: np.ndarray, arg: list[int]) -> np.ndarray:
+    """Each block of ``block`` rows rolled by ``shift``: row ``r`` of a block moves to
+    ``(r + shift) % block`` (``np.roll`` within the block)."""
+    block, shift = arg
+    _roll_kept(array.shape, arg)
+    blocks = array.reshape(array.shape[0] // block, block, *array.shape[1:])
+    return np.ascontiguousarray(np.roll(blocks, shift, axis=1)).reshape(array.shape)
+
+
 OPS: dict[str, _Op] = {
     "unsqueeze": _Op(_insert, lambda a, ax: np.expand_dims(a, ax),
                      lambda ax, _shape: ("squeeze", ax), _is_int),
@@ -158,6 +178,9 @@ OPS: dict[str, _Op] = {
                        lambda arg, _shape: ("rope_pairs", list(arg)), _is_block_rows),
     "rope_pairs": _Op(_rows_kept, lambda a, arg: _reordered(a, arg, to_halves=False),
                       lambda arg, _shape: ("rope_halves", list(arg)), _is_block_rows),
+    # rows rolled within each block: [block, shift] (a head's halves swapped: [128, 64])
+    "roll": _Op(_roll_kept, _rolled,
+                lambda arg, _shape: ("roll", [arg[0], arg[0] - arg[1]]), _is_block_rows),
 }
 
 

@@ -444,6 +444,7 @@ FAMILIES = {"mindformers:llama": "ms_port.archs.llama.family",
             "mindformers:qwen3": "ms_port.archs.parallel_core.family",
             "mindformers:qwen3_moe": "ms_port.archs.parallel_core.moe",
             "mindformers:deepseek3": "ms_port.archs.parallel_core.deepseek",
+            "mindformers:deepseek32": "ms_port.archs.parallel_core.deepseek32",
             "mindformers:glm4": "ms_port.archs.glm.family"}
 
 
@@ -453,6 +454,8 @@ FAMILY_NETWORKS = {
     "mindformers:qwen3": "TrainingQwen3ForCausalLM",
     "mindformers:qwen3_moe": "TrainingQwen3MoeForCausalLM",
     "mindformers:deepseek3": "TrainingDeepseekV3ForCausalLM",
+    "mindformers:deepseek32": "TrainingDeepseekV3ForCausalLM (experimental_attention_variant: "
+                              "dsa)",
     "mindformers:glm4": "ChatGLM2ForConditionalGeneration",
 }
 

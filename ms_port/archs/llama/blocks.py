@@ -109,7 +109,7 @@ class HuggingFaceSide:
         one = {**self.config, **self.small, **vocab_of(piece)}
         kinds = self.config.get("layer_types")
         if isinstance(kinds, list) and len(kinds) > piece.index:  # this layer's own kind
-            one["layer_types"] = [kinds[piece.index]]
+            one["layer_types"] = [kinds[piece.index]] * int(one["num_hidden_layers"])
         with torch.device("meta"):
             model = self.build_torch(one)
         # every name of a tied parameter (a tied head is the embedding under its own name),

@@ -242,3 +242,79 @@ def mtp_block_construct(self, input_ids, position_ids, hidden_states, attention_
     if self.calculate_per_token_loss:
         return 0, 0, extra_loss, attention_loss
     return 0, extra_loss, attention_loss
+
+
+# ---- DeepSeek-V3.2's sparse attention (DSA) ------------------------------------------
+
+class BatchMatMul(PrimitiveStandIn):
+    """``ops.auto_generate.BatchMatMul`` where its operands broadcast (MLA's absorption of
+    ``linear_kvb`` into the query and the output ``[S, B, N, 1, D] @ [N, D, L]``; the
+    indexer's ``[B, S, H, D] @ [B, 1, D, T]`` and its Hadamard rotation ``[S, B, H, D] @
+    [D, D]``): ``ops.matmul``, which broadcasts the leading axes as the kernel does."""
+
+    def __init__(self, transpose_a=False, transpose_b=False):
+        super().__init__()
+        self.transpose_a = transpose_a
+        self.transpose_b = transpose_b
+
+    def construct(self, x, y):
+        if self.transpose_a:
+            x = ops.swapaxes(x, -1, -2)
+        if self.transpose_b:
+            y = ops.swapaxes(y, -1, -2)
+        return ops.matmul(x, y)
+
+
+class SliceExt(PrimitiveStandIn):
+    """``ops.auto_generate.SliceExt``: elements ``start, start + step, ... < end`` along
+    ``dim`` (``ops.narrow`` where the step is 1, as the indexer's is)."""
+
+    def construct(self, input, dim, start, end, step=1):
+        out = ops.narrow(input, dim, start, end - start)
+        if step != 1:
+            idx = ops.arange(0, end - start, step)
+            out = ops.gather(out, idx, dim)
+        return out
+
+
+#: ``mindspore.ops.auto_generate`` as ``dsa_indexer.py`` reads it (``aclnn_ops``), with the
+#: primitives it builds that a CPU lacks replaced. A class, not a module: MindSpore's
+#: graph parser re-imports a module by its name.
+def _aclnn_ops_for_indexer():
+    from mindspore.ops import auto_generate
+
+    names = {k: v for k, v in vars(auto_generate).items() if not k.startswith("_")}
+    return type("IndexerOps", (), {**names, "BatchMatMul": BatchMatMul,
+                                   "TopkExt": TopkExt, "SliceExt": SliceExt})
+
+
+IndexerOps = _aclnn_ops_for_indexer()
+
+
+def dsa_attention_construct(self, query, key, value, topk_indices, actual_seq_qlen=None,
+                            actual_seq_kvlen=None):
+    """``DSAttention.construct`` without ``sparse_flash_attention`` (an Ascend kernel):
+    softmax attention in float32 over MindFormers' ``[S, B, N, kv_lora + rope]`` query,
+    ``[S, B, 1, kv_lora + rope]`` key and ``[S, B, 1, kv_lora]`` value (the one latent
+    head MLA's absorbed form shares), each query attending only to the tokens its row of
+    ``topk_indices`` ``[B, S, 1, K]`` names (-1: none), scaled by the layer's
+    ``softmax_scale``. Returns ``[S, B, N, kv_lora]``, as the kernel's BSND path does."""
+    kv_seq = key.shape[0]
+    q = ops.transpose(ops.cast(query, mstype.float32), (1, 2, 0, 3))   # [B, N, S, D]
+    k = ops.transpose(ops.cast(key, mstype.float32), (1, 2, 0, 3))     # [B, 1, T, D]
+    v = ops.transpose(ops.cast(value, mstype.float32), (1, 2, 0, 3))   # [B, 1, T, Dv]
+    scores = ops.matmul(q, ops.swapaxes(k, -1, -2)) * self.softmax_scale
+    chosen = ops.one_hot(ops.cast(topk_indices, mstype.int32), kv_seq,
+                         ops.ones((), mstype.float32), ops.zeros((), mstype.float32))
+    chosen = ops.reduce_sum(chosen, 3)                                 # [B, S, 1, T]
+    hidden = ops.transpose(chosen, (0, 2, 1, 3)) < 0.5                 # [B, 1, S, T]
+    scores = ops.masked_fill(scores, hidden, -1e30)  # exp underflows to exactly 0
+    out = ops.matmul(ops.softmax(scores, -1), v)                       # [B, N, S, Dv]
+    return ops.cast(ops.transpose(out, (2, 0, 1, 3)), query.dtype)
+
+
+def dsa_indexer_loss_construct(self, index_scores, topk_indices, query, key, mask,
+                               actual_seq_len=None):
+    """``DSAIndexerLoss.construct`` not run: the indexer's training loss, which an eval
+    forward does not return and which never touches the logits. Returns 0."""
+    return ops.zeros((), mstype.float32)

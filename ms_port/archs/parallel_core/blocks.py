@@ -41,7 +41,6 @@ from ...errors import ForwardUnavailable
 from ..experts import RoutedExperts, expert_parts
 from ..llama.blocks import HuggingFaceSide, Piece, set_parameters
 from .cpu import build_network, cpu_standins
-from .deepseek import FAMILY as DEEPSEEK
 from .deepseek import deepseek_sizes
 from .family import INTERLEAVED, QWEN3, QWEN3_MOE, qwen3_sizes
 
@@ -416,16 +415,19 @@ def qwen3_moe_blocks(config: dict[str, Any], build_torch: Any, *, seq_length: in
 def deepseek_blocks(config: dict[str, Any], build_torch: Any, *, seq_length: int = 16,
                     mla_qkv_concat: bool = True, mtp: bool | None = None,
                     use_interleaved_weight_layout_mlp: bool = True) -> Any:
-    """``mindformers:deepseek3``'s blocks: its first ``first_k_dense_replace`` layers are
-    dense, the rest mixtures of experts, so the small networks hold one of each (two
-    layers, the first dense) and each layer runs as the one of its kind. They are built
-    in the checkpoint's ``mla_qkv_concat`` layout and without the MTP layer, which gives
-    no logits (its tensors are proven one by one)."""
+    """``mindformers:deepseek3``'s (and ``deepseek32``'s) blocks: its first
+    ``first_k_dense_replace`` layers are dense, the rest mixtures of experts, so the small
+    networks hold one of each (two layers, the first dense) and each layer runs as the one
+    of its kind. They are built in the checkpoint's ``mla_qkv_concat`` layout and without
+    the MTP layer, which gives no logits (its tensors are proven one by one)."""
     sizes = deepseek_sizes(config, mtp=mtp)
     kinds = min(sizes.dense, 1) + (sizes.layers > sizes.dense)
     slots = tuple(0 if i < sizes.dense else kinds - 1 for i in range(sizes.layers))
     small = {"num_hidden_layers": kinds, "first_k_dense_replace": min(sizes.dense, 1),
              "num_nextn_predict_layers": 0}
+    if "mlp_layer_types" in config:  # transformers 5's per-layer list (DeepSeek-V3.2)
+        small["mlp_layer_types"] = (["dense"] * min(sizes.dense, 1)
+                                    + ["sparse"] * (sizes.layers > sizes.dense))
     interleaved = {INTERLEAVED: use_interleaved_weight_layout_mlp}
     options = {"mla_qkv_concat": mla_qkv_concat, **({} if mtp is None else {"mtp": mtp}),
                **interleaved}
@@ -436,7 +438,7 @@ def deepseek_blocks(config: dict[str, Any], build_torch: Any, *, seq_length: int
         "not run: it gives only a training loss, never the logits; its tensors are "
         "compared one by one",)
     return ParallelCoreBlocks(config, build_torch, BlockShape(
-        DEEPSEEK, sizes.layers, False, seq_length, slots=slots, small=small, options=options,
+        sizes.family, sizes.layers, False, seq_length, slots=slots, small=small, options=options,
         build_options={"mla_qkv_concat": mla_qkv_concat, "mtp": False, **interleaved},
         not_run=not_run, experts=sizes.experts,
         topk=int(config.get("num_experts_per_tok") or 0)))

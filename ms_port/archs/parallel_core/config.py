@@ -252,11 +252,24 @@ def _qwen3_expected(settings: Mapping[str, Any]) -> dict[str, Any]:
             **(_MOE_ASSUMED if moe else {})}
 
 
+#: DeepSeek-V3.2's sparse attention (DSA): what its ``MLATransformerConfig`` must hold
+_DSA_HELD = {"experimental_attention_variant": "experimental_attention_variant",
+             "dsa_indexer_n_heads": "dsa_indexer_n_heads",
+             "dsa_indexer_head_dim": "dsa_indexer_head_dim",
+             "dsa_indexer_topk": "dsa_indexer_topk"}
+#: the indexer's dense path (its scores and top-k by plain ops, BSND), which the stand-ins
+#: replace; the sparse path is a fused Ascend kernel
+_DSA_ASSUMED = {"dsa_indexer_use_sparse_loss": False, "dsa_index_topk_freq": 1,
+                "dsa_indexer_types": None, "input_layout": "BSND"}
+
+
 def _deepseek_expected(settings: Mapping[str, Any]) -> dict[str, Any]:
-    """What the ``MLATransformerConfig`` of a DeepSeek-V3 network must hold (its
+    """What the ``MLATransformerConfig`` of a DeepSeek-V3 (or V3.2) network must hold (its
     ``rope_scaling`` is spread over the fields it names)."""
     expected = {f: settings[k] for f, k in _DEEPSEEK_HELD.items() if k in settings}
     expected.update(_DEEPSEEK_ASSUMED)
+    if settings.get("experimental_attention_variant") == "dsa":
+        expected.update({f: settings[k] for f, k in _DSA_HELD.items()}, **_DSA_ASSUMED)
     expected["moe_shared_expert_intermediate_size"] = (
         settings["n_shared_experts"] * settings["moe_intermediate_size"])
     yarn = settings.get("rope_scaling")
@@ -308,6 +321,14 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
            ("rope_theta", "tie_word_embeddings")),
     # its router scales by routed_scaling_factor itself (moe_router_topk_scaling_factor)
     Family("deepseek_v3", "mindformers.models.deepseek3.configuration_deepseek_v3:"
+           "DeepseekV3Config",
+           "mindformers.models.deepseek3.modeling_deepseek_v3_train:"
+           "TrainingDeepseekV3ForCausalLM",
+           _deepseek_settings, {**RUN_SETTINGS, "moe_grouped_gemm": True}, _deepseek_expected,
+           options={"mla_qkv_concat": bool, "mtp": bool,
+                    INTERLEAVED: bool}),
+    # DeepSeek-V3.2: the same network with experimental_attention_variant: dsa
+    Family("deepseek_v32", "mindformers.models.deepseek3.configuration_deepseek_v3:"
            "DeepseekV3Config",
            "mindformers.models.deepseek3.modeling_deepseek_v3_train:"
            "TrainingDeepseekV3ForCausalLM",

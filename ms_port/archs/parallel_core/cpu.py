@@ -203,6 +203,39 @@ STANDINS: tuple[StandIn, ...] = (
             (_patch("transformer.multi_token_prediction",
                     "MultiTokenPredictionBlock.construct", "mtp_block_construct"),),
             ("MultiTokenPredictionBlock",)),
+    # DeepSeek-V3.2 (experimental_attention_variant: dsa)
+    StandIn("dsa-absorb-matmul", "BatchMatMul in MultiLatentAttention.construct's sparse "
+            "path (parallel_core/training_graph/transformer/multi_latent_attention.py: "
+            "linear_kvb absorbed into the query and the output)",
+            "BatchMatMul does not broadcast [S, B, N, 1, D] against [N, D, L] on a CPU",
+            "ops.matmul, which broadcasts the leading axes",
+            (_patch("transformer.multi_latent_attention", "BatchMatMul", "BatchMatMul"),),
+            ("DSAttention",)),
+    StandIn("dsa-indexer-kernels", "BatchMatMul, TopkExt and SliceExt in DSAIndexer and "
+            "its Hadamard rotation (parallel_core/training_graph/transformer/dsa/"
+            "dsa_indexer.py)", "BatchMatMul does not broadcast there on a CPU; TopkExt and "
+            "SliceExt have no CPU kernel",
+            "ops.matmul; ops.topk (the k largest index scores: the set transformers' "
+            "torch.topk chooses, but for exactly equal scores at the k-th place); "
+            "ops.narrow",
+            (_patch("transformer.dsa.dsa_indexer", "aclnn_ops", "IndexerOps"),),
+            ("DSAIndexer",)),
+    StandIn("dsa-sparse-attention", "DSAttention.construct (parallel_core/training_graph/"
+            "transformer/dsa/dsa_attention.py)",
+            "sparse_flash_attention is an Ascend kernel",
+            "float32 softmax attention of each query over the tokens the indexer chose for "
+            "it (its top-k indices; -1 none), the layer's softmax scale, MLA's absorbed "
+            "latent key and value",
+            (_patch("transformer.dsa.dsa_attention", "DSAttention.construct",
+                    "dsa_attention_construct"),),
+            ("DSAttention",)),
+    StandIn("dsa-indexer-loss-not-run", "DSAIndexerLoss.construct (parallel_core/"
+            "training_graph/transformer/dsa/dsa_indexer_loss.py)",
+            "it gives only the indexer's training loss, which an eval forward does not "
+            "return, and never changes the logits", "none: 0",
+            (_patch("transformer.dsa.dsa_indexer_loss", "DSAIndexerLoss.construct",
+                    "dsa_indexer_loss_construct"),),
+            ("DSAIndexerLoss",)),
 )
 
 _BY_NAME = {s.name: s for s in STANDINS}

@@ -57,6 +57,15 @@ from ..config_values import Rope, read_bool, read_layers, read_rope
 from .family import INTERLEAVED, NO_FORWARD, RANK_FORMAT, mlp_note
 
 FAMILY = "mindformers:deepseek3"
+#: DeepSeek-V3.2: DeepSeek-V3 with DeepSeek Sparse Attention (a lightning indexer in every
+#: layer), which MindFormers 2.1 trains as the same network with
+#: ``experimental_attention_variant: dsa``
+DSA_FAMILY = "mindformers:deepseek32"
+#: the model type each target takes (one shipped table maps both: which is which is here)
+MODEL_TYPES = {FAMILY: "deepseek_v3", DSA_FAMILY: "deepseek_v32"}
+_WHAT = {FAMILY: "DeepSeek-V3",
+         DSA_FAMILY: "DeepSeek-V3.2, whose every layer adds a lightning indexer that "
+                     "MindFormers reads in another row order"}
 #: what transformers' and MindFormers' DeepseekV3Config both assume where config.json is
 #: silent (DeepSeek-V3's own sizes); the general ones (hidden_size, ...) must be stated
 DEFAULTS = {"q_lora_rank": 1536, "kv_lora_rank": 512, "qk_nope_head_dim": 128,
@@ -65,6 +74,22 @@ DEFAULTS = {"q_lora_rank": 1536, "kv_lora_rank": 512, "qk_nope_head_dim": 128,
             "num_nextn_predict_layers": 1}
 #: the largest size a config may state (a sanity bound, far above any published model)
 MAX_SIZE = 1 << 24
+
+
+@dataclass(frozen=True)
+class IndexerSizes:
+    """DeepSeek-V3.2's lightning indexer (DSA), read from a Hugging Face config."""
+
+    heads: int
+    head_dim: int
+    topk: int
+
+
+#: transformers' DeepseekV32Config defaults, which a config.json may leave out
+INDEXER_DEFAULTS = {"index_n_heads": 64, "index_head_dim": 128, "index_topk": 2048}
+#: what MindFormers 2.1's DSA builds (its MLATransformerConfig refuses anything else)
+DSA_SIZES = {"kv_lora_rank": 512, "qk_rope_head_dim": 64, "index_n_heads": 64,
+             "index_head_dim": 128}
 
 
 @dataclass(frozen=True)
@@ -87,27 +112,63 @@ class DeepseekSizes:
     dense: int
     mtp: int
     rope: Rope
+    family: str = FAMILY
+    #: DeepSeek-V3.2's indexer (None: DeepSeek-V3)
+    indexer: IndexerSizes | None = None
 
     @property
     def q_head(self) -> int:
         return self.nope + self.rope_dim
 
 
-def _size(config: dict[str, Any], key: str, *, least: int = 1) -> int:
-    value = config.get(key, DEFAULTS.get(key))
+def _size(config: dict[str, Any], key: str, *, least: int = 1,
+          defaults: dict[str, int] = DEFAULTS) -> int:
+    value = config.get(key, defaults.get(key))
     if not isinstance(value, int) or isinstance(value, bool) or not least <= value <= MAX_SIZE:
-        raise TargetError(f"config.json: {key} is {shown(value)}; {FAMILY} needs an integer "
-                          f"from {least} to {MAX_SIZE} there")
+        raise TargetError(f"config.json: {key} is {shown(value)}; MindFormers' DeepSeek "
+                          f"network needs an integer from {least} to {MAX_SIZE} there")
     return value
 
 
-def deepseek_sizes(config: dict[str, Any], *, mtp: bool | None = None) -> DeepseekSizes:
-    """Read the sizes; refuse, in one line, what MindFormers' network cannot hold."""
-    if select_table(config, (FAMILY,)) is None:
-        raise TargetError(f"config.json: model_type {shown(config.get('model_type'))} is not "
-                          f"one {FAMILY} holds: the mapping tables in mappings/ take "
-                          f"{', '.join(selected_model_types(FAMILY)) or 'none'}"
-                          + elsewhere(config.get("model_type"), FAMILY))
+def family_of_config(config: dict[str, Any]) -> str:
+    """The DeepSeek target a config's ``model_type`` converts into (DeepSeek-V3's where it
+    is neither)."""
+    return next((f for f, t in MODEL_TYPES.items() if config.get("model_type") == t), FAMILY)
+
+
+def _indexer(config: dict[str, Any]) -> IndexerSizes:
+    """DeepSeek-V3.2's indexer sizes, refused where MindFormers' DSA cannot build them."""
+    sizes = {k: _size(config, k, defaults={**DEFAULTS, **INDEXER_DEFAULTS})
+             for k in (*INDEXER_DEFAULTS, "kv_lora_rank", "qk_rope_head_dim")}
+    off = {k: sizes[k] for k, v in DSA_SIZES.items() if sizes[k] != v}
+    if off:
+        raise TargetError(
+            "config.json: " + ", ".join(f"{k} {v}" for k, v in off.items())
+            + "; MindFormers 2.1's DeepSeek Sparse Attention builds only "
+            + ", ".join(f"{k} {v}" for k, v in DSA_SIZES.items())
+            + " (its MLATransformerConfig refuses other sizes)")
+    return IndexerSizes(sizes["index_n_heads"], sizes["index_head_dim"], sizes["index_topk"])
+
+
+def _refuse_other_family(config: dict[str, Any], family: str) -> None:
+    model_type = config.get("model_type")
+    if select_table(config, (family,)) is None:
+        raise TargetError(f"config.json: model_type {shown(model_type)} is not one {family} "
+                          f"holds: the mapping tables in mappings/ take "
+                          f"{', '.join(selected_model_types(family)) or 'none'}"
+                          + elsewhere(model_type, family))
+    other = family_of_config(config)
+    if model_type != MODEL_TYPES[family]:
+        raise TargetError(f"config.json: model_type {shown(model_type)} is {_WHAT[other]}: "
+                          f"{other} converts it, not {family}; pass --ms-model {other}")
+
+
+def deepseek_sizes(config: dict[str, Any], *, mtp: bool | None = None,
+                   family: str | None = None) -> DeepseekSizes:
+    """Read the sizes for ``family`` (default: the one the config's ``model_type`` names);
+    refuse, in one line, what MindFormers' network cannot hold."""
+    family = family or family_of_config(config)
+    _refuse_other_family(config, family)
     act = config.get("hidden_act", "silu")
     if act != "silu":
         raise TargetError(f"config.json: hidden_act {shown(act)}; MindFormers' DeepSeek-V3 "
@@ -142,8 +203,12 @@ def deepseek_sizes(config: dict[str, Any], *, mtp: bool | None = None) -> Deepse
         expert_intermediate=_size(config, "moe_intermediate_size"),
         shared=_size(config, "n_shared_experts"),
         dense=_size(config, "first_k_dense_replace", least=0),
-        mtp=_size(config, "num_nextn_predict_layers", least=0),
-        rope=read_rope(config))
+        # transformers' DeepseekV32Config has no MTP count, and its files no MTP layer
+        mtp=_size(config, "num_nextn_predict_layers", least=0,
+                  defaults={**DEFAULTS, "num_nextn_predict_layers": 0}
+                  if family == DSA_FAMILY else DEFAULTS),
+        rope=read_rope(config), family=family,
+        indexer=_indexer(config) if family == DSA_FAMILY else None)
     sizes.rope.require_partial(1.0, "MindFormers' MLA (over qk_rope_head_dim)")
     if sizes.dense > layers:
         raise TargetError(f"config.json: first_k_dense_replace {sizes.dense} is more than "
@@ -176,6 +241,13 @@ def deepseek_tensors(sizes: DeepseekSizes, *, mla_qkv_concat: bool = True
     def layer(p: str, moe: bool) -> None:
         a = f"{p}.self_attention"
         add(f"{p}.input_layernorm.weight", (h,), "FusedRMSNorm")
+        if s.indexer is not None:  # DSA: built first, in core_attention
+            x, rows = f"{a}.core_attention.indexer", s.indexer.heads * s.indexer.head_dim
+            add(f"{x}.linear_wq_b.weight", (rows, s.q_lora), "ColumnParallelLinear")
+            add(f"{x}.linear_wk.weight", (s.indexer.head_dim, h), "ColumnParallelLinear")
+            add(f"{x}.k_norm.gamma", (s.indexer.head_dim,), "LayerNorm")
+            add(f"{x}.k_norm.beta", (s.indexer.head_dim,), "LayerNorm")
+            add(f"{x}.linear_weights_proj.weight", (s.indexer.heads, h), "ColumnParallelLinear")
         add(f"{a}.linear_proj.weight", (h, s.heads * s.v_dim), "RowParallelLinear")
         kvb = (s.heads * (s.nope + s.v_dim), s.kv_lora)
         q_up = (s.heads * s.q_head, s.q_lora)
@@ -231,9 +303,15 @@ def mindformers_settings(config: dict[str, Any], *, mla_qkv_concat: bool = True,
     """What MindFormers' ``DeepseekV3Config`` needs beside ``config.json`` to build the
     network this target describes (its config converter leaves ``qk_layernorm`` false)."""
     sizes = deepseek_sizes(config, mtp=mtp)
+    dsa = {} if sizes.indexer is None else {
+        # DeepseekV3Config reads none of config.json's index_* keys
+        "experimental_attention_variant": "dsa", "use_flash_attention": True,
+        "dsa_indexer_n_heads": sizes.indexer.heads,
+        "dsa_indexer_head_dim": sizes.indexer.head_dim,
+        "dsa_indexer_topk": sizes.indexer.topk}
     return {"qk_layernorm": True, "mla_qkv_concat": mla_qkv_concat,
             "num_nextn_predict_layers": sizes.mtp, "moe_grouped_gemm": True,
-            INTERLEAVED: use_interleaved_weight_layout_mlp}
+            INTERLEAVED: use_interleaved_weight_layout_mlp, **dsa}
 
 
 #: options ``mindformers:deepseek3`` takes (``--ms-option KEY=VALUE``)
@@ -245,7 +323,8 @@ VARIANTS = ({}, {"mla_qkv_concat": False}, {"mtp": False},
 
 def deepseek_target(config: dict[str, Any], *, mla_qkv_concat: bool = True,
                     mtp: bool | None = None,
-                    use_interleaved_weight_layout_mlp: bool = True) -> Target:
+                    use_interleaved_weight_layout_mlp: bool = True,
+                    family: str = FAMILY) -> Target:
     """The target's names and shapes from a Hugging Face config, without MindFormers.
 
     Args:
@@ -255,13 +334,15 @@ def deepseek_target(config: dict[str, Any], *, mla_qkv_concat: bool = True,
         mtp: include the Multi-Token Prediction layer (default: ``num_nextn_predict_layers``).
         use_interleaved_weight_layout_mlp: the dense and shared experts' ``linear_fc1`` with
             gate and up rows interleaved (MindFormers' default); false for two halves.
+        family: :data:`FAMILY`, or :data:`DSA_FAMILY` for DeepSeek-V3.2 (the indexer's
+            tensors in every layer).
 
     Example:
         >>> t = deepseek_target(json.load(open("DeepSeek-V3/config.json")))  # doctest: +SKIP
         >>> t["mtp.layers.0.eh_proj.weight"].shape  # doctest: +SKIP
         (7168, 14336)
     """
-    sizes = deepseek_sizes(config, mtp=mtp)
+    sizes = deepseek_sizes(config, mtp=mtp, family=family)
     tensors = deepseek_tensors(sizes, mla_qkv_concat=mla_qkv_concat)
     interleaved = use_interleaved_weight_layout_mlp
     settings = mindformers_settings(config, mla_qkv_concat=mla_qkv_concat, mtp=mtp,
@@ -284,8 +365,14 @@ def deepseek_target(config: dict[str, Any], *, mla_qkv_concat: bool = True,
         "neither loads nor saves it — convert without it with --ms-option mtp=false "
         "(MindFormers' model_config then needs num_nextn_predict_layers: 0)")} \
         if sizes.mtp else {}
-    return Target("family", f"{FAMILY} ({variant}{', MTP' if sizes.mtp else ''})",
-                  {t.name: t for t in tensors}, family=FAMILY, notes=notes,
+    if sizes.indexer is not None:
+        notes.append(
+            "DeepSeek Sparse Attention: each layer's lightning indexer (wq_b per head, wk, "
+            "k_norm) takes its rows reordered, [64..127; 0, 32, 1, 33, ...] per 128: "
+            "transformers rotates a head's first 64 dimensions as two halves, MindFormers' "
+            "DSAIndexer its last 64 as pairs")
+    return Target("family", f"{family} ({variant}{', MTP' if sizes.mtp else ''})",
+                  {t.name: t for t in tensors}, family=family, notes=notes,
                   settings={INTERLEAVED: interleaved}, optional=optional)
 
 
@@ -297,6 +384,20 @@ FORWARD = "ms_port.archs.parallel_core.cpu"
 #: the blocks, for verify one block at a time (imported only then: they import MindSpore)
 BLOCKS = "ms_port.archs.parallel_core.blocks:deepseek_blocks"
 
-__all__ = ["FAMILY", "FORWARD", "NO_FORWARD", "OPTIONS", "RANK_FORMAT", "VARIANTS",
-           "DeepseekSizes",
-           "deepseek_sizes", "deepseek_target", "deepseek_tensors", "mindformers_settings"]
+__all__ = [
+    "DSA_FAMILY",
+    "FAMILY",
+    "FORWARD",
+    "MODEL_TYPES",
+    "NO_FORWARD",
+    "OPTIONS",
+    "RANK_FORMAT",
+    "VARIANTS",
+    "DeepseekSizes",
+    "IndexerSizes",
+    "deepseek_sizes",
+    "deepseek_target",
+    "deepseek_tensors",
+    "family_of_config",
+    "mindformers_settings",
+]
