@@ -44,6 +44,12 @@ FAMILIES: dict[str, tuple[str, dict[str, Any], float, dict | None, float]] = {
         "kv_lora_rank": 16, "qk_nope_head_dim": 8, "qk_rope_head_dim": 4, "v_head_dim": 8,
         "first_k_dense_replace": 1, "n_routed_experts": 4, "num_experts_per_tok": 2,
         "n_shared_experts": 1, "n_group": 2, "topk_group": 1}, 1e4, YARN, 1.0),
+    # DeepSeek-V3.2: MindFormers' DSA takes kv_lora_rank 512 and a rotary head of 64 only
+    "mindformers:deepseek32": ("DeepseekV32Config", {
+        **SMALL, "num_key_value_heads": 4, "moe_intermediate_size": 32, "q_lora_rank": 24,
+        "kv_lora_rank": 512, "qk_nope_head_dim": 8, "qk_rope_head_dim": 64, "v_head_dim": 8,
+        "first_k_dense_replace": 1, "n_routed_experts": 4, "num_experts_per_tok": 2,
+        "n_shared_experts": 1, "n_group": 2, "topk_group": 1}, 1e4, YARN, 1.0),
     # GLM-4-9B: 10000 x rope_ratio 500, half of each head rotated
     "mindformers:glm4": ("GlmConfig", {**SMALL, "head_dim": 16}, 5e6, None, 0.5),
 }
@@ -217,8 +223,10 @@ def test_glm4_with_a_rope_scaling_converts_and_its_network_is_refused(tmp_path):
 
 
 @pytest.mark.parametrize("model_type, family, says", [
-    ("deepseek_v32", "mindformers:deepseek3", "DeepSeek-V3.2 .*mindformers:deepseek32, is not "
-                                              "built yet"),
+    ("deepseek_v32", "mindformers:deepseek3", "DeepSeek-V3.2, .*pass --ms-model "
+                                              "mindformers:deepseek32"),
+    ("deepseek_v3", "mindformers:deepseek32", "DeepSeek-V3: .*pass --ms-model "
+                                              "mindformers:deepseek3"),
     ("deepseek_v4", "mindformers:deepseek3", "DeepSeek-V4 .*mindformers:deepseek4, is not "
                                              "built yet"),
     ("qwen3", "mindformers:deepseek3", "it is mindformers:qwen3's: pass --ms-model "

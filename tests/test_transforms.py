@@ -58,3 +58,24 @@ def test_rope_halves_is_mindformers_rearrange_and_rope_pairs_undoes_it(shape):
             Transform("rope_halves", bad).shape(shape)
     with pytest.raises(ValueError, match="bad argument"):
         Transform("rope_halves", [8])
+
+
+@pytest.mark.parametrize("shape", [(24, 3), (24,)])
+def test_roll_moves_rows_within_each_block_and_a_roll_back_undoes_it(shape):
+    """roll [block, shift]: row r of each block goes to (r + shift) % block (a head's two
+    halves swapped with [2k, k]); its inverse rolls by block - shift; a block that does not
+    divide the rows, or a shift outside the block, is refused."""
+    a = np.arange(int(np.prod(shape)), dtype=np.float32).reshape(shape)
+    t = Transform("roll", [8, 3])
+    got = t.apply(a)
+    order = [b * 8 + (r - 3) % 8 for b in range(3) for r in range(8)]
+    assert np.array_equal(got, a[order]) and t.shape(shape) == shape
+    (back,) = invert((t,), shape)
+    assert back == Transform("roll", [8, 5]) and np.array_equal(back.apply(got), a)
+    halves = Transform("roll", [8, 4]).apply(a)
+    assert np.array_equal(halves[:8], np.concatenate([a[4:8], a[:4]]))
+    for bad in ([7, 3], [8, 8], [8, 9]):
+        with pytest.raises(ValueError, match="cannot roll"):
+            Transform("roll", bad).shape(shape)
+    with pytest.raises(ValueError, match="bad argument"):  # a shift of 0 moves nothing
+        Transform("roll", [8, 0])
