@@ -223,10 +223,10 @@ def test_glm4_with_a_rope_scaling_converts_and_its_network_is_refused(tmp_path):
 
 
 @pytest.mark.parametrize("model_type, family, says", [
-    ("deepseek_v32", "mindformers:deepseek3", "DeepSeek-V3.2, .*pass --ms-model "
-                                              "mindformers:deepseek32"),
-    ("deepseek_v3", "mindformers:deepseek32", "DeepSeek-V3: .*pass --ms-model "
-                                              "mindformers:deepseek3"),
+    ("deepseek_v32", "mindformers:deepseek3", "it is mindformers:deepseek32's: pass "
+                                              "--ms-model mindformers:deepseek32"),
+    ("deepseek_v3", "mindformers:deepseek32", "it is mindformers:deepseek3's: pass "
+                                              "--ms-model mindformers:deepseek3"),
     ("deepseek_v4", "mindformers:deepseek3", "DeepSeek-V4 .*mindformers:deepseek4, is not "
                                              "built yet"),
     ("qwen3", "mindformers:deepseek3", "it is mindformers:qwen3's: pass --ms-model "

@@ -263,3 +263,20 @@ def test_run_config_keeps_half_the_tokens_where_the_config_keeps_more():
     assert run["index_topk"] == 8 and config["index_topk"] == 2048 and len(said) == 1
     small = {**config, "index_topk": 6}
     assert deepseek32.run_config(small, 16) == (small, [])
+
+
+def test_one_table_pairs_each_model_type_with_its_target():
+    """The shipped table serves both targets; select.pairs keeps each to its model type,
+    and a pairs entry naming what select does not is refused, naming the key."""
+    from ms_port.errors import MappingError
+    from ms_port.match.mapping import families_for, select_table, selected_model_types
+    from ms_port.match.mapping_yaml import mapping_from_data
+
+    v32 = {**V32, "model_type": "deepseek_v32"}
+    assert select_table(v32, (FAMILY,)) is not None
+    assert select_table(v32, ("mindformers:deepseek3",)) is None
+    assert families_for("deepseek_v32") == [FAMILY]
+    assert selected_model_types("mindformers:deepseek3") == ["deepseek_v3"]
+    with pytest.raises(MappingError, match=r"select\.pairs"):
+        mapping_from_data({"version": 1, "select": {
+            "model_type": ["a"], "target": ["x:y"], "pairs": {"x:z": "a"}}}, origin="t")

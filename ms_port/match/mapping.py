@@ -33,8 +33,8 @@ def select_table(config: dict[str, Any], target_keys: tuple[str, ...]) -> Mappin
 
 def selected_model_types(target_key: str) -> list[str]:
     """The model types the shipped tables take into ``target_key`` (for messages)."""
-    return sorted({m for t in shipped_tables() if target_key in t.select.get("target", ())
-                   for m in t.select.get("model_type", ())})
+    return sorted({m for t in shipped_tables() for target, m in t.pairs()
+                   if target == target_key})
 
 
 #: model types a family is sometimes handed that no shipped table takes yet: what they are,
@@ -48,10 +48,8 @@ PLANNED_MODEL_TYPES = {
 
 def families_for(model_type: object) -> list[str]:
     """The families (``mindformers:llama``…) whose shipped tables take ``model_type``."""
-    return sorted({target for t in shipped_tables()
-                   if model_type in t.select.get("model_type", ())
-                   for target in t.select.get("target", ())
-                   if ":" in target})  # families, not class paths
+    return sorted({target for t in shipped_tables() for target, m in t.pairs()
+                   if m == model_type and ":" in target})  # families, not class paths
 
 
 def elsewhere(model_type: object, family: str) -> str:

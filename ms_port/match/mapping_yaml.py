@@ -27,6 +27,8 @@ split tensors, and tied ones (see :mod:`ms_port.match.layouts`, :mod:`ms_port.ma
     select:                     # picked automatically when the source's config says so
       model_type: [llama, mistral, qwen2]
       target: [mindformers:llama]
+      # pairs: {TARGET: MODEL_TYPE, ...}   where one table serves several targets, which
+      #                                    model type each takes (the others refused)
     params:                     # integers from config.json (first alternative that is set)
       kv_heads: [num_key_value_heads, num_attention_heads]
       groups: [{if: multi_query_attention, then: multi_query_group_num},
@@ -119,7 +121,7 @@ from .transforms import Transform
 
 _SECTIONS = {"version", "description", "rename", "tensors", "drop", "transforms", "select",
              "params", "fuse", "split", "tied", "implies", "derived", "declared", "settings"}
-_SELECT_KEYS = {"model_type", "architectures", "target"}
+_SELECT_KEYS = {"model_type", "architectures", "target", "pairs"}
 _RENAME_KEYS = {"segments", "regex"}
 
 
@@ -288,10 +290,20 @@ def _select(data: Any, origin: str) -> dict[str, tuple[str, ...]]:
             f"a mapping with some of {', '.join(sorted(_SELECT_KEYS))}")
     out = {}
     for key, value in data.items():
+        if key == "pairs":
+            continue
         values = [value] if isinstance(value, str) else value
         _expect(isinstance(values, list) and values and all(isinstance(v, str) for v in values),
                 origin, f"select.{key}", "a name or a list of names")
         out[key] = tuple(values)
+    if "pairs" in data:  # which model type each target takes, where one table serves several
+        pairs = data["pairs"]
+        _expect(isinstance(pairs, dict) and pairs and all(
+            k in out.get("target", ()) and isinstance(v, str)
+            and v in out.get("model_type", ()) for k, v in pairs.items()),
+            origin, "select.pairs", "a mapping of select.target names to select.model_type "
+            "names (the model type each target takes)")
+        out["pairs"] = tuple(f"{k}={v}" for k, v in pairs.items())
     return out
 
 

@@ -290,4 +290,14 @@ class MappingTable:
         if "architectures" in wanted and not (isinstance(archs, list) and set(
                 a for a in archs if isinstance(a, str)) & set(wanted["architectures"])):
             return False
+        if "pairs" in wanted and f"{target}={config.get('model_type')}" not in wanted["pairs"]:
+            return False
         return "target" not in wanted or target in wanted["target"]
+
+    def pairs(self) -> tuple[tuple[str, str], ...]:
+        """(target, model type) this table converts: ``select.pairs`` where given, else
+        every target with every model type."""
+        if "pairs" in self.select:
+            return tuple(tuple(p.split("=", 1)) for p in self.select["pairs"])  # type: ignore
+        return tuple((t, m) for t in self.select.get("target", ())
+                     for m in self.select.get("model_type", ()))

@@ -51,7 +51,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ...errors import TargetError, shown
-from ...match.mapping import elsewhere, select_table, selected_model_types
+from ...match.mapping import elsewhere, families_for, select_table, selected_model_types
 from ...read.targets import Target, TargetTensor
 from ..config_values import Rope, read_bool, read_layers, read_rope
 from .family import INTERLEAVED, NO_FORWARD, RANK_FORMAT, mlp_note
@@ -61,11 +61,6 @@ FAMILY = "mindformers:deepseek3"
 #: layer), which MindFormers 2.1 trains as the same network with
 #: ``experimental_attention_variant: dsa``
 DSA_FAMILY = "mindformers:deepseek32"
-#: the model type each target takes (one shipped table maps both: which is which is here)
-MODEL_TYPES = {FAMILY: "deepseek_v3", DSA_FAMILY: "deepseek_v32"}
-_WHAT = {FAMILY: "DeepSeek-V3",
-         DSA_FAMILY: "DeepSeek-V3.2, whose every layer adds a lightning indexer that "
-                     "MindFormers reads in another row order"}
 #: what transformers' and MindFormers' DeepseekV3Config both assume where config.json is
 #: silent (DeepSeek-V3's own sizes); the general ones (hidden_size, ...) must be stated
 DEFAULTS = {"q_lora_rank": 1536, "kv_lora_rank": 512, "qk_nope_head_dim": 128,
@@ -131,9 +126,10 @@ def _size(config: dict[str, Any], key: str, *, least: int = 1,
 
 
 def family_of_config(config: dict[str, Any]) -> str:
-    """The DeepSeek target a config's ``model_type`` converts into (DeepSeek-V3's where it
-    is neither)."""
-    return next((f for f, t in MODEL_TYPES.items() if config.get("model_type") == t), FAMILY)
+    """The DeepSeek target a config's ``model_type`` converts into, as the shipped table
+    pairs them (DeepSeek-V3's where it is neither)."""
+    found = families_for(config.get("model_type"))
+    return next((f for f in (DSA_FAMILY, FAMILY) if f in found), FAMILY)
 
 
 def _indexer(config: dict[str, Any]) -> IndexerSizes:
@@ -157,10 +153,6 @@ def _refuse_other_family(config: dict[str, Any], family: str) -> None:
                           f"holds: the mapping tables in mappings/ take "
                           f"{', '.join(selected_model_types(family)) or 'none'}"
                           + elsewhere(model_type, family))
-    other = family_of_config(config)
-    if model_type != MODEL_TYPES[family]:
-        raise TargetError(f"config.json: model_type {shown(model_type)} is {_WHAT[other]}: "
-                          f"{other} converts it, not {family}; pass --ms-model {other}")
 
 
 def deepseek_sizes(config: dict[str, Any], *, mtp: bool | None = None,
@@ -388,7 +380,6 @@ __all__ = [
     "DSA_FAMILY",
     "FAMILY",
     "FORWARD",
-    "MODEL_TYPES",
     "NO_FORWARD",
     "OPTIONS",
     "RANK_FORMAT",
