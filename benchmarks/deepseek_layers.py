@@ -3,6 +3,12 @@ layer of ``--experts`` routed experts (64 by default; the Hub model has 256), wi
 embedding, the head and the shared expert.
 
     python benchmarks/deepseek_layers.py [--experts 64] [--runs 1] [--baseline COMMIT]
+        [--v32] [--convert]
+
+``--v32``: DeepSeek-V3.2 (``model_type`` ``deepseek_v32``, ``mindformers:deepseek32``): the
+same layers, each with its lightning indexer (64 heads of 128). ``--convert``: measure the
+conversion instead, beside ``cp`` + ``sync`` of the same file (fresh processes, the file
+warm, medians of ``--runs``).
 
 Setup (untimed, cached under ``benchmarks/.cache/deepseek-layers/``): the Hugging Face
 directory (seeded bfloat16, the Hub's names and per-expert keys, its config cut to two
@@ -31,7 +37,18 @@ PY = sys.executable
 VOCAB = 129280
 
 
-def model(folder: Path, experts: int) -> Path:
+#: DeepSeek-V3.2's indexer per layer (transformers' DeepseekV32Indexer, the Hub's sizes)
+INDEX_HEADS, INDEX_DIM = 64, 128
+
+
+def _indexer(layer: int, h: int, q_lora: int) -> list[tuple[str, tuple[int, ...]]]:
+    p = f"model.layers.{layer}.self_attn.indexer"
+    return [(f"{p}.wq_b.weight", (INDEX_HEADS * INDEX_DIM, q_lora)),
+            (f"{p}.wk.weight", (INDEX_DIM, h)), (f"{p}.k_norm.weight", (INDEX_DIM,)),
+            (f"{p}.k_norm.bias", (INDEX_DIM,)), (f"{p}.weights_proj.weight", (INDEX_HEADS, h))]
+
+
+def model(folder: Path, experts: int, v32: bool = False) -> Path:
     """The directory (made once): config.json and one bfloat16 safetensors file."""
     if (folder / "config.json").exists():
         return folder
@@ -49,6 +66,10 @@ def model(folder: Path, experts: int) -> Path:
     config.pop("quantization_config")
     config["num_nextn_predict_layers"] = 0  # no MTP layer written
     h = cut["hidden_size"]
+    if v32:
+        layers += [t for i in range(2) for t in _indexer(i, h, config["q_lora_rank"])]
+        config.update(model_type="deepseek_v32", architectures=["DeepseekV32ForCausalLM"],
+                      index_n_heads=INDEX_HEADS, index_head_dim=INDEX_DIM, index_topk=2048)
     shapes = [("model.embed_tokens.weight", (VOCAB, h)), *layers,
               ("model.norm.weight", (h,)), ("lm_head.weight", (VOCAB, h))]
     folder.mkdir(parents=True, exist_ok=True)
@@ -63,20 +84,58 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=1)
     ap.add_argument("--baseline", metavar="COMMIT",
                     help="also verify with ms-port at COMMIT (a git worktree), side by side")
+    ap.add_argument("--v32", action="store_true", help="DeepSeek-V3.2 (an indexer per layer)")
+    ap.add_argument("--convert", action="store_true",
+                    help="measure convert beside cp + sync instead of verify")
     args = ap.parse_args()
-    root = CACHE / f"{args.experts}e"
-    src = model(root / "hf", args.experts)
+    root = CACHE / f"{args.experts}e{'-v32' if args.v32 else ''}"
+    family = "mindformers:deepseek32" if args.v32 else "mindformers:deepseek3"
+    src = model(root / "hf", args.experts, args.v32)
     out = root / "m.ckpt"
     ms = str(Path(PY).parent / "ms-port")
+    name = f"deepseek-v3{'.2' if args.v32 else ''}-widths-2-layers-{args.experts}-experts"
+    if args.convert:
+        print(json.dumps(convert_side_by_side(src, out, family, args.runs, name), indent=2))
+        return
     if not out.exists():
-        subprocess.run([ms, "convert", str(src), "--ms-model", "mindformers:deepseek3", "-o",
+        subprocess.run([ms, "convert", str(src), "--ms-model", family, "-o",
                         str(out), "-q"], check=True)
-    verify = ["verify", str(src), str(out), "--ms-model", "mindformers:deepseek3", "--mode",
+    verify = ["verify", str(src), str(out), "--ms-model", family, "--mode",
               "layers", "--json"]
-    row = {"case": f"deepseek-v3-widths-2-layers-{args.experts}-experts-verify-layers",
+    row = {"case": f"{name}-verify-layers",
            "model_bytes": (src / "model.safetensors").stat().st_size, "runs": args.runs,
            "tools": verify_side_by_side(verify, [src, out], args.runs, args.baseline)}
     print(json.dumps(row, indent=2))
+
+
+def convert_side_by_side(src: Path, out: Path, family: str, runs: int, name: str) -> dict:
+    """convert into ``family`` beside ``cp`` + ``sync`` of the same file: medians of
+    ``runs`` fresh processes (wall, peak RSS), each output settled and removed after."""
+    import statistics
+
+    from cluster import measure, settle, warm
+
+    st, copy = src / "model.safetensors", out.with_name("copy.safetensors")
+    tools = {"cp + fsync": ["/bin/sh", "-c", 'cp "$1" "$2" && sync "$2"', "sh", str(st),
+                            str(copy)],
+             "ms-port convert": [str(Path(PY).parent / "ms-port"), "convert", str(src),
+                                 "--ms-model", family, "-o", str(out), "--force", "-q"]}
+    found: dict[str, list[dict[str, float]]] = {k: [] for k in tools}
+    for _ in range(runs):
+        for tool, cmd in tools.items():
+            warm([st])
+            found[tool].append(measure(cmd, tool))
+            written = out if tool.startswith("ms-port") else copy
+            settle(written)
+            if tool != "ms-port convert":
+                written.unlink()
+    row: dict = {"case": f"{name}-convert", "model_bytes": st.stat().st_size, "runs": runs,
+                 "tools": {k: {"wall": statistics.median(r["wall"] for r in v),
+                               "rss_mib": statistics.median(r["rss"] for r in v)}
+                           for k, v in found.items()}}
+    for v in row["tools"].values():
+        v["x_cp_fsync"] = v["wall"] / row["tools"]["cp + fsync"]["wall"]
+    return row
 
 
 if __name__ == "__main__":

@@ -216,6 +216,20 @@ def test_verify_passes_with_the_indexer_keeping_half_the_tokens(v32_2048, mode):
     assert any("dsa-sparse-attention" in n for n in report.notes)
 
 
+@needs_mindformers
+def test_verify_by_layers_with_routed_experts_two_at_a_time(v32_2048, monkeypatch):
+    """The MoE layer's routed experts a group at a time (as at DeepSeek-V3.2's widths): the
+    same verdict, each group's worst expert reported."""
+    from ms_port.check import routed
+
+    monkeypatch.setattr(routed, "EXPERTS_PER_GROUP", 2)
+    report = ms_port.verify(v32_2048 / "hf", v32_2048 / "out.ckpt", ms_model=FAMILY,
+                            mode="layers")
+    assert report.verdict == "PASS", report.reasons
+    grouped = [layer for layer in report.layers if layer.paired_by == "expert"]
+    assert len(grouped) == 2  # 4 experts, 2 a group
+
+
 def _corrupted(root, tmp_path, change):
     from ms_port.testing import rewrite_checkpoint
 
