@@ -216,7 +216,7 @@ def test_source_reads_bfloat16_and_consumes_the_scales(tmp_path):
     listed = json.loads(_cli("inspect", path, "--json").stdout)
     entry = listed["tensors"][0]
     assert entry["dtype"] == "bfloat16" and entry["stored"] == {
-        "dtype": "float8_e4m3fn", "nbytes": 130, "block": [4, 8],
+        "dtype": "float8_e4m3fn", "nbytes": 130, "block": [4, 8], "format": "float8",
         "scale": {"name": "a.weight_scale_inv", "shape": [3, 2], "dtype": "float32",
                   "numel": 6, "nbytes": 24}}
 

@@ -1,4 +1,5 @@
-"""Block-scaled float8 weights (DeepSeek-V3's Hub checkpoints) read as bfloat16.
+"""Block-scaled float8 weights (DeepSeek-V3's and V4's Hub checkpoints) and MXFP4 weights
+(DeepSeek-V4's routed experts) read as bfloat16.
 
 DeepSeek-V3 stores most Linear weights as ``float8_e4m3fn`` with a float32
 ``<name>_scale_inv`` beside each: one scale per block of ``weight_block_size`` rows ×
@@ -15,6 +16,14 @@ listing, reported once in ``Source.skipped``. What cannot be dequantized is refu
 before anything is read: a float8 weight without its scales, scales whose shape is not
 the weight's block grid, a block size that is not two positive integers. Scale values
 are read with their weight: a negative or non-finite one is refused then.
+
+DeepSeek-V4 names a weight's scales ``<stem>.scale`` (``<stem>.weight`` the weight) and
+stores them as ``float8_e8m0fnu`` (a power of two, ``2^(b - 127)``; 255 is NaN, refused).
+Its routed experts are MXFP4: ``int8`` ``[rows, cols / 2]``, two e2m1 values a byte (the
+low nibble first), one e8m0 scale per 32 values of a row (``[rows, cols / 32]``), found
+by those dtypes and shapes (``config.json``'s ``expert_dtype`` is not always there).
+Each value is ``e2m1(nibble) * scale`` (transformers' ``Fp8Dequantize``, MindFormers'
+``safetensors_utils``), exact in bfloat16, as every e4m3 value times a power of two is.
 
 Example:
     >>> src = read_source("DeepSeek-V3/model.safetensors.index.json")
@@ -41,8 +50,14 @@ if TYPE_CHECKING:
 BLOCK_KEY = "quantization_config.weight_block_size"
 #: what follows a float8 weight's name to name its block scales (DeepSeek-V3, transformers)
 SCALE_SUFFIX = "_scale_inv"
+#: DeepSeek-V4's: ``<stem>.weight``'s scales are ``<stem>.scale``
+WEIGHT, SCALE = ".weight", ".scale"
 #: scale dtypes whose values float32 holds exactly: the product is the reference's
-SCALE_DTYPES = ("float32", "bfloat16", "float16")
+SCALE_DTYPES = ("float32", "bfloat16", "float16", "float8_e8m0fnu")
+#: MXFP4: values a scale covers along a row, and e2m1's 16 codes (sign, 2 exponent bits,
+#: 1 mantissa bit) as float32
+MX_BLOCK = 32
+E2M1 = np.array([0, .5, 1, 1.5, 2, 3, 4, 6, -0., -.5, -1, -1.5, -2, -3, -4, -6], np.float32)
 #: elements dequantized at a time: a float32 buffer that stays in the cache
 _CHUNK = 1 << 18
 
@@ -62,12 +77,15 @@ class Dequantized(TensorInfo):
     stored: TensorInfo | None = field(default=None, repr=False, compare=False)
     scale: TensorInfo | None = field(default=None, repr=False, compare=False)
     block: tuple[int, int] = (0, 0)
+    #: ``float8`` (block scales), or ``mxfp4`` (two e2m1 values a byte, a scale per 32)
+    kind: str = "float8"
 
     def to_dict(self) -> dict:
         data = super().to_dict()
         assert self.stored is not None and self.scale is not None
         data["stored"] = {"dtype": self.stored.dtype, "nbytes": self.stored.nbytes,
-                          "scale": self.scale.to_dict(), "block": list(self.block)}
+                          "scale": self.scale.to_dict(), "block": list(self.block),
+                          "format": self.kind}
         return data
 
 
@@ -121,27 +139,51 @@ def dequantized_view(source: Source) -> Source:
 
     float8 = [info for info in source if info.dtype in FLOAT8_DTYPES
               and not _scale_of_another(info.name, source)]  # float8 scales: refused below
-    if not float8 or source.config is None:
+    mxfp4 = [info for info in source if _is_mxfp4(info, source)]
+    if not (float8 or mxfp4) or source.config is None:
         return source
     where = str(source.config_path)
     block = weight_block(source.config, where)
-    if block is None:
-        scaled = next((i.name for i in float8 if i.name + SCALE_SUFFIX in source), None)
+    if block is None and float8:
+        scaled = next((i.name for i in float8 if scale_name(i.name, source) is not None), None)
         if scaled is None or "quantization_config" not in source.config:
-            return source  # listed as stored; a conversion refuses float8
-        raise SourceError(f"{where}: no {BLOCK_KEY}, but float8 weight {scaled!r} has "
-                          f"block scales beside it; add the block size the checkpoint was "
-                          "quantized with (DeepSeek-V3: [128, 128]) to config.json",
-                          path=where, tensor=scaled)
-    views = {info.name: _view(source, info, block) for info in float8}
+            float8 = []  # listed as stored; a conversion refuses float8
+        else:
+            raise SourceError(f"{where}: no {BLOCK_KEY}, but float8 weight {scaled!r} has "
+                              f"block scales beside it; add the block size the checkpoint "
+                              "was quantized with (DeepSeek-V3: [128, 128]) to config.json",
+                              path=where, tensor=scaled)
+    views = {info.name: _view(source, info, block) for info in float8 if block is not None}
+    views.update((info.name, _mx_view(source, info)) for info in mxfp4)
+    if not views:
+        return source
     consumed = {view.scale.name for view in views.values() if view.scale is not None}
     source.tensors = {name: views.get(name, info) for name, info in source.tensors.items()
                       if name not in consumed}
     kinds = sorted({view.scale.dtype for view in views.values() if view.scale is not None})
-    source.skipped.append(Skipped(f"*{SCALE_SUFFIX} ×{len(consumed)}",
+    suffixes = sorted({SCALE_SUFFIX if n.endswith(SCALE_SUFFIX) else SCALE for n in consumed})
+    source.skipped.append(Skipped(f"*{'/'.join(suffixes)} ×{len(consumed)}",
                                   f"block scales ({', '.join(kinds)})",
                                   f"consumed: {describe(views.values())}"))
     return source
+
+
+def scale_name(name: str, source: Source) -> str | None:
+    """The name of ``name``'s scales in ``source`` (``<name>_scale_inv``, or for
+    ``<stem>.weight`` DeepSeek-V4's ``<stem>.scale``), or None."""
+    found = [name + SCALE_SUFFIX]
+    if name.endswith(WEIGHT):
+        found.append(name[:-len(WEIGHT)] + SCALE)
+    return next((n for n in found if n in source), None)
+
+
+def _is_mxfp4(info: TensorInfo, source: Source) -> bool:
+    """An int8 weight with e8m0 scales beside it, one per 32 of its unpacked values."""
+    if info.dtype != "int8" or len(info.shape) != 2 or not info.name.endswith(WEIGHT):
+        return False
+    scale = source.tensors.get(info.name[:-len(WEIGHT)] + SCALE)
+    return (scale is not None and scale.dtype == "float8_e8m0fnu"
+            and scale.shape == (info.shape[0], -(-2 * info.shape[1] // MX_BLOCK)))
 
 
 def describe(tensors: Iterable[TensorInfo]) -> str | None:
@@ -155,16 +197,24 @@ def describe(tensors: Iterable[TensorInfo]) -> str | None:
     views = [t for t in tensors if isinstance(t, Dequantized)]
     if not views:
         return None
-    blocks = " / ".join(sorted({f"{v.block[0]}×{v.block[1]}" for v in views}))
-    many = len(views) != 1
-    return (f"{len(views):,} float8 weight{'s' * many} dequantized to bfloat16 with "
-            f"{'their' if many else 'its'} {blocks} block scales ({BLOCK_KEY})")
+    lines = []
+    for kind, how in (("float8", BLOCK_KEY), ("mxfp4", f"1×{MX_BLOCK}, e2m1 values")):
+        these = [v for v in views if v.kind == kind]
+        if not these:
+            continue
+        blocks = " / ".join(sorted({f"{v.block[0]}×{v.block[1]}" for v in these}))
+        many = len(these) != 1
+        name = "float8" if kind == "float8" else "MXFP4"
+        lines.append(f"{len(these):,} {name} weight{'s' * many} dequantized to bfloat16 with "
+                     f"{'their' if many else 'its'} {blocks} block scales ({how})")
+    return "; ".join(lines)
 
 
 def _view(source: Source, info: TensorInfo, block: tuple[int, int]) -> Dequantized:
     """The bfloat16 entry of one float8 weight, once its scales' listing fits it."""
     path, name = source.path, info.name
-    scale = source.tensors.get(name + SCALE_SUFFIX)
+    found = scale_name(name, source)
+    scale = source.tensors.get(found) if found is not None else None
     if scale is None:
         raise SourceError(f"{path}: float8 weight {name!r} ({info.dtype} "
                           f"{format_shape(info.shape)}) has no block scales "
@@ -188,8 +238,20 @@ def _view(source: Source, info: TensorInfo, block: tuple[int, int]) -> Dequantiz
                        stored=info, scale=scale, block=block)
 
 
+def _mx_view(source: Source, info: TensorInfo) -> Dequantized:
+    """The bfloat16 entry of one MXFP4 weight (:func:`_is_mxfp4` found its scales)."""
+    scale = source.tensors[info.name[:-len(WEIGHT)] + SCALE]
+    path, rows, cols = source.path, info.shape[0], 2 * info.shape[1]
+    return Dequantized(info.name, (rows, cols), "bfloat16",
+                       lambda: dequantize_mxfp4(info.load(), scale.load(), name=scale.name,
+                                                path=path),
+                       stored=info, scale=scale, block=(1, MX_BLOCK), kind="mxfp4")
+
+
 def _scale_of_another(name: str, source: Source) -> bool:
-    return name.endswith(SCALE_SUFFIX) and name[:-len(SCALE_SUFFIX)] in source
+    if name.endswith(SCALE_SUFFIX) and name[:-len(SCALE_SUFFIX)] in source:
+        return True
+    return name.endswith(SCALE) and name[:-len(SCALE)] + WEIGHT in source
 
 
 def _grid(shape: tuple[int, ...], block: tuple[int, int]) -> tuple[int, int]:
@@ -264,3 +326,57 @@ def dequantize(weight: np.ndarray, scale: np.ndarray, block: tuple[int, int], *,
             out[start:stop] = part  # ml_dtypes rounds to nearest, ties to even
     return out
 
+
+def dequantize_mxfp4(packed: np.ndarray, scale: np.ndarray, *, name: str = "scale",
+                     path: str | None = None) -> np.ndarray:
+    """An MXFP4 weight as bfloat16, as transformers' ``Fp8Dequantize`` computes it: byte
+    ``u`` of a row gives values ``2j`` (its low nibble) and ``2j + 1`` (its high one), each
+    the e2m1 value of its nibble times the e8m0 scale of its 32 (``2^(b - 127)``), exact
+    in bfloat16. A chunk of rows at a time: the output and one small buffer.
+
+    Args:
+        packed: ``[rows, cols / 2]`` int8 (or uint8).
+        scale: ``[rows, ceil(cols / 32)]`` float8_e8m0fnu.
+
+    Raises:
+        SourceError: shapes that do not fit, or a NaN scale (code 255).
+
+    Example:
+        >>> p = np.array([[0x21]], np.uint8)            # values 0.5 (low), 1.0 (high)
+        >>> s = np.array([[128]], np.uint8).view(ml_dtypes.float8_e8m0fnu)  # 2.0
+        >>> dequantize_mxfp4(p, s)
+        array([[1, 2]], dtype=bfloat16)
+    """
+    where = f"{path}: " if path else ""
+    rows, half = packed.shape if packed.ndim == 2 else (0, -1)
+    if half < 0 or packed.dtype.itemsize != 1 or str(scale.dtype) != "float8_e8m0fnu" \
+            or scale.shape != (rows, -(-2 * half // MX_BLOCK)):
+        raise SourceError(f"{where}cannot dequantize MXFP4 {packed.dtype} "
+                          f"{format_shape(packed.shape)} with {name!r} {scale.dtype} "
+                          f"{format_shape(scale.shape)} (one e8m0 scale per {MX_BLOCK} values "
+                          "of a row)", path=path, tensor=name)
+    factors = np.asarray(scale, dtype=np.float32)  # 2^(b - 127), exact; 255 is NaN
+    if not np.isfinite(factors).all():
+        at = tuple(int(i) for i in np.argwhere(~np.isfinite(factors))[0])
+        raise SourceError(f"{where}block scales {name!r} hold NaN at {at}; the checkpoint "
+                          "is corrupt, re-download it", path=path, tensor=name)
+    cols = 2 * half
+    out = np.empty((rows, cols), numpy_dtype("bfloat16"))
+    if out.size == 0:
+        return out
+    codes = packed.view(np.uint8)
+    step = max(1, _CHUNK // cols)
+    buffer = np.empty((min(step, rows), cols), np.float32)
+    for start in range(0, rows, step):
+        stop = min(start + step, rows)
+        part, chunk = buffer[:stop - start], codes[start:stop]
+        np.take(E2M1, chunk & 0xF, out=part[:, 0::2])
+        np.take(E2M1, chunk >> 4, out=part[:, 1::2])
+        grid = part.reshape(stop - start, -1, MX_BLOCK) if cols % MX_BLOCK == 0 else None
+        if grid is not None:
+            np.multiply(grid, factors[start:stop, :, None], out=grid)
+        else:
+            np.multiply(part, np.repeat(factors[start:stop], MX_BLOCK, 1)[:, :cols],
+                        out=part)
+        out[start:stop] = part
+    return out
