@@ -221,17 +221,20 @@ class LlamaBlocks(HuggingFaceSide):
         return model.layers[0](state, freqs, model.casual_mask(tokens))
 
 
-def set_parameters(own: dict[str, Any], tensors: dict[str, Any]) -> None:
+def set_parameters(own: dict[str, Any], tensors: dict[str, Any],
+                   shapes: dict[str, tuple[int, ...]] | None = None) -> None:
     """Set each of ``tensors`` into its parameter in ``own`` (name -> MindSpore
-    Parameter, its dtype kept), each checked against it; ``tensors`` is emptied one tensor
-    at a time, each array let go once set."""
+    Parameter, its dtype kept), each checked against it (against ``shapes[name]`` where
+    given: the shape the network was built with, where its data was let go since);
+    ``tensors`` is emptied one tensor at a time, each array let go once set."""
     import mindspore as ms
 
     for name in list(tensors):
         array = tensors.pop(name)
         param = own.get(name)
-        if param is None or tuple(param.shape) != array.shape:
-            has = tuple(param.shape) if param is not None else "no such parameter"
+        want = None if param is None else (shapes or {}).get(name, tuple(param.shape))
+        if param is None or want != array.shape:
+            has = want if param is not None else "no such parameter"
             raise TargetError(f"{name} {array.shape} does not fit MindFormers' network "
                               f"({has}); convert again")
         param.set_data(ms.Tensor(array, dtype=param.dtype))

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -177,6 +177,8 @@ class ParallelCoreBlocks(HuggingFaceSide):
         self._groups: dict[int, tuple[nn.Cell, dict[str, Any]]] = {}
         #: MindFormers' routed experts as the small network built them (never loaded)
         self._experts: Any = None
+        #: each small network's (and group's) parameter shapes as built, by its key
+        self._shapes: dict[Any, dict[str, tuple[int, ...]]] = {}
 
     # --- the pieces -------------------------------------------------------------------
     def pieces(self, source_names: set[str], checkpoint_names: set[str]) -> list[Piece]:
@@ -227,7 +229,12 @@ class ParallelCoreBlocks(HuggingFaceSide):
                 finally:
                     self._ran = standins.lines(net)
             finally:
+                for _, params, _ in self._sized.values():
+                    release(params.values())
+                for _, own in self._groups.values():
+                    release(own.values())
                 self._sized, self._groups, self._standins = {}, {}, None
+                self._shapes = {}
                 self._experts = None
 
     def _network(self, vocab: int | None, routed: int | None = None
@@ -262,8 +269,10 @@ class ParallelCoreBlocks(HuggingFaceSide):
                         routed, int(self.config["hidden_size"]), self.topk)
                     mlp.experts = standins[f"standin{slot}"]
         # the names before the cells below take the network's layers in (which renames
-        # their parameters)
+        # their parameters), and the shapes they were built with (release() lets go of
+        # their data between blocks)
         params = {p.name: p for p in net.get_parameters()}
+        self._shapes[key] = {n: tuple(p.shape) for n, p in params.items()}
         tied = model.embedding.word_embeddings.weight if self.tied else None
         mask = model.preprocess_labels_and_masks.casual_mask
         cells = {
@@ -285,8 +294,10 @@ class ParallelCoreBlocks(HuggingFaceSide):
             self._keep(lambda k: k is None)
         else:  # no routed layer follows the first span or the head
             self._keep(lambda k: not isinstance(k, tuple))
-        _, params, cells = self._network(piece.vocab if piece.kind != "layer" else None)
-        set_parameters(params, tensors)
+        key = piece.vocab if piece.kind != "layer" else None
+        _, params, cells = self._network(key)
+        release(params[n] for n in tensors if n in params)  # the last block's, before
+        set_parameters(params, tensors, self._shapes[key])
         return cells[f"layer{piece.slot}" if piece.kind == "layer" else piece.kind]
 
     def _keep(self, wanted: Callable[[Any], bool]) -> None:
@@ -296,9 +307,13 @@ class ParallelCoreBlocks(HuggingFaceSide):
         experts cells go with the routed network."""
         kept = {k: v for k, v in self._sized.items() if wanted(k)}
         dropped = len(kept) < len(self._sized)
+        for key in set(self._sized) - set(kept):
+            release(self._sized[key][1].values())
         self._sized = kept
         if not any(isinstance(k, tuple) for k in self._sized):
             dropped = dropped or bool(self._groups)
+            for _, own in self._groups.values():
+                release(own.values())
             self._groups = {}
         if dropped:
             # a network is a web of reference cycles, and verify by layers freezes what
@@ -360,7 +375,8 @@ class ParallelCoreBlocks(HuggingFaceSide):
             raise RuntimeError("ParallelCoreBlocks.ms_routed() outside session()")
         self._keep(lambda k: isinstance(k, tuple))  # a dense layer's weights go
         _, params, cells = self._network(None, routed=tokens)
-        set_parameters(params, tensors)
+        release(params[n] for n in tensors if n in params)
+        set_parameters(params, tensors, self._shapes[("routed", tokens)])
         return cells[f"layer{piece.slot}"], cells[f"standin{piece.slot}"]
 
     def ms_group(self, size: int, tensors: dict[str, np.ndarray]) -> Any:
@@ -382,8 +398,11 @@ class ParallelCoreBlocks(HuggingFaceSide):
                 raise ForwardUnavailable.of(exc) from None
             cell.set_train(False)
             self._groups[size] = cell, {"weight1": cell.weight1, "weight2": cell.weight2}
+            self._shapes[("group", size)] = {n: tuple(p.shape)
+                                             for n, p in self._groups[size][1].items()}
         cell, own = self._groups[size]
-        set_parameters(own, tensors)
+        release(own.values())
+        set_parameters(own, tensors, self._shapes[("group", size)])
         return cell
 
     def notes(self) -> list[str]:
@@ -392,6 +411,21 @@ class ParallelCoreBlocks(HuggingFaceSide):
                 f"({len(self._ran)}): " + "; ".join(self._ran),
                 "layers inside a block not recorded: GRAPH mode runs no cell hooks; each "
                 "block's output is compared, and the tensors one by one", *self.not_run]
+
+
+def release(params: Iterable[Any]) -> None:
+    """Hand back the memory of ``params``' data: each is given a one-element placeholder.
+
+    A network compiled in GRAPH mode keeps its parameters' data alive after the network
+    itself is gone, and a parameter's old data after new data is set, until the graph
+    runs again (measured: a 1 GiB parameter, its network deleted and collected, stayed
+    resident; ``mindspore.runtime.empty_cache`` and ``ms_memory_recycle`` did not free
+    it; setting a placeholder did). At DeepSeek-V3's widths the dense layer's weights and
+    the vocabulary spans' were held so while the MoE layer ran."""
+    for param in params:
+        if tuple(param.shape) != (1,) * len(param.shape):
+            param.set_data(ms.Tensor(np.zeros((1,) * len(param.shape),
+                                              dtype=ms.dtype_to_nptype(param.dtype))))
 
 
 def qwen3_blocks(config: dict[str, Any], build_torch: Any, *, seq_length: int = 16,
@@ -445,4 +479,4 @@ def deepseek_blocks(config: dict[str, Any], build_torch: Any, *, seq_length: int
 
 
 __all__ = ["MS_LOCAL", "BlockShape", "ParallelCoreBlocks", "deepseek_blocks", "qwen3_blocks",
-           "qwen3_moe_blocks"]
+           "qwen3_moe_blocks", "release"]
