@@ -209,3 +209,24 @@ def test_deepseek_wrong_layer_fails_there(tmp_path, layer):
     assert report.verdict == "FAIL" and name in " ".join(report.reasons)
     assert report.first_divergence.ms_name == f"decoder.layers.{layer}"
     assert not [n for n in report.notes if "Multi-Token" in n]  # this model has none
+
+
+def test_a_released_parameter_takes_new_data_checked_against_its_built_shape():
+    """release() leaves a one-element placeholder (a GRAPH-compiled network keeps its
+    parameters' data resident otherwise); set_parameters then checks new data against
+    the shape the network was built with, and refuses one that does not fit, naming it."""
+    import mindspore as ms
+
+    from ms_port.archs.llama.blocks import set_parameters
+    from ms_port.archs.parallel_core.blocks import release
+    from ms_port.errors import TargetError
+
+    param = ms.Parameter(ms.Tensor(np.ones((4, 3), np.float32)), name="w")
+    release([param])
+    assert tuple(param.shape) == (1, 1)
+    new = np.arange(12, dtype=np.float32).reshape(4, 3)
+    set_parameters({"w": param}, {"w": new.copy()}, {"w": (4, 3)})
+    assert np.array_equal(param.asnumpy(), new)
+    release([param])
+    with pytest.raises(TargetError, match=r"w \(3, 4\) does not fit .*\(4, 3\)"):
+        set_parameters({"w": param}, {"w": new.reshape(3, 4)}, {"w": (4, 3)})
