@@ -48,7 +48,16 @@ from .parity import (
 )
 from .report import LayerComparison, ParityReport
 from .routed import group_numel, plan_groups, run_routed, without_experts
-from .spans import Span, in_spans, measured, merge_events, merge_output, plan_spans, span_rows
+from .spans import (
+    SPAN_FROM,
+    Span,
+    in_spans,
+    measured,
+    merge_events,
+    merge_output,
+    plan_spans,
+    span_rows,
+)
 from .verdict import Drift, bound_for, status_of
 
 #: bytes per parameter the whole-network verify holds at its peak: PyTorch float32 and
@@ -233,6 +242,8 @@ class _BlockRun:
     nonfinite: _Found = field(default_factory=_Found)
     #: rows per span of the vocabulary (:mod:`ms_port.check.spans`); None: no spans
     span_rows: int | None = None
+    #: the rows from which a vocabulary runs in spans (more than these)
+    span_from: int | None = None
 
 
 def run_blocks(blocks: Any, source: Source, checkpoint: Source, run: Run, *,
@@ -257,7 +268,7 @@ def run_blocks(blocks: Any, source: Source, checkpoint: Source, run: Run, *,
     state = _BlockRun(blocks, source, checkpoint, run, np.asarray(run.feed[0].array),
                       np.asarray(second[0].array), correspondence)
     pieces = blocks.pieces(set(source.tensors), set(checkpoint.tensors))
-    state.span_rows = _span_rows(pieces, source, blocks)
+    state.span_rows, state.span_from = _span_rows(pieces, source, blocks)
     # a family whose MindSpore side needs a setting held across its blocks (MindFormers'
     # parallel_core: GRAPH mode and its CPU stand-ins) gives it as ``session()``
     session = getattr(blocks, "session", None)
@@ -281,24 +292,31 @@ def run_blocks(blocks: Any, source: Source, checkpoint: Source, run: Run, *,
                  tensor_diff=tensor_diff)
 
 
-#: elements per span of the vocabulary; None: half the largest decoder layer's parameters
+#: elements per span of the vocabulary; None: :data:`~ms_port.check.spans.SPAN_SHARE` of the
+#: largest decoder layer's parameters
 SPAN_NUMEL: int | None = None
 
 
-def _span_rows(pieces: list[Any], source: Source, blocks: Any = None) -> int | None:
-    """Rows per span of the vocabulary (:data:`SPAN_NUMEL`, in rows of the embedding's
-    width), or None where no piece holds the vocabulary. A layer whose routed experts run
-    a group at a time counts its other tensors and one group."""
+def _span_rows(pieces: list[Any], source: Source, blocks: Any = None
+               ) -> tuple[int | None, int | None]:
+    """(rows per span of the vocabulary, the rows from which it runs in spans): from
+    :data:`SPAN_NUMEL` (both, in rows of the embedding's width), else
+    :data:`~ms_port.check.spans.SPAN_SHARE` and :data:`~ms_port.check.spans.SPAN_FROM` of
+    the largest decoder layer's parameters; (None, None) where no piece holds the
+    vocabulary. A layer whose routed experts run a group at a time counts its other
+    tensors and one group."""
     vocab = [source.tensors.get(p.torch[n]) for p in pieces for n in p.rows if n in p.torch]
     vocab = [info for info in vocab if info is not None and len(info.shape) == 2]
     if not vocab:
-        return None
+        return None, None
     width = vocab[0].shape[1]
     if SPAN_NUMEL is not None:
-        return max(1, SPAN_NUMEL // width)
+        return (max(1, SPAN_NUMEL // width),) * 2
     layer = max((_layer_numel(p, source, blocks) for p in pieces if p.kind == "layer"),
                 default=0)
-    return span_rows(layer, width) if layer else None
+    if not layer:
+        return None, None
+    return span_rows(layer, width), span_rows(layer, width, SPAN_FROM)
 
 
 def _layer_numel(piece: Any, source: Source, blocks: Any) -> int:
@@ -483,7 +501,8 @@ def _vocabulary(state: _BlockRun, piece: Any) -> int | None:
     found += [state.checkpoint.tensors.get(piece.ms[n]) for n in piece.rows if n in piece.ms]
     # each span's rows read alone (a format that can only read the whole tensor would
     # read it again for every span and pass)
-    if not found or not all(in_spans(info, state.span_rows) and info.rows_loader is not None
+    if not found or state.span_from is None or not all(
+            in_spans(info, state.span_from) and info.rows_loader is not None
                             for info in found) or len({info.shape[0] for info in found}) != 1:
         return None
     return found[0].shape[0]

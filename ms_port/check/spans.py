@@ -126,7 +126,18 @@ def measured(recorded: list[Event], other: list[Event],
     return values
 
 
-def span_rows(layer_numel: int, width: int, share: float = 0.5) -> int:
+#: a span's share of the largest decoder layer's parameters. A span's float64 pass holds
+#: its rows whole (8 bytes a parameter), where a decoder layer's float64 weights are read a
+#: module at a time: at half a layer the head's spans set the run's peak (DeepSeek-V3.2's
+#: widths: 7.1 GiB against the layers' 6.1); at a quarter they stay below the layers'
+#: (5.3 GiB), in the same time (249 s against 257 s, one sampled run each)
+SPAN_SHARE = 0.25
+#: the share of the largest decoder layer's parameters a vocabulary tensor must exceed to
+#: run in spans at all (a smaller one runs whole, as a layer does)
+SPAN_FROM = 0.5
+
+
+def span_rows(layer_numel: int, width: int, share: float = SPAN_SHARE) -> int:
     """Rows per span: ``share`` of the largest decoder layer's parameters, in rows of
     ``width``."""
     return max(1, int(layer_numel * share) // max(1, width))
@@ -138,5 +149,5 @@ def in_spans(vocab_tensor: Any, rows: int) -> bool:
         and vocab_tensor.shape[0] > rows
 
 
-__all__ = ["Span", "in_spans", "measured", "merge_events", "merge_output", "plan_spans",
-           "span_rows"]
+__all__ = ["SPAN_FROM", "SPAN_SHARE", "Span", "in_spans", "measured", "merge_events",
+           "merge_output", "plan_spans", "span_rows"]
