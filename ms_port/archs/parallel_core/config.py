@@ -319,22 +319,16 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
            "mindformers.models.qwen3_moe.modeling_qwen3_moe_train:TrainingQwen3MoeForCausalLM",
            _moe_settings, {**RUN_SETTINGS, **MOE_RUN_SETTINGS}, _qwen3_expected,
            ("rope_theta", "tie_word_embeddings")),
-    # its router scales by routed_scaling_factor itself (moe_router_topk_scaling_factor)
-    Family("deepseek_v3", "mindformers.models.deepseek3.configuration_deepseek_v3:"
-           "DeepseekV3Config",
-           "mindformers.models.deepseek3.modeling_deepseek_v3_train:"
-           "TrainingDeepseekV3ForCausalLM",
-           _deepseek_settings, {**RUN_SETTINGS, "moe_grouped_gemm": True}, _deepseek_expected,
-           options={"mla_qkv_concat": bool, "mtp": bool,
-                    INTERLEAVED: bool}),
-    # DeepSeek-V3.2: the same network with experimental_attention_variant: dsa
-    Family("deepseek_v32", "mindformers.models.deepseek3.configuration_deepseek_v3:"
-           "DeepseekV3Config",
-           "mindformers.models.deepseek3.modeling_deepseek_v3_train:"
-           "TrainingDeepseekV3ForCausalLM",
-           _deepseek_settings, {**RUN_SETTINGS, "moe_grouped_gemm": True}, _deepseek_expected,
-           options={"mla_qkv_concat": bool, "mtp": bool,
-                    INTERLEAVED: bool}),
+    # its router scales by routed_scaling_factor itself (moe_router_topk_scaling_factor);
+    # DeepSeek-V3.2 is the same network with experimental_attention_variant: dsa
+    *(Family(model_type, "mindformers.models.deepseek3.configuration_deepseek_v3:"
+             "DeepseekV3Config",
+             "mindformers.models.deepseek3.modeling_deepseek_v3_train:"
+             "TrainingDeepseekV3ForCausalLM",
+             _deepseek_settings, {**RUN_SETTINGS, "moe_grouped_gemm": True},
+             _deepseek_expected,
+             options={"mla_qkv_concat": bool, "mtp": bool, INTERLEAVED: bool})
+      for model_type in ("deepseek_v3", "deepseek_v32")),
 )}
 
 
