@@ -282,7 +282,9 @@ def test_qwen3_float16_cast_matters(dense, dense_float16):
 def test_qwen3_moe_matches_transformers(moe):
     assert all(r.complete for r in moe["reports"].values()), moe["reports"]
     assert moe["errors"]["right"] < RIGHT, moe["errors"]
-    assert moe["used"] == [s.name for s in pc.STANDINS if s.name != "mtp-not-run"]
+    # DeepSeek-V3.2's sparse attention's stand-ins run only where it is built
+    assert moe["used"] == [s.name for s in pc.STANDINS
+                           if s.name != "mtp-not-run" and not s.name.startswith("dsa-")]
     assert moe["spread"] > 0.1
 
 
