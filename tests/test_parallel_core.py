@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import importlib.util
 import json
+import shutil
 import subprocess
 import sys
 
@@ -219,6 +220,21 @@ def test_what_mindformers_qwen3_cannot_hold_is_one_line(tmp_path):
 QWEN3_MOE = dict(QWEN3, moe_intermediate_size=32, num_experts=4, num_experts_per_tok=2)
 
 
+def state_dict_folder(src, folder):
+    """``folder`` holding what ``torch.save(model.state_dict())`` holds of the Qwen3-MoE at
+    ``src`` (transformers 5's in-memory stacked ``experts.gate_up_proj``), as safetensors,
+    with its config.json."""
+    from safetensors.torch import save_file
+
+    model = transformers.Qwen3MoeForCausalLM.from_pretrained(src)
+    state = {k: v.contiguous() for k, v in model.state_dict().items()}
+    assert "model.layers.1.mlp.experts.gate_up_proj" in state
+    folder.mkdir()
+    save_file(state, folder / "model.safetensors", metadata={"format": "pt"})
+    shutil.copy(src / "config.json", folder / "config.json")
+    return folder
+
+
 def tiny_qwen3_moe(path, *, dtype="float32", seed=0):
     """A seeded tiny Qwen3-MoE saved as transformers writes it: per-expert keys
     (``experts.{e}.gate_proj``), ``num_local_experts`` in config.json."""
@@ -427,23 +443,13 @@ def test_moe_state_dict_with_transformers_5_fused_experts_converts_the_same(tmp_
     converts to the same bytes as the Hub's per-expert keys, and exports back to those.
     The stacks are transformed an expert at a time (as any stack from 64 MiB is: here
     every size), written and read back from one expert's rows."""
-    import shutil
-
     from ms_port.match import many
 
     monkeypatch.setattr(many, "ROWS_FROM_BYTES", 0)
     monkeypatch.setattr(many, "ROW_GROUP_BYTES", 1)  # a group per expert, however small
 
-    from safetensors.torch import save_file
-
     src = tiny_qwen3_moe(tmp_path / "hub")
-    model = transformers.Qwen3MoeForCausalLM.from_pretrained(src)
-    state = {k: v.contiguous() for k, v in model.state_dict().items()}
-    assert "model.layers.1.mlp.experts.gate_up_proj" in state
-    fused = tmp_path / "fused"
-    fused.mkdir()
-    save_file(state, fused / "model.safetensors", metadata={"format": "pt"})
-    shutil.copy(src / "config.json", fused / "config.json")
+    fused = state_dict_folder(src, tmp_path / "fused")
     family = "mindformers:qwen3_moe"
     assert ms_port.convert(src, ms_model=family, output=tmp_path / "hub.ckpt").ok
     report = ms_port.convert(fused, ms_model=family, output=tmp_path / "fused.ckpt")

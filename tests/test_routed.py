@@ -17,7 +17,7 @@ pytest.importorskip("torch")
 if importlib.util.find_spec("mindformers") is None:
     pytest.skip("mindformers not installed (test extra)", allow_module_level=True)
 
-from test_parallel_core import tiny_qwen3_moe  # noqa: E402
+from test_parallel_core import state_dict_folder, tiny_qwen3_moe  # noqa: E402
 from test_parallel_core_deepseek import tiny_deepseek  # noqa: E402
 
 import ms_port  # noqa: E402
@@ -274,16 +274,8 @@ def test_the_tensor_check_reads_stacked_experts_a_group_at_a_time(moe, tmp_path,
 def test_stacked_experts_in_the_file_run_a_group_of_rows_at_a_time(moe, tmp_path, monkeypatch):
     """A state dict saved from transformers 5 (its stacked ``experts.gate_up_proj``
     [E, 2F, H]) gives each group its rows of the stack: the same verdict and expert rows."""
-    from safetensors.torch import save_file
-
     src, out, _ = moe
-    model = transformers.Qwen3MoeForCausalLM.from_pretrained(src)
-    state = {k: v.contiguous() for k, v in model.state_dict().items()}
-    assert "model.layers.1.mlp.experts.gate_up_proj" in state
-    fused = tmp_path / "fused"
-    fused.mkdir()
-    save_file(state, fused / "model.safetensors", metadata={"format": "pt"})
-    shutil.copy(src / "config.json", fused / "config.json")
+    fused = state_dict_folder(src, tmp_path / "fused")
     monkeypatch.setattr(routed, "EXPERTS_PER_GROUP", 2)
     report = ms_port.verify(fused, out, ms_model=QWEN3_MOE, mode="layers")
     assert report.verdict == "PASS", report.reasons
