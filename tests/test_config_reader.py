@@ -227,8 +227,9 @@ def test_glm4_with_a_rope_scaling_converts_and_its_network_is_refused(tmp_path):
                                               "--ms-model mindformers:deepseek32"),
     ("deepseek_v3", "mindformers:deepseek32", "it is mindformers:deepseek3's: pass "
                                               "--ms-model mindformers:deepseek3"),
-    ("deepseek_v4", "mindformers:deepseek3", "DeepSeek-V4 .*mindformers:deepseek4, is not "
-                                             "built yet"),
+    ("deepseek_v4", "mindformers:deepseek3", "it is mindformers:deepseek4's: pass "
+                                             "--ms-model mindformers:deepseek4"),
+    ("deepseek_v3", "mindformers:deepseek4", "it is mindformers:deepseek3's"),
     ("qwen3", "mindformers:deepseek3", "it is mindformers:qwen3's: pass --ms-model "
                                        "mindformers:qwen3"),
     ("qwen2", "mindformers:qwen3", "it is mindformers:llama's"),
@@ -246,16 +247,28 @@ def test_a_model_type_nobody_takes_gets_no_invented_advice():
     assert "it is" not in str(refused.value) and "pass --ms-model" not in str(refused.value)
 
 
-def test_inspect_says_which_target_takes_the_model_type(tmp_path):
+def test_a_planned_model_type_is_said_to_be_planned(monkeypatch):
+    """A model type no table takes yet, listed as planned, is named with what it is."""
+    from ms_port.match import mapping
+
+    monkeypatch.setitem(mapping.PLANNED_MODEL_TYPES, "deepseek_v9", "DeepSeek-V9, not built")
+    with pytest.raises(MsPortError, match="deepseek_v9 is DeepSeek-V9, not built"):
+        from_family("mindformers:deepseek3", {"model_type": "deepseek_v9", "hidden_size": 64})
+
+
+def test_inspect_says_which_target_takes_the_model_type(tmp_path, monkeypatch):
     """inspect of a Hugging Face folder names the family that converts it, or says there is
     none yet (a DeepSeek-V4 had been listed with no word)."""
     import numpy as np
     from safetensors.numpy import save_file
 
     import ms_port
+    from ms_port.match import mapping
 
+    monkeypatch.setitem(mapping.PLANNED_MODEL_TYPES, "deepseek_v9", "DeepSeek-V9, not built")
     for model_type, says in (("qwen3", "mindformers:qwen3"),
-                             ("deepseek_v4", "none yet (DeepSeek-V4"), ("mamba", None)):
+                             ("deepseek_v4", "mindformers:deepseek4"),
+                             ("deepseek_v9", "none yet (DeepSeek-V9"), ("mamba", None)):
         folder = tmp_path / model_type
         folder.mkdir()
         (folder / "config.json").write_text(json.dumps({"model_type": model_type}))

@@ -78,7 +78,8 @@ class Match:
     @property
     def lossy(self) -> bool:
         """Whether the cast to ``out_dtype`` can lose information."""
-        return self.dtype != self.out_dtype and not widens(self.dtype, self.out_dtype)
+        return (self.dtype != self.out_dtype and not widens(self.dtype, self.out_dtype)
+                and self.dtype not in INT_DTYPES)  # integers: checked exact when written
 
     def to_dict(self) -> dict[str, Any]:
         return {"target": self.target, "source": self.source, "how": self.how,
@@ -204,7 +205,17 @@ def widens(src: str, dst: str) -> bool:
     return src == dst
 
 
-def cast_dtype(dtype: str, wanted: str | None) -> str:
+#: integer dtypes a target may state for an integer source (checked exact when written)
+INT_DTYPES = frozenset({"int8", "int16", "int32", "int64", "uint8"})
+
+
+def cast_dtype(dtype: str, wanted: str | None, target: str | None = None) -> str:
+    """What a source tensor of ``dtype`` is written as: ``wanted`` (``--dtype``) for a
+    floating-point one; for an integer one, the integer dtype its target states
+    (MindFormers' DeepSeek-V4 ``tid2eid`` is int32 where transformers saves int64), each
+    value checked to fit when it is written (:func:`~ms_port.match.result.exact_cast`)."""
+    if target in INT_DTYPES and dtype in INT_DTYPES:
+        return target
     return wanted if wanted and dtype in FLOAT_DTYPES else dtype
 
 
@@ -244,5 +255,19 @@ def fit(shape: tuple[int, ...], tt: TargetTensor,
     return None
 
 
-__all__ = ["HOW", "Candidate", "Conflict", "Dropped", "Leftover", "Match", "Missing", "Unused",
-           "cast_dtype", "fit", "numel", "shape_or_none", "widens"]
+__all__ = [
+    "HOW",
+    "INT_DTYPES",
+    "Candidate",
+    "Conflict",
+    "Dropped",
+    "Leftover",
+    "Match",
+    "Missing",
+    "Unused",
+    "cast_dtype",
+    "fit",
+    "numel",
+    "shape_or_none",
+    "widens",
+]

@@ -26,6 +26,7 @@ from ..read.sources import Source, read_source
 from ..read.targets import Target, TargetTensor, from_arch, from_cell, from_infos, instantiate
 from ..read.tensors import TensorInfo
 from ..reports import ConversionReport
+from .entries import cast_dtype
 from .layouts import Layout
 from .mapping import layered
 from .plan import Conflict, Dropped, Match, Missing, Plan, PlanOptions, Unused, make_plan
@@ -74,14 +75,29 @@ def _from_config(config: dict[str, Any], where: str) -> tuple[Source, str]:
     with torch.device("meta"):
         module = torch_from_config(config, where)
     tied = tied_names(module)
-    infos: dict[str, TensorInfo] = {}
+    kept: dict[str, Any] = {}
     for name, tensor in module.state_dict().items():
-        if tied.get(name, set()) & set(infos):  # the twin is already listed
-            continue
+        if not tied.get(name, set()) & set(kept):  # else the twin is already listed
+            kept[name] = tensor
+    infos: dict[str, TensorInfo] = {}
+    for name, tensor in _as_saved(module, kept).items():
+        own = dtype if tensor.is_floating_point() else \
+            _TORCH_DTYPE_NAMES.get(str(tensor.dtype).removeprefix("torch."), dtype)
         for part, shape in _on_disk(name, tuple(tensor.shape)):
-            infos[part] = TensorInfo(part, shape, dtype)
+            infos[part] = TensorInfo(part, shape, own)
     what = f"transformers {type(module).__name__} ({where})"
     return Source(what, "torch-module", infos, config=config, config_path=where), what
+
+
+def _as_saved(module: Any, state: dict[str, Any]) -> dict[str, Any]:
+    """``state`` under the names ``save_pretrained`` writes: transformers 5 reverts its
+    loading conversions when it saves (DeepSeek-V4's ``self_attn.q_a_proj`` is saved as
+    ``attn.wq_a``, its stacked experts one tensor each), on the meta device too."""
+    try:
+        from transformers.core_model_loading import revert_weight_conversion
+    except ImportError:  # a transformers without conversions saves what it holds
+        return state
+    return revert_weight_conversion(module, state)
 
 
 def _on_disk(name: str, shape: tuple[int, ...]) -> list[tuple[str, tuple[int, ...]]]:
@@ -193,9 +209,11 @@ def invert_plan(forward: Plan, checkpoint: Source, torch_side: Source) -> Plan:
         if m.part is not None:  # split on conversion: fused again below
             split.setdefault(m.source, []).append(m)
             continue
+        # an integer tensor goes back to the integer dtype PyTorch holds (int32 -> int64)
         matches[m.source] = Match(
             m.source, m.target, m.how, f"inverse of {m.detail}", m.shape, m.source_shape,
-            dtype, dtype, invert(m.transforms, m.source_shape))
+            dtype, cast_dtype(dtype, None, torch_side.tensors[m.source].dtype),
+            invert(m.transforms, m.source_shape))
     for name, parts in split.items():
         parts.sort(key=lambda p: p.part)
         dtype = checkpoint.tensors[parts[0].target].dtype
@@ -290,7 +308,5 @@ def export_plan(checkpoint: str | Path, opts: ExportOptions,
     plan = invert_plan(forward, ckpt, torch_side)
     plan.notes += cluster_notes(ckpt)
     if dtype is not None:
-        from .entries import cast_dtype
-
         plan.matches = [replace(m, out_dtype=cast_dtype(m.dtype, dtype)) for m in plan.matches]
     return plan

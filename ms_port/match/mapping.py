@@ -39,11 +39,7 @@ def selected_model_types(target_key: str) -> list[str]:
 
 #: model types a family is sometimes handed that no shipped table takes yet: what they are,
 #: and what ms-port offers for them (said where a family refuses the config)
-PLANNED_MODEL_TYPES = {
-    "deepseek_v4": "DeepSeek-V4 (one shared K=V head, hyper-connections, compressed "
-                   "attention; MindFormers 2.1's PyNative DeepseekV4ForCausalLM); its target, "
-                   "mindformers:deepseek4, is not built yet",
-}
+PLANNED_MODEL_TYPES: dict[str, str] = {}
 
 
 def families_for(model_type: object) -> list[str]:

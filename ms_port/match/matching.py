@@ -194,7 +194,7 @@ def _accept(state: Planning) -> None:
                 "the transforms or map another tensor"))
             continue
         state.matches[t] = Match(t, s, how, detail, info.shape, tt.shape, info.dtype,
-                                 cast_dtype(info.dtype, state.dtype), fitted)
+                                 cast_dtype(info.dtype, state.dtype, tt.dtype), fitted)
 
 
 def _initialise(state: Planning) -> None:

@@ -16,7 +16,7 @@ from ..errors import MappingError
 from ..read.sources import Source
 from ..read.targets import Target
 from ..read.tensors import TensorInfo, format_shape, numpy_dtype
-from .entries import HOW, Conflict, Dropped, Match, Missing, Unused
+from .entries import HOW, INT_DTYPES, Conflict, Dropped, Match, Missing, Unused
 from .layouts import Layout
 from .mapping import MappingTable
 from .rules import NETWORK, known_drop
@@ -110,14 +110,13 @@ class Plan(Renderable):
             for g in range(m.groups):
                 array = apply_all(m.group_transforms,
                                   np.asarray(info.load_rows(g * rows, (g + 1) * rows)))
-                yield (array.astype(numpy_dtype(m.out_dtype)) if m.out_dtype != m.dtype
-                       else array)
+                yield exact_cast(array, m) if m.out_dtype != m.dtype else array
             return
         for names, layout in grouped_parts(m):
             array = apply_all(m.group_transforms,
                               layout.join([self.source.tensors[n].load() for n in names]))
             if m.out_dtype != m.dtype:
-                array = array.astype(numpy_dtype(m.out_dtype))
+                array = exact_cast(array, m)
             yield array
 
     def expected(self, m: Match) -> np.ndarray:
@@ -284,8 +283,21 @@ def materialize(match: Match, info: TensorInfo | list[TensorInfo]) -> np.ndarray
         array = info.load()
     array = apply_all(match.transforms, array)
     if match.out_dtype != match.dtype:
-        array = array.astype(numpy_dtype(match.out_dtype))
+        array = exact_cast(array, match)
     return array
+
+
+def exact_cast(array: np.ndarray, match: Match) -> np.ndarray:
+    """``array`` as ``match.out_dtype``; an integer source must fit its target's integer
+    dtype value for value (a token id table written as int32), or nothing is written."""
+    out = array.astype(numpy_dtype(match.out_dtype))
+    if match.dtype in INT_DTYPES and not np.array_equal(out, array):
+        info = np.iinfo(out.dtype)
+        raise MappingError(
+            f"{match.source!r} holds values outside {match.out_dtype} [{info.min}, "
+            f"{info.max}], which {match.target!r} holds; the checkpoint is not what the "
+            "target expects — check the source tensor")
+    return out
 
 
 def initial_array(init: str | float, shape: tuple[int, ...], dtype: str) -> np.ndarray:

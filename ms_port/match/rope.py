@@ -198,6 +198,11 @@ UNSUPPORTED = {
 }
 
 
+#: the labels DeepSeek-V4's rope_parameters is keyed by (the attention's own, and its
+#: compressed branches'), in place of one mapping
+LABELLED = ("main", "compress")
+
+
 def read_rope(config: dict[str, Any]) -> Rope:
     """The rotary embedding a Hugging Face config describes (either config form): the
     one reader of ``rope_theta``, ``partial_rotary_factor`` and the scaling for every
@@ -220,6 +225,9 @@ def read_rope(config: dict[str, Any]) -> Rope:
         if given is None and value:
             given, key = value, name
     given = given or {}
+    if given and set(given) <= set(LABELLED) and isinstance(given.get("main"), dict):
+        # DeepSeek-V4: one mapping per kind of layer; the attention's own is "main"
+        given, key = given["main"], f"{key}.main"
     # transformers takes the theta inside the RoPE mapping first (its setdefault)
     theta = (_number(given, "rope_theta", key or "rope_parameters")
              or _number(config, "rope_theta", "config") or 10000.0)

@@ -445,6 +445,7 @@ FAMILIES = {"mindformers:llama": "ms_port.archs.llama.family",
             "mindformers:qwen3_moe": "ms_port.archs.parallel_core.moe",
             "mindformers:deepseek3": "ms_port.archs.parallel_core.deepseek",
             "mindformers:deepseek32": "ms_port.archs.parallel_core.deepseek32",
+            "mindformers:deepseek4": "ms_port.archs.parallel_core.deepseek4",
             "mindformers:glm4": "ms_port.archs.glm.family"}
 
 
@@ -456,6 +457,7 @@ FAMILY_NETWORKS = {
     "mindformers:deepseek3": "TrainingDeepseekV3ForCausalLM",
     "mindformers:deepseek32": "TrainingDeepseekV3ForCausalLM (experimental_attention_variant: "
                               "dsa)",
+    "mindformers:deepseek4": "DeepseekV4ForCausalLM (PyNative; needs hyper_parallel)",
     "mindformers:glm4": "ChatGLM2ForConditionalGeneration",
 }
 
