@@ -201,12 +201,20 @@ UNSUPPORTED = {
 #: the labels DeepSeek-V4's rope_parameters is keyed by (the attention's own, and its
 #: compressed branches'), in place of one mapping
 LABELLED = ("main", "compress")
+#: DeepSeek-V4's compressed branches' rotary base where its config is silent (transformers'
+#: and MindFormers' default)
+COMPRESS_THETA = 160000.0
 
 
-def read_rope(config: dict[str, Any]) -> Rope:
+def read_rope(config: dict[str, Any], part: str = "main") -> Rope:
     """The rotary embedding a Hugging Face config describes (either config form): the
     one reader of ``rope_theta``, ``partial_rotary_factor`` and the scaling for every
     family (a test holds that no family reads those keys by itself).
+
+    DeepSeek-V4 describes two embeddings: its attention's (``part`` ``main``) and its
+    compressed branches' (``compress``): transformers 5 writes ``rope_parameters`` keyed by
+    those labels, the Hub's files ``rope_theta`` for the first and ``compress_rope_theta``
+    with ``rope_scaling`` for the second (the sliding-window attention is never scaled).
 
     Never refuses a scaling for conversion: the weights do not depend on it. A scaling
     MindFormers cannot compute exactly carries its ``problem``; a malformed value is a
@@ -225,9 +233,16 @@ def read_rope(config: dict[str, Any]) -> Rope:
         if given is None and value:
             given, key = value, name
     given = given or {}
-    if given and set(given) <= set(LABELLED) and isinstance(given.get("main"), dict):
-        # DeepSeek-V4: one mapping per kind of layer; the attention's own is "main"
-        given, key = given["main"], f"{key}.main"
+    if part not in LABELLED:
+        raise ValueError(f"part {part!r}: one of {LABELLED}")
+    if given and set(given) <= set(LABELLED) and isinstance(given.get(part), dict):
+        # DeepSeek-V4: one mapping per kind of embedding
+        given, key = given[part], f"{key}.{part}"
+    elif part == "compress":  # the Hub's DeepSeek-V4: the scaling is the compressed ones'
+        theta = _number(config, "compress_rope_theta", "config")
+        given = {**given, "rope_theta": COMPRESS_THETA if theta is None else theta}
+    elif key == "rope_scaling" and config.get("compress_rope_theta") is not None:
+        given, key = {}, None  # the Hub's DeepSeek-V4: its attention is never scaled
     # transformers takes the theta inside the RoPE mapping first (its setdefault)
     theta = (_number(given, "rope_theta", key or "rope_parameters")
              or _number(config, "rope_theta", "config") or 10000.0)

@@ -35,7 +35,9 @@ FAMILY = "mindformers:llama"
 #: the targets whose configuration ms-port writes: spec -> its writer, which takes the
 #: config, the family's layout options and where the checkpoint is (imported when used)
 YAML_FAMILIES = {"mindformers:llama": "ms_port.write.model_config:mindformers_yaml",
-                 "mindformers:glm4": "ms_port.write.model_config_glm:glm4_yaml"}
+                 "mindformers:glm4": "ms_port.write.model_config_glm:glm4_yaml",
+                 "mindformers:deepseek4":
+                     "ms_port.write.model_config_deepseek4:deepseek4_yaml"}
 #: id range a token id may take in config.json (MindSpore's int32 token ids)
 _ID_RANGE = (-(2**31), 2**31 - 1)
 #: the run settings' example input length, when config.json allows more

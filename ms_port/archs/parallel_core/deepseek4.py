@@ -55,6 +55,8 @@ COMPRESS_RATES = {"compressed_sparse_attention": 4, "heavily_compressed_attentio
 #: the ratio whose compressor reads overlapping windows and carries a lightning indexer
 #: (DeepSeek-V4's CSA); any other nonzero ratio is a plain compressor (HCA)
 OVERLAP_RATIO = 4
+#: the ratios MindFormers' TransformerConfig accepts (0: no compressor)
+BUILT_RATIOS = (0, 4, 128)
 #: what DeepSeek-V4's and MindFormers' configs both assume where config.json is silent
 DEFAULTS = {"num_key_value_heads": 1, "n_shared_experts": 1, "hc_mult": 4,
             "index_n_heads": 64, "index_head_dim": 128, "num_nextn_predict_layers": 1}
@@ -122,19 +124,23 @@ def _rope_dim(config: dict[str, Any], head_dim: int) -> int:
     return dim
 
 
-def _ratios(config: dict[str, Any], layers: int, mtp: int) -> tuple[int, ...]:
+def _ratios(config: dict[str, Any], layers: int, mtp: int, stated: int
+            ) -> tuple[int, ...]:
     """Each layer's compression ratio, then each MTP layer's (the Hub's ``compress_ratios``,
     or transformers 5's ``layer_types`` with ``compress_rates``; an MTP layer it does not
-    describe has none, as the Hub's DeepSeek-V4 gives it)."""
+    describe has none, as the Hub's DeepSeek-V4 gives it). ``stated``: the MTP layers the
+    config counts (the list holds theirs even where ``mtp`` leaves them out)."""
     given = config.get("compress_ratios")
     if given is not None:
-        if not isinstance(given, list) or len(given) not in (layers, layers + mtp) or any(
+        most = layers + max(mtp, stated)
+        if not isinstance(given, list) or not layers <= len(given) <= most or any(
                 not isinstance(r, int) or isinstance(r, bool) or not 0 <= r <= 1 << 20
                 for r in given):
             raise TargetError(f"config.json: compress_ratios is {shown(given)}; expected "
-                              f"{layers} (or {layers + mtp}, with the MTP layer's) "
-                              "non-negative integers")
-        return tuple(given) + (0,) * (layers + mtp - len(given))
+                              f"{layers} (or {most}, with the MTP layer's) non-negative "
+                              "integers")
+        padded = tuple(given) + (0,) * (most - len(given))
+        return _built(padded[:layers + mtp], "compress_ratios")
     types = config.get("layer_types")
     rates = config.get("compress_rates") or COMPRESS_RATES
     if types is None:  # transformers' default: two HCA layers, then CSA and HCA in turn
@@ -159,7 +165,17 @@ def _ratios(config: dict[str, Any], layers: int, mtp: int) -> tuple[int, ...]:
             raise TargetError(f"config.json: compress_rates[{key}] is {shown(rate)}; expected "
                               "a positive integer")
         out.append(rate)
-    return tuple(out) + (0,) * mtp
+    return _built(tuple(out) + (0,) * mtp, "compress_rates")
+
+
+def _built(ratios: tuple[int, ...], key: str) -> tuple[int, ...]:
+    """``ratios``, refused where MindFormers' network builds no such compressor."""
+    odd = sorted({r for r in ratios if r not in BUILT_RATIOS})
+    if odd:
+        raise TargetError(f"config.json: {key} gives compression ratio(s) "
+                          f"{', '.join(map(str, odd))}; MindFormers' DeepSeek-V4 builds "
+                          f"{', '.join(map(str, BUILT_RATIOS))} only")
+    return ratios
 
 
 def _hash_layers(config: dict[str, Any], layers: int) -> int:
@@ -217,7 +233,8 @@ def deepseek4_sizes(config: dict[str, Any], *, mtp: bool | None = None) -> Deeps
         expert_intermediate=_int(config, "moe_intermediate_size"),
         shared=_int(config, "n_shared_experts"), hc=_int(config, "hc_mult"),
         index_heads=_int(config, "index_n_heads"), index_dim=_int(config, "index_head_dim"),
-        ratios=_ratios(config, layers, wanted), hash_layers=_hash_layers(config, layers),
+        ratios=_ratios(config, layers, wanted, stated_mtp),
+        hash_layers=_hash_layers(config, layers),
         mtp=wanted)
     sizes = replace(sizes, topk=read_int(config, "num_experts_per_tok", 6))
     if sizes.topk > sizes.experts:
