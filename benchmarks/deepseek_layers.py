@@ -3,12 +3,15 @@ layer of ``--experts`` routed experts (64 by default; the Hub model has 256), wi
 embedding, the head and the shared expert.
 
     python benchmarks/deepseek_layers.py [--experts 64] [--runs 1] [--baseline COMMIT]
-        [--v32] [--convert]
+        [--v32 | --v4] [--convert]
 
 ``--v32``: DeepSeek-V3.2 (``model_type`` ``deepseek_v32``, ``mindformers:deepseek32``): the
-same layers, each with its lightning indexer (64 heads of 128). ``--convert``: measure the
-conversion instead, beside ``cp`` + ``sync`` of the same file (fresh processes, the file
-warm, medians of ``--runs``).
+same layers, each with its lightning indexer (64 heads of 128). ``--v4``: DeepSeek-V4-Flash's
+widths (``mindformers:deepseek4``; hidden 4096, 64 heads of 512, ``o_groups`` 8,
+hyper-connections of 4, 2048-wide experts), two layers (an HCA and a CSA one with its
+indexer), as ``save_pretrained`` names them; convert only (no forward runs for it).
+``--convert``: measure the conversion instead, beside ``cp`` + ``sync`` of the same file
+(fresh processes, the file warm, medians of ``--runs``).
 
 Setup (untimed, cached under ``benchmarks/.cache/deepseek-layers/``): the Hugging Face
 directory (seeded bfloat16, the Hub's names and per-expert keys, its config cut to two
@@ -78,6 +81,36 @@ def model(folder: Path, experts: int, v32: bool = False) -> Path:
     return folder
 
 
+#: DeepSeek-V4-Flash's config (transformers' DeepseekV4Config defaults), cut to two layers
+V4 = {"model_type": "deepseek_v4", "architectures": ["DeepseekV4ForCausalLM"],
+      "vocab_size": VOCAB, "hidden_size": 4096, "moe_intermediate_size": 2048,
+      "num_hidden_layers": 2, "num_attention_heads": 64, "num_key_value_heads": 1,
+      "head_dim": 512, "q_lora_rank": 1024, "num_experts_per_tok": 6, "n_shared_experts": 1,
+      "o_groups": 8, "o_lora_rank": 1024, "index_n_heads": 64, "index_head_dim": 128,
+      "hc_mult": 4, "layer_types": ["heavily_compressed_attention",
+                                    "compressed_sparse_attention"],
+      "mlp_layer_types": ["moe", "moe"], "num_nextn_predict_layers": 0, "dtype": "bfloat16"}
+
+
+def model_v4(folder: Path, experts: int) -> Path:
+    """DeepSeek-V4's directory (made once): the names and shapes ``save_pretrained``
+    writes for the config (ms-port's export computes them with transformers on the meta
+    device), seeded bfloat16."""
+    if (folder / "config.json").exists():
+        return folder
+    import numpy as np
+
+    from ms_port.match.inversion import _from_config
+
+    config = {**V4, "n_routed_experts": experts}
+    source, _ = _from_config(config, "config.json")
+    shapes = [(name, info.shape) for name, info in source.tensors.items()]
+    folder.mkdir(parents=True, exist_ok=True)
+    inputs._write_bf16(folder / "model.safetensors", shapes, np.random.default_rng(11))
+    (folder / "config.json").write_text(json.dumps(config, indent=2))
+    return folder
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--experts", type=int, default=64)
@@ -85,15 +118,21 @@ def main() -> None:
     ap.add_argument("--baseline", metavar="COMMIT",
                     help="also verify with ms-port at COMMIT (a git worktree), side by side")
     ap.add_argument("--v32", action="store_true", help="DeepSeek-V3.2 (an indexer per layer)")
+    ap.add_argument("--v4", action="store_true", help="DeepSeek-V4 (convert only)")
     ap.add_argument("--convert", action="store_true",
                     help="measure convert beside cp + sync instead of verify")
     args = ap.parse_args()
-    root = CACHE / f"{args.experts}e{'-v32' if args.v32 else ''}"
-    family = "mindformers:deepseek32" if args.v32 else "mindformers:deepseek3"
-    src = model(root / "hf", args.experts, args.v32)
+    version = "v4" if args.v4 else "v3.2" if args.v32 else "v3"
+    root = CACHE / f"{args.experts}e{'' if version == 'v3' else '-' + version.replace('.', '')}"
+    family = {"v4": "mindformers:deepseek4", "v3.2": "mindformers:deepseek32"}.get(
+        version, "mindformers:deepseek3")
+    src = (model_v4(root / "hf", args.experts) if args.v4 else
+           model(root / "hf", args.experts, args.v32))
     out = root / "m.ckpt"
     ms = str(Path(PY).parent / "ms-port")
-    name = f"deepseek-v3{'.2' if args.v32 else ''}-widths-2-layers-{args.experts}-experts"
+    name = f"deepseek-{version}-widths-2-layers-{args.experts}-experts"
+    if args.v4 and not args.convert:
+        ap.error("--v4 measures convert only (--convert): no forward of it runs")
     if args.convert:
         print(json.dumps(convert_side_by_side(src, out, family, args.runs, name), indent=2))
         return
