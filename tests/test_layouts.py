@@ -991,7 +991,7 @@ def test_a_target_being_written_is_never_overwritten_by_the_next_one_prepared(mo
                      parse_mapping(QKV, origin="t.yaml"))
     assert plan.ok and all(m.layout is not None for m in plan.matches)
     seen = []
-    with writers._prepared(plan, {}) as stream:
+    with writers._prepared(plan, {}, {}) as stream:
         for m, data in stream:
             taken = []
             for chunk in data.chunks:

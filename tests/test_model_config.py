@@ -209,14 +209,15 @@ def test_a_target_other_than_the_family_is_refused_in_one_line(tmp_path, cli):
     yml, out = tmp_path / "m.yaml", tmp_path / "other.ckpt"
     line = _one_error(cli(["convert", str(src), "--target", str(template), "-o", str(out),
                            "--model-config", str(yml)]))
-    assert "--ms-model mindformers:llama or mindformers:glm4 only" in line
+    assert "--ms-model mindformers:llama or mindformers:glm4 or mindformers:deepseek4 only" \
+        in line
     assert str(template) in line
     assert not yml.exists() and not out.exists()
     # the same command with the family as its target writes both
     result = cli(["convert", str(src), "--ms-model", "mindformers:llama", "-o", str(out),
                   "--model-config", str(yml)])
     assert result.exit_code == 0 and yml.exists() and out.exists(), result.output
-    with pytest.raises(ms_port.TargetError, match="mindformers:llama or mindformers:glm4 only"):
+    with pytest.raises(ms_port.TargetError, match="mindformers:llama or mindformers:glm4 or mindformers:deepseek4 only"):
         ms_port.convert(src, arch="resnet18", output=tmp_path / "r.ckpt", model_config=yml)
 
 

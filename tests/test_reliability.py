@@ -402,16 +402,17 @@ def test_each_tensor_is_compared_beside_the_writer(tmp_path, monkeypatch):
 def test_the_check_compares_with_the_plan_not_with_what_the_writer_was_handed(
         tmp_path, monkeypatch, fmt):
     """A fault between the plan and the writer (a value changed in the array handed to
-    it, as a reused buffer overwritten too early would) is caught: the checks load the
-    plan's data themselves, so they never agree with the writer's copy by construction."""
+    it, as a reused buffer overwritten too early would) is caught: the checks compare the
+    file with the digests taken as the data was made, before the writer had it, so they
+    never agree with the writer's copy by construction."""
     import ms_port.write.writers as writers
     from ms_port.errors import ReadbackError
 
     real = writers._prepared
 
-    def faulty(plan, nonfinite):
+    def faulty(plan, nonfinite, digests):
         def arrays():
-            with real(plan, nonfinite) as items:
+            with real(plan, nonfinite, digests) as items:
                 for match, data in items:
                     if match.target == "t2":
                         raw = np.concatenate([np.array(c) for c in data.chunks])
@@ -665,15 +666,15 @@ def test_a_check_that_fails_leaves_no_map_or_descriptor_on_the_temporary_file(
     import ms_port.write.proof as proof
     from ms_port.write.writers import write_plan
 
-    real, calls = proof.same_bits, []
+    real, calls = proof.digest, []
 
-    def interrupted(a, b):
-        calls.append(a.size)
+    def interrupted(data, value=(0, 1)):
+        calls.append(len(data))
         if len(calls) == 3:
             raise MemoryError("interrupted in the middle of a comparison")
-        return real(a, b)
+        return real(data, value)
 
-    monkeypatch.setattr(proof, "same_bits", interrupted)
+    monkeypatch.setattr(proof, "digest", interrupted)
     gc.disable()
     try:
         with pytest.raises(MemoryError, match="interrupted in the middle") as caught:

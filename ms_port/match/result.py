@@ -4,8 +4,9 @@ tensor must hold (:func:`materialize`), and the plan as a mapping table (``--sav
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -104,20 +105,26 @@ class Plan(Renderable):
         the writer and the read-back hold one expert's rows, not the whole tensor. A
         one-source target's groups are its source's rows along the first axis, each read
         alone."""
+        return (make() for make in self.group_makers(m))
+
+    def group_makers(self, m: Match) -> list[Callable[[], np.ndarray]]:
+        """:meth:`grouped`'s groups as functions, each making its group on its own (a
+        writer makes two at once, in two threads)."""
         if not m.parts:  # equal groups of rows (many.Many._row_groups)
             info = self.source.tensors[m.source]
             rows = info.shape[0] // m.groups
-            for g in range(m.groups):
+
+            def rows_of(g: int) -> np.ndarray:
                 array = apply_all(m.group_transforms,
                                   np.asarray(info.load_rows(g * rows, (g + 1) * rows)))
-                yield exact_cast(array, m) if m.out_dtype != m.dtype else array
-            return
-        for names, layout in grouped_parts(m):
+                return exact_cast(array, m) if m.out_dtype != m.dtype else array
+            return [partial(rows_of, g) for g in range(m.groups)]
+
+        def joined(names: tuple[str, ...], layout: Layout) -> np.ndarray:
             array = apply_all(m.group_transforms,
                               layout.join([self.source.tensors[n].load() for n in names]))
-            if m.out_dtype != m.dtype:
-                array = exact_cast(array, m)
-            yield array
+            return exact_cast(array, m) if m.out_dtype != m.dtype else array
+        return [partial(joined, names, layout) for names, layout in grouped_parts(m)]
 
     def expected(self, m: Match) -> np.ndarray:
         """What ``m``'s target must hold: its source's data transformed and cast, or the

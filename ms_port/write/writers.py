@@ -26,13 +26,14 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
+from .._crc import digest
 from .._libc import libc_function
 from ..errors import NonFiniteError, OutputExistsError, WriteError
 from ..match.plan import Match, Plan
 from ..read.ckpt import WRITABLE_DTYPES, CkptWriter, tensor_bytes, write_all
 from ..read.sources import SAFETENSORS_DTYPES
 from ..read.tensors import FLOAT_DTYPES, itemsize, numpy_dtype, released_chunks
-from .proof import Checks, Progress, readback
+from .proof import Checks, Digests, Progress, readback
 
 FORMATS = ("ckpt", "safetensors", "pth")  # pth: export, MindSpore -> PyTorch
 _ST_CODES = SAFETENSORS_CODES = {v: k for k, v in SAFETENSORS_DTYPES.items()}
@@ -281,13 +282,16 @@ def write_plan(
         # "r+b", not "wb": the file is new and empty, and a truncation (O_TRUNC) makes
         # ext4 flush the whole file when any descriptor of it closes (auto_da_alloc),
         # which stalled the readback's first read behind the fsync (0.6 s for 2 GiB)
+        # the digests of experts made a group at a time, taken as each group is made:
+        # the read-back compares the file with them rather than making every group again
+        digests: Digests = {}
         with open(tmp, "r+b") as f, ThreadPoolExecutor(1, "ms-port-fsync") as pool, \
-                _checks(plan, f, tmp, format, progress) as checks:
+                _checks(plan, f, tmp, format, progress, digests) as checks:
             written = _WriteBehind(f, pool, progress)
             if format == "pth":
                 _write_pth(plan, f, nonfinite)
             else:
-                with _prepared(plan, nonfinite) as items:
+                with _prepared(plan, nonfinite, digests) as items:
                     if format == "ckpt":
                         _write_ckpt(plan, items, f, crc=crc, progress=written, checks=checks)
                     else:
@@ -380,32 +384,54 @@ class _Data:
     chunks: Iterable[np.ndarray]
 
 
+@dataclass
+class _Preparing:
+    """What the workers preparing a writer's data share: the chunk worker, the two
+    threads that make a grouped target's groups, and what they leave for the writer
+    (NaN/Inf counts) and the read-back (the groups' digests)."""
+
+    chunker: ThreadPoolExecutor
+    makers: ThreadPoolExecutor
+    nonfinite: dict[str, int]
+    digests: Digests
+
+
+#: groups of a grouped target made at once, each in a thread of its own (a transposed
+#: expert is CPU work; the writer, the read-back and the disk take the rest)
+GROUPS_AHEAD = 2
+
+
 @contextlib.contextmanager
-def _prepared(plan: Plan, nonfinite: dict[str, int]) -> Iterator[Iterator[tuple[Match, _Data]]]:
-    """Each target's data for a writer, in two workers beside it.
+def _prepared(plan: Plan, nonfinite: dict[str, int], digests: Digests
+              ) -> Iterator[Iterator[tuple[Match, _Data]]]:
+    """Each target's data for a writer, in workers beside it.
 
     One prepares the next target while the one before is written: computed whole where
     something computes it (a transform, a cast, a declared value); a source's mapped
     data where it is a source's data; where it is its parts fused, their mapped data.
-    The other cuts the target being written into chunks a chunk ahead of the writer,
+    Another cuts the target being written into chunks a chunk ahead of the writer,
     joining a fused target's parts a few groups at a time
     (:meth:`~ms_port.match.layouts.Layout.chunks`, two buffers in turn) and counting
-    NaN/Inf into ``nonfinite``. Two targets are alive at once, and two chunks.
+    NaN/Inf into ``nonfinite``. Two targets are alive at once, and two chunks. A target
+    made a group at a time (experts) has :data:`GROUPS_AHEAD` groups made at once, in
+    order, each group's digest left in ``digests`` as it is made.
     """
-    with ThreadPoolExecutor(1, "ms-port-chunks") as chunker:
-        items = _one_ahead(_data(plan, m, nonfinite, chunker) for m in plan.matches)
+    with ThreadPoolExecutor(1, "ms-port-chunks") as chunker, \
+            ThreadPoolExecutor(GROUPS_AHEAD, "ms-port-groups") as makers:
+        prep = _Preparing(chunker, makers, nonfinite, digests)
+        items = _one_ahead(_data(plan, m, prep) for m in plan.matches)
         try:
             yield items
         finally:
             items.close()
 
 
-def _data(plan: Plan, m: Match, nonfinite: dict[str, int], chunker: ThreadPoolExecutor
-          ) -> tuple[Match, _Data]:
+def _data(plan: Plan, m: Match, prep: _Preparing) -> tuple[Match, _Data]:
     chunks: Iterable[np.ndarray] | None = None
-    if m.groups:  # one expert at a time, transformed and cast: never the whole tensor
+    if m.groups:  # a few experts at a time, transformed and cast: never the whole tensor
         shape, dtype = m.shape, m.out_dtype
-        chunks = (tensor_bytes(group)[2] for group in plan.grouped(m))
+        made = _in_order(plan.group_makers(m), prep.makers)
+        chunks = (tensor_bytes(group)[2] for group in made)
     elif m.parts and m.layout is not None and not m.transforms and m.out_dtype == m.dtype:
         parts = [plan.source.tensors[p].load() for p in m.parts]
         if all(p.dtype == numpy_dtype(m.dtype) for p in parts):  # native byte order
@@ -416,12 +442,44 @@ def _data(plan: Plan, m: Match, nonfinite: dict[str, int], chunker: ThreadPoolEx
         shape, dtype, raw = tensor_bytes(array)
         step = max(1, CHUNK_BYTES // array.dtype.itemsize) * array.dtype.itemsize  # whole values
         chunks = released_chunks(raw, step)
-    scanned = _scanned(_counted_as(m), dtype, chunks, nonfinite)
+    scanned = _scanned(_counted_as(m), dtype, _digested(m.target, chunks, prep.digests),
+                       prep.nonfinite)
     if m.nbytes <= CHUNK_BYTES:
         # one chunk: scanned here, a target ahead, rather than handed to the chunk worker
         # and back (two round trips per tensor: +3 s for 20,000 small tensors)
         return m, _Data(shape, dtype, tuple(scanned))
-    return m, _Data(shape, dtype, _one_ahead(scanned, chunker))
+    return m, _Data(shape, dtype, _one_ahead(scanned, prep.chunker))
+
+
+def _in_order(makers: list[Any], pool: ThreadPoolExecutor) -> Iterator[np.ndarray]:
+    """Each maker's result, in order, :data:`GROUPS_AHEAD` made at once in ``pool``; a
+    caller that stops early waits only for those in the making."""
+    pending: list[Future[np.ndarray]] = []
+    todo = iter(makers)
+    try:
+        for make in todo:
+            pending.append(pool.submit(make))
+            if len(pending) >= GROUPS_AHEAD:
+                yield pending.pop(0).result()
+        while pending:
+            yield pending.pop(0).result()
+    finally:
+        for future in pending:
+            if not future.cancel():
+                with contextlib.suppress(BaseException):  # its error is no longer wanted
+                    future.result()
+
+
+def _digested(name: str, chunks: Iterable[np.ndarray], digests: Digests
+              ) -> Iterator[np.ndarray]:
+    """``chunks`` passed through, each one's size and digest taken as it is made (in the
+    worker that makes it, before the writer or a reused buffer can touch it); the list is
+    put in ``digests[name]`` once the last is made."""
+    taken = []
+    for chunk in chunks:
+        taken.append((chunk.size, digest(chunk)))
+        yield chunk
+    digests[name] = tuple(taken)
 
 
 def _counted_as(m: Match) -> str:
@@ -502,14 +560,14 @@ def _count_nonfinite(array: np.ndarray, dtype: str) -> int:
     return count
 
 
-def _checks(plan: Plan, f: BinaryIO, tmp: Path, format: str, progress: Progress | None
-            ) -> contextlib.AbstractContextManager[Checks | None]:
+def _checks(plan: Plan, f: BinaryIO, tmp: Path, format: str, progress: Progress | None,
+            digests: Digests) -> contextlib.AbstractContextManager[Checks | None]:
     """Each tensor read back as soon as it is written, beside the writer (a 1.1B LLaMA,
     fused, alternated CLI runs: 2.46 s with the read-back after the write, 2.31 s beside
     it); a ``.pth`` is written whole at the end and read back then."""
     if format == "pth":
         return contextlib.nullcontext()
-    return Checks(plan, f, tmp, format=format, progress=progress)
+    return Checks(plan, f, tmp, format=format, progress=progress, digests=digests)
 
 
 def _write_ckpt(plan: Plan, items: Iterator[tuple[Match, _Data]], f: BinaryIO, *,

@@ -372,8 +372,10 @@ def deepseek4_target(config: dict[str, Any], *, mtp: bool | None = None) -> Targ
              "MindFormers' PyNative MLP reads (it pairs rows whatever "
              "use_interleaved_weight_layout_mlp says)",
              "declared: each layer's q_rms_gamma and hyper-connection rms_weight (ones) and "
-             "tokens_per_expert (zeros) have no source; router.tid2eid is written as int32, "
-             "checked exact"]
+             "tokens_per_expert (zeros) have no source"]
+    if sizes.hash_layers:
+        notes.append(f"the first {sizes.hash_layers} layers route by token id: their "
+                     "router.tid2eid is written as int32, each value checked to fit")
     optional = {"mtp.": (
         f"the checkpoint holds no Multi-Token Prediction layer (mtp.0), though config.json "
         f"counts {sizes.mtp} (num_nextn_predict_layers): transformers neither loads nor saves "
