@@ -217,7 +217,9 @@ def test_a_target_other_than_the_family_is_refused_in_one_line(tmp_path, cli):
     result = cli(["convert", str(src), "--ms-model", "mindformers:llama", "-o", str(out),
                   "--model-config", str(yml)])
     assert result.exit_code == 0 and yml.exists() and out.exists(), result.output
-    with pytest.raises(ms_port.TargetError, match="mindformers:llama or mindformers:glm4 or mindformers:deepseek4 only"):
+    with pytest.raises(ms_port.TargetError,
+                       match="mindformers:llama or mindformers:glm4 or mindformers:deepseek4 "
+                             "only"):
         ms_port.convert(src, arch="resnet18", output=tmp_path / "r.ckpt", model_config=yml)
 
 
