@@ -20,6 +20,7 @@ from .resolve import (
     plan_for,
     read_with_config,
 )
+from .text import visible
 from .write.writers import Progress, check_not_input, check_output, write_plan, write_text
 
 
@@ -192,7 +193,7 @@ def convert(
     target: str | Path | Target | None = None,
     ms_model: Any = None,
     mapping: Any = None,
-    format: str = "ckpt",
+    format: str | None = None,
     dtype: str | None = None,
     force: bool = False,
     dry_run: bool = False,
@@ -221,7 +222,8 @@ def convert(
         output: the file to write (required unless ``dry_run``).
         arch / target / ms_model: the MindSpore side (see :func:`plan`).
         mapping: extra mapping table(s) (see :func:`plan`).
-        format: ``ckpt`` or ``safetensors``.
+        format: ``ckpt`` or ``safetensors`` (default: from the output's suffix, else
+            ``ckpt``); one the output's suffix contradicts is refused.
         dtype: cast floating-point tensors (``float32``/``float16``/``bfloat16``);
             by default every dtype is kept bit for bit.
         force: replace an existing output once the new one is verified.
@@ -265,7 +267,8 @@ def convert(
     """
     opts = ConvertOptions(
         output=output, arch=arch, target=target, ms_model=ms_model, mapping=mapping,
-        format=format, dtype=dtype, force=force, dry_run=dry_run, save_map=save_map,
+        format=output_format(output, format, max_shard_size is not None), dtype=dtype,
+        force=force, dry_run=dry_run, save_map=save_map,
         allow_missing=allow_missing, allow_unused=allow_unused,
         allow_shape_match=allow_shape_match, check_finite=check_finite, crc=crc, key=key,
         unsafe_pickle=unsafe_pickle, align=align, config=config, ms_options=ms_options,
@@ -338,6 +341,26 @@ def _with_training_state(p: Plan) -> Plan:
                           "converts a Hugging Face Trainer checkpoint-N/ folder's state")
     folder = Path(p.source.path).parent
     return with_training_state(p, read_trainer_state(folder, p.source))
+
+
+#: an output's suffix -> the format it names
+_SUFFIX_FORMATS = {".ckpt": "ckpt", ".safetensors": "safetensors"}
+
+
+def output_format(output: Any, asked: str | None, folder: bool = False) -> str:
+    """The format a conversion writes: ``asked``, else the one ``output``'s suffix names
+    (``model.safetensors``), else ``ckpt``; ``asked`` against the suffix is refused (a
+    ``.safetensors`` file holding a checkpoint would be misread). A folder's name (shards)
+    says nothing."""
+    named = None if folder or output is None else _SUFFIX_FORMATS.get(
+        Path(str(output)).suffix.lower())
+    if asked is None:
+        return named or "ckpt"
+    if named is not None and named != asked:
+        raise MsPortError(f"--format {asked}, but the output {visible(str(output))} is named "
+                          f".{named}: a reader would take it for {named} — drop --format, or "
+                          f"name the file .{asked}")
+    return asked
 
 
 def _check_ranks(opts: ConvertOptions) -> None:

@@ -201,8 +201,8 @@ def _progress_bar(enabled: bool):
 @click.option("-o", "--output", metavar="FILE", help="The MindSpore checkpoint to write.")
 @click.option("--map", "maps", multiple=True, metavar="YAML",
               help="Extra mapping table (repeatable); see docs/mapping.md.")
-@click.option("--format", "fmt", type=click.Choice(["ckpt", "safetensors"]), default="ckpt",
-              show_default=True, help="Output format.")
+@click.option("--format", "fmt", type=click.Choice(["ckpt", "safetensors"]), default=None,
+              help="Output format (default: from the output's suffix, else ckpt).")
 @click.option("--dtype", type=click.Choice(["float32", "float16", "bfloat16"]),
               help="Cast floating-point tensors (default: keep every dtype bit for bit).")
 @click.option("--force", is_flag=True, help="Replace an existing output or --save-map file "

@@ -508,3 +508,27 @@ def test_a_user_factory_is_introspected_without_drawing_its_weights():
     assert drawn == []
     factory()
     assert drawn == [(256, 512)]
+
+
+@pytest.mark.parametrize("name, asked, written", [
+    ("out.safetensors", None, "safetensors"), ("out.ckpt", None, "ckpt"),
+    ("out.bin", None, "ckpt"), ("out.SAFETENSORS", "safetensors", "safetensors")])
+def test_the_output_format_follows_the_name_unless_told(tiny_arch, tmp_path, name,
+                                                       asked, written):
+    """``-o model.safetensors`` writes safetensors (it used to write a checkpoint under that
+    name, which every safetensors reader then refused)."""
+    pth = _save_tiny(tmp_path / "tiny.pth")
+    report = ms_port.convert(pth, arch=tiny_arch, output=tmp_path / name, format=asked)
+    assert report.ok and report.written.format == written
+    head = (tmp_path / name).read_bytes()[:8]
+    assert (int.from_bytes(head, "little") < 1 << 20) == (written == "safetensors")
+
+
+@pytest.mark.parametrize("name, asked", [("out.safetensors", "ckpt"),
+                                         ("out.ckpt", "safetensors")])
+def test_a_format_the_output_name_contradicts_is_refused(tiny_arch, tmp_path, name, asked):
+    pth = _save_tiny(tmp_path / "tiny.pth")
+    with pytest.raises(ms_port.MsPortError, match=rf"--format {asked}, but the output .* is "
+                                                  r"named \.\w+: .* drop --format"):
+        ms_port.convert(pth, arch=tiny_arch, output=tmp_path / name, format=asked)
+    assert not (tmp_path / name).exists()
