@@ -21,14 +21,17 @@ MAX_SIZE = 2**31
 MAX_LAYERS = 1024
 
 
-def read_int(config: Mapping[str, Any], key: str, default: int | None = None) -> int:
-    """A positive integer (at most :data:`MAX_SIZE`); ``default`` where unset or null."""
+def read_int(config: Mapping[str, Any], key: str, default: int | None = None, *,
+             least: int = 1, most: int = MAX_SIZE) -> int:
+    """An integer from ``least`` (a positive one by default) to ``most``; ``default``
+    where unset or null."""
     value = config.get(key, default)
     if value is None:
         value = default
-    if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= MAX_SIZE:
-        raise TargetError(f"config.json: {key} is {shown(value)}; expected a positive integer "
-                          f"there (at most {MAX_SIZE})")
+    if not isinstance(value, int) or isinstance(value, bool) or not least <= value <= most:
+        kind = "a positive integer" if least == 1 else f"an integer from {least}"
+        raise TargetError(f"config.json: {key} is {shown(value)}; expected {kind} there (at "
+                          f"most {most})")
     return value
 
 

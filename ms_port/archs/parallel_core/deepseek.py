@@ -53,7 +53,7 @@ from typing import Any
 from ...errors import TargetError, shown
 from ...match.mapping import elsewhere, families_for, select_table, selected_model_types
 from ...read.targets import Target, TargetTensor
-from ..config_values import Rope, read_bool, read_layers, read_rope
+from ..config_values import Rope, read_bool, read_int, read_layers, read_rope
 from .family import INTERLEAVED, NO_FORWARD, RANK_FORMAT, mlp_note
 
 FAMILY = "mindformers:deepseek3"
@@ -118,11 +118,9 @@ class DeepseekSizes:
 
 def _size(config: dict[str, Any], key: str, *, least: int = 1,
           defaults: dict[str, int] = DEFAULTS) -> int:
-    value = config.get(key, defaults.get(key))
-    if not isinstance(value, int) or isinstance(value, bool) or not least <= value <= MAX_SIZE:
-        raise TargetError(f"config.json: {key} is {shown(value)}; MindFormers' DeepSeek "
-                          f"network needs an integer from {least} to {MAX_SIZE} there")
-    return value
+    """``key``'s integer through the one config reader, DeepSeek-V3's own default where
+    config.json is silent (what transformers' and MindFormers' configs both assume)."""
+    return read_int(config, key, defaults.get(key), least=least, most=MAX_SIZE)
 
 
 def family_of_config(config: dict[str, Any]) -> str:

@@ -100,11 +100,8 @@ def _int(config: dict[str, Any], key: str) -> int:
 
 
 def _count(config: dict[str, Any], key: str, default: int) -> int:
-    value = config.get(key, default)
-    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= 1024:
-        raise TargetError(f"config.json: {key} is {shown(value)}; expected an integer from 0 "
-                          "to 1024 there")
-    return value
+    """A count that may be 0 (MTP layers, hash layers)."""
+    return read_int(config, key, default, least=0, most=1024)
 
 
 def _rope_dim(config: dict[str, Any], head_dim: int) -> int:
