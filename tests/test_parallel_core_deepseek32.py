@@ -294,3 +294,42 @@ def test_one_table_pairs_each_model_type_with_its_target():
     with pytest.raises(MappingError, match=r"select\.pairs"):
         mapping_from_data({"version": 1, "select": {
             "model_type": ["a"], "target": ["x:y"], "pairs": {"x:z": "a"}}}, origin="t")
+
+
+def test_the_hubs_mtp_layer_converts_with_its_indexer_reordered(converted, tmp_path):
+    """The Hub's DeepSeek-V3.2 keeps its MTP layer as ``model.layers.{num_hidden_layers}``
+    (transformers drops it): a MoE layer with its own indexer, whose rows take the same
+    reordering as the decoder layers'."""
+    from safetensors.numpy import save_file
+
+    hf = dict(converted["hf"])
+    rng = np.random.default_rng(7)
+    for name, array in list(hf.items()):
+        if name.startswith("model.layers.1."):  # the MTP layer laid out as the last one
+            hf["model.layers.2." + name[len("model.layers.1."):]] = (
+                array + rng.standard_normal(array.shape).astype(array.dtype))
+    for name, shape in (("enorm.weight", (64,)), ("hnorm.weight", (64,)),
+                        ("eh_proj.weight", (64, 128)), ("shared_head.norm.weight", (64,))):
+        hf[f"model.layers.2.{name}"] = rng.standard_normal(shape).astype(np.float32)
+    hf["model.layers.2.embed_tokens.weight"] = hf["model.embed_tokens.weight"]
+    hf["model.layers.2.shared_head.head.weight"] = hf["lm_head.weight"]
+    folder = tmp_path / "hub"
+    folder.mkdir()
+    save_file(hf, str(folder / "model.safetensors"))
+    config = json.loads((converted["root"] / "hf" / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "num_nextn_predict_layers": 1}))
+    report = ms_port.convert(folder, ms_model=FAMILY, output=tmp_path / "mtp.ckpt")
+    assert report.ok, report.plan.problems()[:5]
+    ms = arrays(tmp_path / "mtp.ckpt")
+    src, dst = "model.layers.2.self_attn.indexer.", f"mtp.layers.0.transformer_layer.{INDEXER}"
+    wq_b = hf[src + "wq_b.weight"].reshape(64, 128, -1)[:, PERM].reshape(8192, -1)
+    np.testing.assert_array_equal(ms[dst + "linear_wq_b.weight"], wq_b)
+    np.testing.assert_array_equal(ms[dst + "linear_wk.weight"], hf[src + "wk.weight"][PERM])
+    np.testing.assert_array_equal(ms[dst + "k_norm.gamma"], hf[src + "k_norm.weight"][PERM])
+    np.testing.assert_array_equal(ms[dst + "k_norm.beta"], hf[src + "k_norm.bias"][PERM])
+    np.testing.assert_array_equal(ms["mtp.layers.0.eh_proj.weight"],
+                                  hf["model.layers.2.eh_proj.weight"])
+    # the decoder layers are the ones converted without the MTP layer, bit for bit
+    for name, array in converted["ms"].items():
+        np.testing.assert_array_equal(ms[name], array)
+    assert {n.split(".")[0] for n in set(ms) - set(converted["ms"])} == {"mtp"}
