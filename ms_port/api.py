@@ -267,7 +267,9 @@ def convert(
     """
     opts = ConvertOptions(
         output=output, arch=arch, target=target, ms_model=ms_model, mapping=mapping,
-        format=output_format(output, format, max_shard_size is not None), dtype=dtype,
+        format=output_format(output, format,
+                             folder=max_shard_size is not None or strategy is not None),
+        dtype=dtype,
         force=force, dry_run=dry_run, save_map=save_map,
         allow_missing=allow_missing, allow_unused=allow_unused,
         allow_shape_match=allow_shape_match, check_finite=check_finite, crc=crc, key=key,
@@ -347,11 +349,11 @@ def _with_training_state(p: Plan) -> Plan:
 _SUFFIX_FORMATS = {".ckpt": "ckpt", ".safetensors": "safetensors"}
 
 
-def output_format(output: Any, asked: str | None, folder: bool = False) -> str:
+def output_format(output: Any, asked: str | None, *, folder: bool = False) -> str:
     """The format a conversion writes: ``asked``, else the one ``output``'s suffix names
     (``model.safetensors``), else ``ckpt``; ``asked`` against the suffix is refused (a
-    ``.safetensors`` file holding a checkpoint would be misread). A folder's name (shards)
-    says nothing."""
+    ``.safetensors`` file holding a checkpoint would be misread). A folder's name (shards,
+    ranks) says nothing."""
     named = None if folder or output is None else _SUFFIX_FORMATS.get(
         Path(str(output)).suffix.lower())
     if asked is None:

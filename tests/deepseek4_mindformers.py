@@ -10,6 +10,7 @@ Writes
     OUT_DIR/network.json    [name, shape, dtype] of every parameter of MindFormers'
                             ``PyNativeDeepseekV4ForCausalLM`` built, without weights, from
                             MODEL.yaml's model_config (the YAML ``--model-config`` wrote)
+    OUT_DIR/transformer.json  what MindFormers' TransformerConfig holds from it (HELD)
 
 MindFormers' DeepSeek-V4 imports ``hyper_parallel`` (not on the package index). Building
 the network under ``no_init_parameters`` needs only its names: the stand-in below answers
@@ -115,13 +116,21 @@ def converted(hub: dict, config: dict) -> dict:
     return out
 
 
-def network(model_yaml: str) -> list:
+#: what the network is built with, read back from MindFormers' TransformerConfig
+HELD = ("csa_compress_ratios", "moe_n_hash_layers", "qk_pos_emb_head_dim",
+        "activation_func_clamp_value", "hidden_act", "qk_layernorm", "v_head_dim",
+        "original_max_position_embeddings", "mtp_num_layers", "csa_compress_rotary_base")
+
+
+def network(model_yaml: str) -> tuple[list, dict]:
     with open(model_yaml) as f:
         model_config = yaml.safe_load(f)["model"]["model_config"]
     model_config.pop("type")
+    held = DeepseekV4Config(**model_config).convert_to_transformer_config()
     with no_init_parameters():
         net = PyNativeDeepseekV4ForCausalLM(DeepseekV4Config(**model_config))
-    return [[p.name, list(p.shape), str(p.dtype)] for _, p in net.parameters_and_names()]
+    return ([[p.name, list(p.shape), str(p.dtype)] for _, p in net.parameters_and_names()],
+            {k: getattr(held, k) for k in HELD})
 
 
 def main() -> None:
@@ -129,8 +138,11 @@ def main() -> None:
     with open(config_file) as f:
         config = json.load(f)
     np.savez(os.path.join(out, "converted.npz"), **converted(load_file(hub_file), config))
+    parameters, held = network(model_yaml)
     with open(os.path.join(out, "network.json"), "w") as f:
-        json.dump(network(model_yaml), f)
+        json.dump(parameters, f)
+    with open(os.path.join(out, "transformer.json"), "w") as f:
+        json.dump(held, f)
 
 
 if __name__ == "__main__":

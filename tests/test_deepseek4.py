@@ -36,6 +36,9 @@ pytest.importorskip("transformers.models.deepseek_v4")
 safetensors_numpy = pytest.importorskip("safetensors.numpy")
 
 FAMILY = "mindformers:deepseek4"
+#: the compressed branches' yarn (DeepSeek-V4's: factor 16 of 65536; here of 64)
+YARN = {"rope_type": "yarn", "factor": 16.0, "original_max_position_embeddings": 64,
+        "beta_fast": 32.0, "beta_slow": 1.0}
 #: 4 layers: two HCA (ratio 128) with hash routing, one CSA (ratio 4, with an indexer), one
 #: sliding-window only
 SIZES = dict(vocab_size=256, hidden_size=64, moe_intermediate_size=32, num_hidden_layers=4,
@@ -44,10 +47,16 @@ SIZES = dict(vocab_size=256, hidden_size=64, moe_intermediate_size=32, num_hidde
              o_lora_rank=16, index_n_heads=2, index_head_dim=16, hc_mult=2, sliding_window=8,
              index_topk=4, layer_types=["heavily_compressed_attention"] * 2 + [
                  "compressed_sparse_attention", "sliding_attention"],
-             mlp_layer_types=["hash_moe"] * 2 + ["moe"] * 2, partial_rotary_factor=0.25)
+             mlp_layer_types=["hash_moe"] * 2 + ["moe"] * 2,
+             rope_parameters={"main": {"rope_type": "default", "rope_theta": 10000.0,
+                                       "partial_rotary_factor": 0.25},
+                              "compress": {**YARN, "rope_theta": 160000.0,
+                                           "partial_rotary_factor": 0.25}})
 #: the same model in the Hub's config layout (with its MTP layer's ratio)
 HUB_KEYS = {"compress_ratios": [128, 128, 4, 0, 0], "num_hash_layers": 2,
-            "qk_rope_head_dim": 8, "compress_rope_theta": 160000.0}
+            "qk_rope_head_dim": 8, "compress_rope_theta": 160000.0,
+            "rope_scaling": {k: v for k, v in YARN.items() if k != "rope_type"} | {
+                "type": "yarn"}}
 
 
 def _hub_name(name: str) -> str:
@@ -127,6 +136,15 @@ def test_both_config_layouts_give_one_target(v4):
     assert target["decoder.layers.2.mlp.experts.weight1"].shape == (4, 64, 64)
 
 
+def test_a_hub_config_without_mtp_may_list_the_mtp_layers_ratio(v4):
+    """compress_ratios holds one ratio per layer and the MTP layer's; a config counting no
+    MTP layer (or a conversion without it) ignores that last one, as transformers does."""
+    config = json.loads((v4[1] / "config.json").read_text())
+    with_mtp = from_family(FAMILY, config)
+    assert from_family(FAMILY, {**config, "num_nextn_predict_layers": 0}).tensors == {
+        n: t for n, t in with_mtp.tensors.items() if not n.startswith("mtp.")}
+
+
 @pytest.mark.parametrize("change, says", [
     ({"compress_ratios": [128, 128, 8, 0, 0]}, "compression ratio.*8.*builds 0, 4, 128"),
     ({"mlp_layer_types": ["moe", "hash_moe", "moe", "moe"], "num_hash_layers": None},
@@ -185,6 +203,14 @@ def test_conversion_is_mindformers_weight_converters_bit_for_bit(converted, mind
 def test_the_target_is_mindformers_network_built_from_the_yaml(v4, converted,
                                                                mindformers_view):
     _, network = mindformers_view
+    held = json.loads((converted / "transformer.json").read_text())
+    # what MindFormers' TransformerConfig holds from the YAML: the layers' kinds, the
+    # clamp transformers applies, and the compressed branches' yarn from its own length
+    assert held == {"csa_compress_ratios": [128, 128, 4, 0, 0], "moe_n_hash_layers": 2,
+                    "qk_pos_emb_head_dim": 8, "activation_func_clamp_value": 10.0,
+                    "hidden_act": "fusedswiglu", "qk_layernorm": True, "v_head_dim": 32,
+                    "original_max_position_embeddings": 64, "mtp_num_layers": 1,
+                    "csa_compress_rotary_base": 160000.0}
     target = from_family(FAMILY, json.loads((v4[1] / "config.json").read_text()))
     assert [n for n, _, _ in network] == list(target.tensors)
     assert all(tuple(shape) == target[n].shape for n, shape, _ in network)
@@ -313,6 +339,15 @@ def test_export_gives_back_either_naming_scheme(v4, converted, tmp_path):
                                                                 "model.safetensors")
     assert set(again) == set(original)
     assert all(_same_bytes(again[n], original[n]) for n in original)
+    # with --dtype the floating-point tensors are cast, tid2eid stays the int64 it was
+    cast = ms_port.export(mine, output=tmp_path / "half", config=saved / "config.json",
+                          format="safetensors", dtype="bfloat16")
+    assert cast.ok, cast.message
+    half = _load(tmp_path / "half" / "model.safetensors")
+    assert half["model.layers.0.ffn.gate.tid2eid"].dtype == np.int64
+    assert np.array_equal(half["model.layers.0.ffn.gate.tid2eid"],
+                          original["model.layers.0.ffn.gate.tid2eid"])
+    assert str(half["model.layers.0.attn.wq_a.weight"].dtype) == "bfloat16"
     # transformers loads it and computes the same logits
     loaded = transformers.DeepseekV4ForCausalLM.from_pretrained(tmp_path / "saved").eval()
     ids = torch.arange(0, 256, 16).reshape(1, 16)
@@ -346,3 +381,35 @@ def test_deepseek3_handed_a_v4_config_names_the_v4_target(v4):
     config = json.loads((v4[1] / "config.json").read_text())
     with pytest.raises(MsPortError, match="pass --ms-model mindformers:deepseek4"):
         from_family("mindformers:deepseek3", config)
+
+
+def test_a_fault_after_an_expert_group_is_made_is_caught_by_the_read_back(v4, tmp_path,
+                                                                          monkeypatch):
+    """Experts are compared with the digests of their groups taken as each was made (not
+    made again): a byte changed between the making and the writer, as a buffer reused too
+    early would, is still caught, naming the tensor, and nothing is put in place."""
+    import contextlib
+
+    import ms_port.write.writers as writers
+    from ms_port.errors import ReadbackError
+
+    real = writers._prepared
+    broken = "decoder.layers.2.mlp.experts.weight1"
+
+    def faulty(plan, nonfinite, digests):
+        def arrays():
+            with real(plan, nonfinite, digests) as items:
+                for match, data in items:
+                    if match.target == broken:
+                        assert match.groups == 4
+                        raw = np.concatenate([np.array(c) for c in data.chunks])
+                        raw[1000] ^= 1  # one bit off
+                        data = writers._Data(data.shape, data.dtype, [raw])
+                    yield match, data
+        return contextlib.closing(arrays())
+
+    monkeypatch.setattr(writers, "_prepared", faulty)
+    out = tmp_path / "out.safetensors"
+    with pytest.raises(ReadbackError, match=rf"1 tensors differ .*{re.escape(broken)}"):
+        ms_port.convert(v4[1], output=out, ms_model=FAMILY)
+    assert not out.exists()

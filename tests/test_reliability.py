@@ -402,9 +402,8 @@ def test_each_tensor_is_compared_beside_the_writer(tmp_path, monkeypatch):
 def test_the_check_compares_with_the_plan_not_with_what_the_writer_was_handed(
         tmp_path, monkeypatch, fmt):
     """A fault between the plan and the writer (a value changed in the array handed to
-    it, as a reused buffer overwritten too early would) is caught: the checks compare the
-    file with the digests taken as the data was made, before the writer had it, so they
-    never agree with the writer's copy by construction."""
+    it, as a reused buffer overwritten too early would) is caught: the checks load the
+    plan's data themselves, so they never agree with the writer's copy by construction."""
     import ms_port.write.writers as writers
     from ms_port.errors import ReadbackError
 
@@ -666,15 +665,15 @@ def test_a_check_that_fails_leaves_no_map_or_descriptor_on_the_temporary_file(
     import ms_port.write.proof as proof
     from ms_port.write.writers import write_plan
 
-    real, calls = proof.digest, []
+    real, calls = proof.same_bits, []
 
-    def interrupted(data, value=(0, 1)):
-        calls.append(len(data))
+    def interrupted(a, b):
+        calls.append(a.size)
         if len(calls) == 3:
             raise MemoryError("interrupted in the middle of a comparison")
-        return real(data, value)
+        return real(a, b)
 
-    monkeypatch.setattr(proof, "digest", interrupted)
+    monkeypatch.setattr(proof, "same_bits", interrupted)
     gc.disable()
     try:
         with pytest.raises(MemoryError, match="interrupted in the middle") as caught:

@@ -308,5 +308,7 @@ def export_plan(checkpoint: str | Path, opts: ExportOptions,
     plan = invert_plan(forward, ckpt, torch_side)
     plan.notes += cluster_notes(ckpt)
     if dtype is not None:
-        plan.matches = [replace(m, out_dtype=cast_dtype(m.dtype, dtype)) for m in plan.matches]
+        # floating-point tensors cast; an integer one keeps the dtype PyTorch holds
+        plan.matches = [replace(m, out_dtype=cast_dtype(m.dtype, dtype, m.out_dtype))
+                        for m in plan.matches]
     return plan

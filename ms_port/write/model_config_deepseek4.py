@@ -113,6 +113,11 @@ def deepseek4_yaml(config: dict[str, Any], *, mtp: bool | None = None,
     scaling = _compress_scaling(config)
     if scaling is not None:
         section.put("rope_scaling", scaling)
+        # MindFormers' TransformerConfig moves rope_scaling's original length into
+        # max_position_embeddings; its compressed attention's yarn reads this one
+        section.put("original_max_position_embeddings",
+                    scaling["original_max_position_embeddings"],
+                    note="read by the compressed attention's yarn")
     positions = _positions(config)
     if positions is not None:
         section.put("max_position_embeddings", positions)

@@ -8,14 +8,14 @@ would read it, and every tensor must lie exactly where its bytes were compared, 
 planned name, shape and dtype. :func:`readback` reads a finished file whole (a ``.pth``,
 which ``torch.save`` writes at once).
 
-Each tensor is compared with the digests (CRC-32 and Adler-32: 64 bits a chunk) of the
-chunks the writer was handed, taken as each chunk was made, in the worker that made it,
-before the writer or a reused buffer could touch it. Making every tensor again for the
-comparison (transposing every expert twice) doubled the work of converting experts
-(DeepSeek-V4 widths, 64 experts, 2 layers: 15 s of 31). The digests tell the file's bytes
-from the ones made; the transforms that made them are held to MindFormers' own converters
-by the tests. A writer that hands over no digests (a ``.pth``'s) is compared with the
-plan's data made again.
+A tensor made a group at a time (a mixture's experts, each transposed) is compared with
+the digests (CRC-32 and Adler-32: 64 bits a group) of its groups, taken as each group was
+made, in the worker that made it, before the writer or a reused buffer could touch it.
+Making every group again for the comparison (transposing every expert twice) doubled the
+work of converting experts (DeepSeek-V4 widths, 64 experts, 2 layers: 15 s of 31). The
+digests tell the file's bytes from the ones made; the transforms that made them are held
+to MindFormers' own converters by the tests. Every other tensor is compared with the
+plan's data read or made again, so that a fault in joining or casting it is caught.
 """
 
 from __future__ import annotations
@@ -59,10 +59,10 @@ class Checks:
     planned shape and dtype. A tensor's bytes changed after their comparison go unseen;
     only the writer writes the file, and it only appends.
 
-    The checks compare the file with ``digests``: each chunk's, taken as the chunk was
-    made for the writer (before its buffer could be reused); a tensor without them is
-    compared with the plan's data made again (``plan.expected``, the parts' loads). Use
-    as a context manager: leaving it on an error cancels what is still queued.
+    The checks read their own copies of the plan's data (``plan.expected``, the parts'
+    loads), never the writer's arrays, whose buffers are reused; a tensor made a group at
+    a time is compared with ``digests``, each group's taken as it was made. Use as a
+    context manager: leaving it on an error cancels what is still queued.
     """
 
     def __init__(self, plan: Plan, file: BinaryIO, path: Path, *, format: str,

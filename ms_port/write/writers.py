@@ -284,6 +284,7 @@ def write_plan(
         # which stalled the readback's first read behind the fsync (0.6 s for 2 GiB)
         # the digests of experts made a group at a time, taken as each group is made:
         # the read-back compares the file with them rather than making every group again
+        # (every other tensor is compared with the plan's data, read or made again)
         digests: Digests = {}
         with open(tmp, "r+b") as f, ThreadPoolExecutor(1, "ms-port-fsync") as pool, \
                 _checks(plan, f, tmp, format, progress, digests) as checks:
@@ -430,8 +431,11 @@ def _data(plan: Plan, m: Match, prep: _Preparing) -> tuple[Match, _Data]:
     chunks: Iterable[np.ndarray] | None = None
     if m.groups:  # a few experts at a time, transformed and cast: never the whole tensor
         shape, dtype = m.shape, m.out_dtype
-        made = _in_order(plan.group_makers(m), prep.makers)
-        chunks = (tensor_bytes(group)[2] for group in made)
+        # a source that cannot read rows alone is loaded whole by each group: one at once
+        whole = not m.parts and plan.source.tensors[m.source].rows_loader is None
+        made = _in_order(plan.group_makers(m), prep.makers, 1 if whole else GROUPS_AHEAD)
+        chunks = _digested(m.target, (tensor_bytes(group)[2] for group in made),
+                           prep.digests)
     elif m.parts and m.layout is not None and not m.transforms and m.out_dtype == m.dtype:
         parts = [plan.source.tensors[p].load() for p in m.parts]
         if all(p.dtype == numpy_dtype(m.dtype) for p in parts):  # native byte order
@@ -442,8 +446,7 @@ def _data(plan: Plan, m: Match, prep: _Preparing) -> tuple[Match, _Data]:
         shape, dtype, raw = tensor_bytes(array)
         step = max(1, CHUNK_BYTES // array.dtype.itemsize) * array.dtype.itemsize  # whole values
         chunks = released_chunks(raw, step)
-    scanned = _scanned(_counted_as(m), dtype, _digested(m.target, chunks, prep.digests),
-                       prep.nonfinite)
+    scanned = _scanned(_counted_as(m), dtype, chunks, prep.nonfinite)
     if m.nbytes <= CHUNK_BYTES:
         # one chunk: scanned here, a target ahead, rather than handed to the chunk worker
         # and back (two round trips per tensor: +3 s for 20,000 small tensors)
@@ -451,15 +454,16 @@ def _data(plan: Plan, m: Match, prep: _Preparing) -> tuple[Match, _Data]:
     return m, _Data(shape, dtype, _one_ahead(scanned, prep.chunker))
 
 
-def _in_order(makers: list[Any], pool: ThreadPoolExecutor) -> Iterator[np.ndarray]:
-    """Each maker's result, in order, :data:`GROUPS_AHEAD` made at once in ``pool``; a
-    caller that stops early waits only for those in the making."""
+def _in_order(makers: list[Any], pool: ThreadPoolExecutor, ahead: int
+              ) -> Iterator[np.ndarray]:
+    """Each maker's result, in order, ``ahead`` made at once in ``pool``; a caller that
+    stops early waits only for those in the making."""
     pending: list[Future[np.ndarray]] = []
     todo = iter(makers)
     try:
         for make in todo:
             pending.append(pool.submit(make))
-            if len(pending) >= GROUPS_AHEAD:
+            if len(pending) >= ahead:
                 yield pending.pop(0).result()
         while pending:
             yield pending.pop(0).result()

@@ -105,12 +105,12 @@ def _count(config: dict[str, Any], key: str, default: int) -> int:
 
 
 def _rope_dim(config: dict[str, Any], head_dim: int) -> int:
-    """The rotary dimensions of a head: ``qk_rope_head_dim`` (the Hub's), or transformers
-    5's ``partial_rotary_factor`` (read by :func:`read_rope`, which knows V4's
-    ``rope_parameters.main``)."""
-    if config.get("qk_rope_head_dim") is not None:
+    """The rotary dimensions of a head: transformers 5's ``partial_rotary_factor`` (read by
+    :func:`read_rope`, which knows V4's ``rope_parameters.main``), else the Hub's
+    ``qk_rope_head_dim`` (transformers takes them in that order)."""
+    factor = read_rope(config).partial  # transformers takes it over qk_rope_head_dim
+    if factor is None and config.get("qk_rope_head_dim") is not None:
         return read_int(config, "qk_rope_head_dim")
-    factor = read_rope(config).partial
     if factor is None:
         factor = 64 / 512  # transformers' and DeepSeek-V4's default
     dim = int(head_dim * factor)
@@ -128,8 +128,8 @@ def _ratios(config: dict[str, Any], layers: int, mtp: int, stated: int
     describe has none, as the Hub's DeepSeek-V4 gives it). ``stated``: the MTP layers the
     config counts (the list holds theirs even where ``mtp`` leaves them out)."""
     given = config.get("compress_ratios")
-    if given is not None:
-        most = layers + max(mtp, stated)
+    if given is not None and config.get("layer_types") is None:  # transformers: layer_types
+        most = layers + max(mtp, stated, 1)  # an MTP layer's ratio, counted or not
         if not isinstance(given, list) or not layers <= len(given) <= most or any(
                 not isinstance(r, int) or isinstance(r, bool) or not 0 <= r <= 1 << 20
                 for r in given):
