@@ -196,6 +196,23 @@ def mindformers_yaml(config: dict[str, Any], *, qkv_concat: bool = False,
     return built
 
 
+def finished(section: _Section, document: Any, *, arch: str, run: dict[str, Any],
+             said: str, checkpoint: str | Path | None,
+             notes: list[str] | None = None) -> MindFormersYaml:
+    """A family's YAML once its computed keys are in ``section``: the run settings
+    ``run`` (key -> (value, hint)) commented after ``said``, the whole file around it
+    (``document(lines, where)``), and the check that it loads back to what was computed."""
+    section.lines.append("")
+    section.comment(said)
+    for key, (value, hint) in run.items():
+        section.lines.extend("    # " + line for line in _dump(key, value, 0, hint))
+    where = Path(checkpoint).absolute() if checkpoint is not None else None
+    text = "\n".join(document(section.lines, where)) + "\n"
+    built = MindFormersYaml(text, section.values, notes or [], arch=arch)
+    _check(text, built, where="the YAML ms-port built")  # a bug here never reaches a file
+    return built
+
+
 class _Section:
     """``model_config``'s lines (after ``type``) and the values they hold."""
 

@@ -27,13 +27,13 @@ from ..archs.config_values import read_bool, read_float, read_int, read_rope
 from ..errors import TargetError, shown
 from .model_config import (
     MindFormersYaml,
-    _check,
     _comment,
     _dump,
     _positions,
     _Section,
     _token_id,
     checkpoint_lines,
+    finished,
     model_document,
 )
 
@@ -133,16 +133,10 @@ def deepseek4_yaml(config: dict[str, Any], *, mtp: bool | None = None,
         value = _token_id(config, key, many=key == "eos_token_id")
         if value is not None:
             section.put(key, value)
-    section.lines.append("")
-    section.comment("run settings: yours (MindFormers' defaults apply to those left "
-                    "commented), e.g.")
-    for key, (value, hint) in _RUN.items():
-        section.lines.extend("    # " + line for line in _dump(key, value, 0, hint))
-    where = Path(checkpoint).absolute() if checkpoint is not None else None
-    text = "\n".join(_document(config, section.lines, where, checkpoint_format, origin)) + "\n"
-    made = MindFormersYaml(text, section.values, [], arch="DeepseekV4ForCausalLM")
-    _check(text, made, where="the YAML ms-port built")
-    return made
+    return finished(
+        section, lambda lines, where: _document(config, lines, where, checkpoint_format, origin),
+        arch="DeepseekV4ForCausalLM", run=_RUN, checkpoint=checkpoint,
+        said="run settings: yours (MindFormers' defaults apply to those left commented), e.g.")
 
 
 def _document(config: dict[str, Any], model_lines: list[str], where: Path | None,

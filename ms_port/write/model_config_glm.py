@@ -18,12 +18,12 @@ from typing import Any
 
 from .model_config import (
     MindFormersYaml,
-    _check,
     _comment,
     _dump,
     _Section,
     _token_id,
     checkpoint_lines,
+    finished,
     model_document,
 )
 
@@ -78,16 +78,11 @@ def glm4_yaml(config: dict[str, Any], *, qkv_concat: bool = True, mlp_concat: bo
         section.put("eos_token_id", eos)
     if pad is not None:
         section.put("pad_token_id", pad)
-    section.lines.append("")
-    section.comment("run settings: yours (MindFormers' defaults apply to those left "
-                    "commented). ms-port tests this file on a CPU in float32 with:")
-    for key, (value, hint) in _RUN.items():
-        section.lines.extend("    # " + line for line in _dump(key, value, 0, hint))
-    where = Path(checkpoint).absolute() if checkpoint is not None else None
-    text = "\n".join(_document(config, section.lines, where, checkpoint_format, origin)) + "\n"
-    built = MindFormersYaml(text, section.values, [], arch="ChatGLM2ForConditionalGeneration")
-    _check(text, built, where="the YAML ms-port built")
-    return built
+    return finished(
+        section, lambda lines, where: _document(config, lines, where, checkpoint_format, origin),
+        arch="ChatGLM2ForConditionalGeneration", run=_RUN, checkpoint=checkpoint,
+        said="run settings: yours (MindFormers' defaults apply to those left commented). "
+             "ms-port tests this file on a CPU in float32 with:")
 
 
 def _document(config: dict[str, Any], model_lines: list[str], where: Path | None,

@@ -144,7 +144,9 @@ def _indexer(config: dict[str, Any]) -> IndexerSizes:
     return IndexerSizes(sizes["index_n_heads"], sizes["index_head_dim"], sizes["index_topk"])
 
 
-def _refuse_other_family(config: dict[str, Any], family: str) -> None:
+def refuse_other_family(config: dict[str, Any], family: str) -> None:
+    """Refuse, in one line, a config whose model_type no shipped table takes into
+    ``family``, naming the target that takes it."""
     model_type = config.get("model_type")
     if select_table(config, (family,)) is None:
         raise TargetError(f"config.json: model_type {shown(model_type)} is not one {family} "
@@ -158,7 +160,7 @@ def deepseek_sizes(config: dict[str, Any], *, mtp: bool | None = None,
     """Read the sizes for ``family`` (default: the one the config's ``model_type`` names);
     refuse, in one line, what MindFormers' network cannot hold."""
     family = family or family_of_config(config)
-    _refuse_other_family(config, family)
+    refuse_other_family(config, family)
     act = config.get("hidden_act", "silu")
     if act != "silu":
         raise TargetError(f"config.json: hidden_act {shown(act)}; MindFormers' DeepSeek-V3 "

@@ -39,9 +39,9 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ...errors import TargetError, shown
-from ...match.mapping import elsewhere, select_table, selected_model_types
 from ...read.targets import Target, TargetTensor
 from ..config_values import read_bool, read_int, read_layers, read_rope
+from .deepseek import refuse_other_family
 from .family import RANK_FORMAT
 
 FAMILY = "mindformers:deepseek4"
@@ -195,12 +195,7 @@ def _hash_layers(config: dict[str, Any], layers: int) -> int:
 
 def deepseek4_sizes(config: dict[str, Any], *, mtp: bool | None = None) -> Deepseek4Sizes:
     """Read the sizes; refuse, in one line, what MindFormers' network cannot hold."""
-    model_type = config.get("model_type")
-    if select_table(config, (FAMILY,)) is None:
-        raise TargetError(f"config.json: model_type {shown(model_type)} is not one {FAMILY} "
-                          f"holds: the mapping tables in mappings/ take "
-                          f"{', '.join(selected_model_types(FAMILY)) or 'none'}"
-                          + elsewhere(model_type, FAMILY))
+    refuse_other_family(config, FAMILY)
     act = config.get("hidden_act", "silu")
     if act != "silu":
         raise TargetError(f"config.json: hidden_act {shown(act)}; DeepSeek-V4 computes SiLU")
