@@ -88,7 +88,8 @@ class ConvertOptions(SourceOptions):
     target: Any = _opt(None, "the target: a template MindSpore checkpoint")
     ms_model: Any = _opt(None, "the target: a Cell factory, mindcv:NAME, or a family")
     mapping: Any = _opt(None, "extra mapping table(s)", "--map")
-    format: str = _opt("ckpt", "ckpt or safetensors (default: from the output's suffix)")
+    format: str | None = _opt(None, "ckpt or safetensors (default: from the output's suffix, "
+                                    "else ckpt)")
     dtype: str | None = _opt(None, "cast floating-point tensors (float32/float16/bfloat16)")
     force: bool = _opt(False, "replace an existing output once the new one is verified")
     dry_run: bool = _opt(False, "stop after the plan; write nothing")
