@@ -459,9 +459,8 @@ def _in_order(makers: list[Any], pool: ThreadPoolExecutor, ahead: int
     """Each maker's result, in order, ``ahead`` made at once in ``pool``; a caller that
     stops early waits only for those in the making."""
     pending: list[Future[np.ndarray]] = []
-    todo = iter(makers)
     try:
-        for make in todo:
+        for make in makers:
             pending.append(pool.submit(make))
             if len(pending) >= ahead:
                 yield pending.pop(0).result()
