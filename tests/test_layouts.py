@@ -113,6 +113,50 @@ def test_part_then_join_rebuilds_any_fused_array(case):
     assert _same_bits(layout.join(parts), fused)
 
 
+@settings(max_examples=60, deadline=None)
+@given(_layouts(), st.booleans())
+def test_join_swapped_is_the_join_transposed_bit_for_bit(case, opencv):
+    """A group joined and transposed in one pass (OpenCV filling each part's band of the
+    output) holds exactly the join's transpose; without OpenCV, or for parts that are
+    not 2-D, it declines (None) and the join runs as before."""
+    from ms_port.match import transforms
+
+    kind, groups, sizes, rank, axis, other, dtype, seed = case
+    layout = Layout(kind, axis, groups, tuple(sizes))
+    parts = [_random(_shape(groups * s, rank, axis, other), dtype, seed + i)
+             for i, s in enumerate(sizes)]
+    saved = transforms._cv2
+    try:
+        if not opencv:
+            transforms._cv2 = None
+        got = layout.join_swapped(parts)
+    finally:
+        transforms._cv2 = saved
+    if rank != 2 or not opencv:
+        assert got is None
+        return
+    want = np.ascontiguousarray(_reference_join(parts, groups, sizes, axis).T)
+    assert got.flags.c_contiguous and _same_bits(got, want)
+
+
+def test_swap_of_knows_a_transpose_among_unit_reshapes_and_nothing_else():
+    from ms_port.match.transforms import Transform, swap_of
+
+    expert = (Transform("reshape", [1, 64, 32]), Transform("transpose", [0, 2, 1]))
+    assert swap_of(expert, (64, 32)) == (1, 32, 64)
+    down = (Transform("transpose", [1, 0]), Transform("reshape", [1, -1, 64]))
+    assert swap_of(down, (64, 48)) == (1, 48, 64)
+    assert swap_of((Transform("unsqueeze", 0), Transform("transpose", [2, 1, 0])), (5, 7)) \
+        == (7, 5, 1)
+    assert swap_of((), (5, 7)) is None                                   # nothing swapped
+    assert swap_of((Transform("transpose", [1, 0]),) * 2, (5, 7)) is None  # swapped back
+    assert swap_of((Transform("transpose", [0, 2, 1]),), (2, 5, 7)) is None  # 3 axes
+    assert swap_of((Transform("reshape", [7, 5]), Transform("transpose", [1, 0])),
+                   (5, 7)) is None                                       # not a unit reshape
+    assert swap_of((Transform("transpose", [1, 0]), Transform("rope_pairs", [2, 4])),
+                   (4, 4)) is None
+
+
 def _rows(name: str, n: int, cols: int = 2) -> np.ndarray:
     """Rows whose values say whose row they are: ``q`` row 3 holds 1030, 1031, ..."""
     base = {"q": 100, "k": 200, "v": 300, "g": 400, "u": 500}[name]

@@ -6,6 +6,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
+from ms_port.match import transforms
 from ms_port.match.transforms import TRANSPOSE_BLOCK, Transform, invert
 
 DTYPES = [ml_dtypes.bfloat16, ml_dtypes.float8_e4m3fn, np.float16, np.float32, np.int64,
@@ -15,12 +16,24 @@ DTYPES = [ml_dtypes.bfloat16, ml_dtypes.float8_e4m3fn, np.float16, np.float32, n
 CASES = [((2048, 768), [1, 0]), ((1, 96, 128), [0, 2, 1]), ((128, 2 * TRANSPOSE_BLOCK), [1, 0]),
          ((130, 70), [1, 0]), ((3, 5, 7, 2), [2, 0, 3, 1]), ((4, 6, 8), [1, 0, 2]),
          ((7,), [0]), ((0, 3), [1, 0]), ((), []), ((1, 1), [1, 0]), ((3, 1, 4, 1), [3, 2, 1, 0]),
-         ((1, 5, 1, 3), [2, 3, 0, 1]), ((2, 0, 1), [2, 1, 0])]
+         ((1, 5, 1, 3), [2, 3, 0, 1]), ((2, 0, 1), [2, 1, 0]), ((3, 64, 96), [0, 2, 1]),
+         ((2, 3, 40, 24), [0, 1, 3, 2])]
+
+
+@pytest.fixture(params=["opencv", "numpy"])
+def kernel(request, monkeypatch):
+    """Each transpose through OpenCV's kernel and through numpy's blocks (where OpenCV is
+    missing): the same bytes either way."""
+    if request.param == "numpy":
+        monkeypatch.setattr(transforms, "_cv2", None)
+    else:
+        assert transforms._cv2 is not None, "opencv-python-headless is a dependency"
+    return request.param
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
 @pytest.mark.parametrize("shape, perm", CASES, ids=str)
-def test_transpose_is_numpys_byte_for_byte(dtype, shape, perm):
+def test_transpose_is_numpys_byte_for_byte(dtype, shape, perm, kernel):
     rng = np.random.default_rng(0)
     array = np.asarray(rng.standard_normal(shape) * 3).astype(dtype)
     got = Transform("transpose", perm).apply(array)
@@ -29,7 +42,19 @@ def test_transpose_is_numpys_byte_for_byte(dtype, shape, perm):
     assert got.flags.c_contiguous and got.tobytes() == want.tobytes()
 
 
-def test_transpose_of_a_strided_view_reads_its_own_elements():
+@pytest.mark.parametrize("bits", [np.uint16, np.uint32, np.uint64])
+def test_transpose_keeps_every_bit_of_nans(bits, kernel):
+    """Elements move as bits: signalling NaNs and payloads come out as they went in (an
+    8-byte element crosses OpenCV as a float64, never computed on)."""
+    top = np.iinfo(bits).max
+    values = np.array([top, top - 1, top // 2 + 1, top // 2 + 3, 1, 0], dtype=bits)
+    floats = {2: np.float16, 4: np.float32, 8: np.float64}[values.itemsize]
+    array = values.reshape(2, 3).view(floats)
+    got = Transform("transpose", [1, 0]).apply(array)
+    assert got.view(bits).tolist() == values.reshape(2, 3).T.tolist()
+
+
+def test_transpose_of_a_strided_view_reads_its_own_elements(kernel):
     base = np.arange(4 * 256 * 2, dtype=np.uint16).reshape(4, 256, 2)
     view = base[::2, :, 1]  # neither contiguous nor starting at the base's first element
     got = Transform("transpose", [1, 0]).apply(view)

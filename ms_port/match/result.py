@@ -21,7 +21,7 @@ from .entries import HOW, INT_DTYPES, Conflict, Dropped, Match, Missing, Unused
 from .layouts import Layout
 from .mapping import MappingTable
 from .rules import NETWORK, known_drop
-from .transforms import apply_all
+from .transforms import apply_all, swap_of
 
 
 @dataclass(repr=False)
@@ -121,8 +121,12 @@ class Plan(Renderable):
             return [partial(rows_of, g) for g in range(m.groups)]
 
         def joined(names: tuple[str, ...], layout: Layout) -> np.ndarray:
-            array = apply_all(m.group_transforms,
-                              layout.join([self.source.tensors[n].load() for n in names]))
+            parts = [np.asarray(self.source.tensors[n].load()) for n in names]
+            # an expert joined and transposed (the usual group) in one pass
+            final = swap_of(m.group_transforms, layout.fused_shape([p.shape for p in parts]))
+            swapped = None if final is None else layout.join_swapped(parts)
+            array = (apply_all(m.group_transforms, layout.join(parts)) if swapped is None
+                     else swapped.reshape(final))
             return exact_cast(array, m) if m.out_dtype != m.dtype else array
         return [partial(joined, names, layout) for names, layout in grouped_parts(m)]
 
