@@ -147,6 +147,21 @@ def main() -> None:
     print(json.dumps(row, indent=2))
 
 
+#: a file copied by plain ``write`` calls of 256 KiB (ms-port's ``WRITE_STEP``) from a map
+#: of the source, then ``fsync``: the floor for any writer that holds the bytes it writes
+WRITE_ONLY = """
+import mmap, os, sys
+with open(sys.argv[1], 'rb') as f, open(sys.argv[2], 'wb') as g:
+    m = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    view = memoryview(m)
+    for at in range(0, len(m), 1 << 18):
+        g.write(view[at:at + (1 << 18)])
+    g.flush()
+    os.fsync(g.fileno())
+    view.release()
+"""
+
+
 def convert_side_by_side(src: Path, out: Path, family: str, runs: int, name: str) -> dict:
     """convert into ``family`` beside ``cp`` + ``sync`` of the same file: medians of
     ``runs`` fresh processes (wall, peak RSS), each output settled and removed after."""
@@ -157,6 +172,9 @@ def convert_side_by_side(src: Path, out: Path, family: str, runs: int, name: str
     st, copy = src / "model.safetensors", out.with_name("copy.safetensors")
     tools = {"cp + fsync": ["/bin/sh", "-c", 'cp "$1" "$2" && sync "$2"', "sh", str(st),
                             str(copy)],
+             # the same bytes through a process's own write() calls, as ms-port's writer
+             # makes them (cp's copy_file_range never copies them into the process)
+             "python write + fsync": [PY, "-c", WRITE_ONLY, str(st), str(copy)],
              "ms-port convert": [str(Path(PY).parent / "ms-port"), "convert", str(src),
                                  "--ms-model", family, "-o", str(out), "--force", "-q"]}
     found: dict[str, list[dict[str, float]]] = {k: [] for k in tools}
