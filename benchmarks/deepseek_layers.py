@@ -10,8 +10,9 @@ same layers, each with its lightning indexer (64 heads of 128). ``--v4``: DeepSe
 widths (``mindformers:deepseek4``; hidden 4096, 64 heads of 512, ``o_groups`` 8,
 hyper-connections of 4, 2048-wide experts), two layers (an HCA and a CSA one with its
 indexer), as ``save_pretrained`` names them; convert only (no forward runs for it).
-``--convert``: measure the conversion instead, beside ``cp`` + ``sync`` of the same file
-(fresh processes, the file warm, medians of ``--runs``).
+``--convert``: measure the conversion instead, beside ``cp`` + ``sync`` of the same file and a
+Python loop ``write``-ing its bytes + ``fsync`` (the floor of a writer that holds what it
+writes; fresh processes, the file warm, medians of ``--runs``).
 
 Setup (untimed, cached under ``benchmarks/.cache/deepseek-layers/``): the Hugging Face
 directory (seeded bfloat16, the Hub's names and per-expert keys, its config cut to two
