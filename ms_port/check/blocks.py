@@ -488,6 +488,7 @@ def _whole_piece(state: _BlockRun, piece: Any) -> _Recorded:
             streams.m, m_events = blocks.ms_step(net, piece, before_m, ids), []
         fed = (None if given is None else
                ms_to_numpy(blocks.ms_step(net, piece, ms.Tensor(given.numpy()), ids)))
+    _let_go(blocks, net)
     del net
     return _Recorded(events, sens, noise, m_events, fed, fed64)
 
@@ -635,9 +636,20 @@ def _run_span(state: _BlockRun, sub: Any, span: Span, given: _Streams, runs: _Sp
         if given.t is not None:
             runs.fed.append(ms_to_numpy(blocks.ms_step(net, sub, ms.Tensor(given.t.numpy()),
                                                        ids)))
+    _let_go(blocks, net)
     del net
     gc.collect()
     release_ms_pool()
+
+
+def _let_go(blocks: Any, net: Any) -> None:
+    """A block's MindSpore network done with: the family hands its weights back where the
+    network was built for the block alone (``ms_done``; MindSpore keeps a deleted
+    network's parameters' data, :func:`~ms_port.archs.llama.blocks.release`). Families
+    whose networks outlive a block let go of them themselves."""
+    done = getattr(blocks, "ms_done", None)
+    if done is not None:
+        done(net)
 
 
 def _recorded(model: Any, run: Callable[[], Any]) -> tuple[list[Event], np.ndarray]:

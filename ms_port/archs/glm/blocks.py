@@ -16,7 +16,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ...errors import TargetError
-from ..llama.blocks import LOCAL, HuggingFaceSide, Piece, load_piece, vocab_of
+from ..llama.blocks import LOCAL, HuggingFaceSide, Piece, let_go, load_piece, vocab_of
 from .family import glm_config, glm_sizes
 
 #: the MindSpore decoder layer every layer runs as
@@ -89,6 +89,10 @@ class GlmBlocks(HuggingFaceSide):
         net = without_weights(lambda: build_from(cfg))
         self.standins = net.ms_port_notes
         return load_piece(net, tensors)
+
+    def ms_done(self, net: Any) -> None:
+        """Each piece's network is built for it alone: its weights go when it is done."""
+        let_go(net)
 
     def ms_step(self, net: Any, piece: Piece, state: Any, ids: np.ndarray) -> Any:
         import mindspore as ms

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -39,7 +39,7 @@ from mindspore import nn
 
 from ...errors import ForwardUnavailable
 from ..experts import RoutedExperts, expert_parts
-from ..llama.blocks import HuggingFaceSide, Piece, set_parameters
+from ..llama.blocks import HuggingFaceSide, Piece, release, set_parameters
 from .cpu import build_network, cpu_standins
 from .deepseek import deepseek_sizes
 from .family import INTERLEAVED, QWEN3, QWEN3_MOE, qwen3_sizes
@@ -411,21 +411,6 @@ class ParallelCoreBlocks(HuggingFaceSide):
                 f"({len(self._ran)}): " + "; ".join(self._ran),
                 "layers inside a block not recorded: GRAPH mode runs no cell hooks; each "
                 "block's output is compared, and the tensors one by one", *self.not_run]
-
-
-def release(params: Iterable[Any]) -> None:
-    """Hand back the memory of ``params``' data: each is given a one-element placeholder.
-
-    A network compiled in GRAPH mode keeps its parameters' data alive after the network
-    itself is gone, and a parameter's old data after new data is set, until the graph
-    runs again (measured: a 1 GiB parameter, its network deleted and collected, stayed
-    resident; ``mindspore.runtime.empty_cache`` and ``ms_memory_recycle`` did not free
-    it; setting a placeholder did). At DeepSeek-V3's widths the dense layer's weights and
-    the vocabulary spans' were held so while the MoE layer ran."""
-    for param in params:
-        if tuple(param.shape) != (1,) * len(param.shape):
-            param.set_data(ms.Tensor(np.zeros((1,) * len(param.shape),
-                                              dtype=ms.dtype_to_nptype(param.dtype))))
 
 
 def qwen3_blocks(config: dict[str, Any], build_torch: Any, *, seq_length: int = 16,
