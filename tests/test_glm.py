@@ -316,15 +316,23 @@ def test_model_config_builds_the_network_that_computes_transformers_logits(glm, 
         assert error({**model_config, "rope_ratio": 1.0}) > 1e-3
 
 
-def test_verify_by_layers_passes_and_fails_where_the_whole_does(glm):
+def test_verify_by_layers_passes_and_fails_where_the_whole_does(glm, monkeypatch):
     pytest.importorskip("mindformers")
+    from ms_port.archs.glm.blocks import GlmBlocks
     from ms_port.testing import rewrite_checkpoint
 
     root, hf, _unused = glm
     good = root / "layers.ckpt"
     assert ms_port.convert(hf, ms_model="mindformers:glm4", output=good).ok
+    built, build_ms = [], GlmBlocks.ms_network
+    monkeypatch.setattr(GlmBlocks, "ms_network",
+                        lambda self, piece, tensors: built.append(
+                            build_ms(self, piece, tensors)) or built[-1])
     report = ms_port.verify(hf, good, ms_model="mindformers:glm4", mode="layers")
     assert report.verdict == "PASS" and report.mode == "layers", report.message
+    # each block's network, done with, handed its weights back (one-element placeholders)
+    assert len(built) == 2 + SIZES["layers"]
+    assert all(max(p.shape, default=1) == 1 for net in built for p in net.get_parameters())
     assert report.error < 1e-5 and any("CPU stand-ins" in n for n in report.notes)
     tensor = "transformer.encoder.layers.1.self_attention.query_key_value.weight"
     bad = rewrite_checkpoint(good, root / "layers-bad.ckpt",

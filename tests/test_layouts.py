@@ -125,18 +125,44 @@ def test_join_swapped_is_the_join_transposed_bit_for_bit(case, opencv):
     layout = Layout(kind, axis, groups, tuple(sizes))
     parts = [_random(_shape(groups * s, rank, axis, other), dtype, seed + i)
              for i, s in enumerate(sizes)]
+    cv2, wrote = transforms._opencv(), []
+
+    class Recording:  # OpenCV, each call checked to write into the band it was given
+        @staticmethod
+        def transpose(src, dst):
+            wrote.append(cv2.transpose(src, dst=dst) is dst)
+            return dst
+
     saved = transforms._cv2
     try:
-        if not opencv:
-            transforms._cv2 = None
+        transforms._cv2 = Recording if opencv else None
         got = layout.join_swapped(parts)
     finally:
         transforms._cv2 = saved
     if rank != 2 or not opencv:
-        assert got is None
+        assert got is None and not wrote
         return
     want = np.ascontiguousarray(_reference_join(parts, groups, sizes, axis).T)
     assert got.flags.c_contiguous and _same_bits(got, want)
+    assert wrote == [True] * (groups * len(parts))  # every band by OpenCV, in place
+
+
+@pytest.mark.parametrize("dtype", [np.uint8, np.bool_, np.int64, np.float64, np.float16])
+@pytest.mark.parametrize("axis", [0, 1])
+def test_join_swapped_of_strided_parts_of_any_element_size(dtype, axis):
+    """Parts that are views (a column slice, reversed rows) of 1-, 2- and 8-byte
+    elements; a big-endian part is declined (the join makes it native)."""
+    rng = np.random.default_rng(axis)
+    base = [rng.integers(0, 255, (12, 20)).astype(dtype) for _ in range(2)]
+    parts = [base[0][:, 3:13], base[1][::-1, 5:15]] if axis == 0 else [
+        base[0][2:12, :6], base[1][::-1][:10, 4:12]]
+    layout = Layout("concat", axis, 1, tuple(p.shape[axis] for p in parts))
+    got = layout.join_swapped(parts)
+    want = np.ascontiguousarray(layout.join(parts).T)
+    assert got is not None and got.flags.c_contiguous and _same_bits(got, want)
+    swapped = [p.astype(p.dtype.newbyteorder(">")) for p in parts]
+    if swapped[0].dtype.itemsize > 1:
+        assert layout.join_swapped(swapped) is None
 
 
 def test_swap_of_knows_a_transpose_among_unit_reshapes_and_nothing_else():
@@ -155,6 +181,7 @@ def test_swap_of_knows_a_transpose_among_unit_reshapes_and_nothing_else():
                    (5, 7)) is None                                       # not a unit reshape
     assert swap_of((Transform("transpose", [1, 0]), Transform("rope_pairs", [2, 4])),
                    (4, 4)) is None
+    assert swap_of((Transform("transpose", [1, 0, 2]),), (1, 5, 7)) is None  # units only
 
 
 def _rows(name: str, n: int, cols: int = 2) -> np.ndarray:

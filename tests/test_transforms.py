@@ -27,7 +27,7 @@ def kernel(request, monkeypatch):
     if request.param == "numpy":
         monkeypatch.setattr(transforms, "_cv2", None)
     else:
-        assert transforms._cv2 is not None, "opencv-python-headless is a dependency"
+        assert transforms._opencv() is not None, "opencv-python-headless is a dependency"
     return request.param
 
 

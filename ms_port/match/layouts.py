@@ -117,10 +117,11 @@ class Layout:
         """``self.join(parts).T`` as a C-contiguous array, made without the joined copy:
         each part's rows (or columns) transposed straight into their band of the output
         (a mixture's ``[w1_e; w3_e]`` made ``[H, 2F]`` with one pass over the bytes, not
-        two). None where that is not faster: parts not 2-D, of different dtypes, or
-        elements OpenCV's transpose does not move (:func:`~.transforms.fast_swap`)."""
+        two). None where that is not faster or not the same: parts not 2-D, of different
+        or non-native dtypes (``join`` makes those native), or elements OpenCV's transpose
+        does not move (:func:`~.transforms.fast_swap`)."""
         if (any(p.ndim != 2 for p in parts) or len({p.dtype for p in parts}) != 1
-                or not fast_swap(parts[0].dtype)):
+                or not parts[0].dtype.isnative or not fast_swap(parts[0].dtype)):
             return None
         rows, cols = self.fused_shape([tuple(p.shape) for p in parts])
         out = np.empty((cols, rows), parts[0].dtype)

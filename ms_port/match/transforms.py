@@ -12,10 +12,22 @@ from typing import Any, Callable
 
 import numpy as np
 
-try:  # OpenCV's transpose: a cache-tiled SIMD kernel, about twice numpy's blocked one here
-    import cv2 as _cv2
-except ImportError:  # pragma: no cover - opencv-python-headless is a dependency
-    _cv2 = None
+#: OpenCV (``cv2``), imported on the first transpose (0.27 s: not for commands that make
+#: none); None where it is missing, False before the first look
+_cv2: Any = False
+
+
+def _opencv() -> Any:
+    """OpenCV's module, whose transpose is a cache-tiled SIMD kernel (about twice numpy's
+    blocks here), or None where it cannot be imported."""
+    global _cv2
+    if _cv2 is False:
+        try:
+            import cv2
+        except ImportError:  # pragma: no cover - opencv-python-headless is a dependency
+            cv2 = None
+        _cv2 = cv2
+    return _cv2
 
 
 @dataclass(frozen=True)
@@ -89,7 +101,8 @@ def _transposed(array: np.ndarray, perm: list[int]) -> np.ndarray:
     elements: two passes through ``[rows, cols/B, B]`` that each read whole cache lines
     (rows whose bytes are a multiple of 4 KiB would otherwise fall, column by column, in
     the same cache sets), or, where the columns do not divide, one pass filling a band of
-    the output at a time, where OpenCV is missing (:func:`_swapped` otherwise).
+    the output at a time: where OpenCV is missing or the array is not C-contiguous (else
+    :func:`_swapped`, which also swaps the last two axes of a stack).
     Qwen3-30B-A3B's bfloat16 experts (numpy 1.26, this machine, ms): ``[1536, 2048]``
     4.8–6.3, not 18–19; ``[2048, 768]`` 1.8–1.9, not 3.2–4.6; ``[768, 2048]`` 2.1–3.2, not
     6.7–7.1."""
@@ -104,8 +117,9 @@ def _transposed(array: np.ndarray, perm: list[int]) -> np.ndarray:
     if view.dtype.kind == "V" and view.dtype.itemsize in (1, 2, 4, 8):
         bits = np.dtype(f"u{view.dtype.itemsize}")
         return _transposed(array.view(bits), perm).view(array.dtype)
-    if _cv2 is not None and array.flags.c_contiguous and array.dtype.itemsize in _CV_BITS \
-            and list(perm) == [*range(array.ndim - 2), array.ndim - 1, array.ndim - 2]:
+    if array.flags.c_contiguous and array.dtype.itemsize in _CV_BITS \
+            and list(perm) == [*range(array.ndim - 2), array.ndim - 1, array.ndim - 2] \
+            and _opencv() is not None:
         return _swapped(array)
     if list(perm) != [1, 0]:
         return np.ascontiguousarray(view)
@@ -137,7 +151,7 @@ def _swapped(array: np.ndarray) -> np.ndarray:
     flat_in, flat_out = bits.reshape(-1, rows, cols), out.reshape(-1, cols, rows)
     for i in range(flat_in.shape[0]):
         dst = flat_out[i]
-        if _cv2.transpose(flat_in[i], dst=dst) is not dst:  # pragma: no cover - OpenCV
+        if _opencv().transpose(flat_in[i], dst=dst) is not dst:  # pragma: no cover - OpenCV
             raise RuntimeError("cv2.transpose did not write into the output it was given")
     return out.view(array.dtype)
 
@@ -146,18 +160,19 @@ def swap_into(src: np.ndarray, dst: np.ndarray) -> None:
     """``dst[...] = src.T`` for 2-D arrays of one dtype; ``dst`` may be a band of a larger
     array (rows apart, its elements adjacent), which OpenCV's kernel fills in place."""
     bits = _CV_BITS.get(src.dtype.itemsize)
-    if _cv2 is not None and bits is not None and dst.dtype == src.dtype \
-            and src.strides[1] == src.itemsize and dst.strides[1] == dst.itemsize:
+    if bits is not None and dst.dtype == src.dtype and src.strides[1] == src.itemsize \
+            and dst.strides[1] == dst.itemsize and _opencv() is not None:
         band = dst.view(bits)
-        if _cv2.transpose(src.view(bits), dst=band) is band:
+        if _opencv().transpose(src.view(bits), dst=band) is band:
             return
-    dst[...] = src.T
+    dst[...] = src.T  # numpy's strided copy: the same bytes, slower
 
 
 def fast_swap(dtype: np.dtype) -> bool:
-    """Whether :func:`swap_into` copies elements of ``dtype`` with OpenCV's kernel (else
-    numpy's element-by-element strided copy: slower than :func:`_transposed`)."""
-    return _cv2 is not None and np.dtype(dtype).itemsize in _CV_BITS
+    """Whether :func:`swap_into` can copy elements of ``dtype`` with OpenCV's kernel
+    (where each row's elements are adjacent on both sides; else numpy's strided copy,
+    slower than :func:`_transposed`)."""
+    return np.dtype(dtype).itemsize in _CV_BITS and _opencv() is not None
 
 
 _UNIT_RESHAPES = ("reshape", "squeeze", "unsqueeze")

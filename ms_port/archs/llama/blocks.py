@@ -260,8 +260,9 @@ def release(params: Iterable[Any]) -> None:
 
     for param in params:
         if tuple(param.shape) != (1,) * len(param.shape):
-            param.set_data(ms.Tensor(np.zeros((1,) * len(param.shape),
-                                              dtype=ms.dtype_to_nptype(param.dtype))))
+            # (cast by MindSpore: its dtype_to_nptype logs a deprecation on every call)
+            param.set_data(ms.Tensor(np.zeros((1,) * len(param.shape), np.float32),
+                                     dtype=param.dtype))
 
 
 def let_go(net: Any) -> None:
