@@ -355,7 +355,8 @@ def _replicated(folder: Path, name: str, held: list[_Holder]) -> TensorInfo:
                 f"{folder}: {shown(name)} is {_fmt(first)} on rank {held[0].rank} and "
                 f"{_fmt(h.info)} on rank {h.rank}, and the strategy does not split it; pass "
                 "the strategy training wrote (--strategy)", path=folder)
-    return TensorInfo(name, first.shape, first.dtype, first.loader, first.rows_loader)
+    return TensorInfo(name, first.shape, first.dtype, first.loader, first.rows_loader,
+                      first.extents)
 
 
 def _sliced(folder: Path, name: str, lay: ParamLayout, held: list[_Holder],

@@ -230,7 +230,7 @@ def _tensor(path: Path, name: str, entry: Any, where: dict[tuple[str, int], list
         chosen.append((box, info))
     if pieces == 1:
         info = chosen[0][1]
-        return TensorInfo(name, shape, dtype, info.loader, info.rows_loader)
+        return TensorInfo(name, shape, dtype, info.loader, info.rows_loader, info.extents)
 
     def load() -> np.ndarray:
         out = np.empty(shape, dtype=numpy_dtype(dtype))

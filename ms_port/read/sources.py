@@ -651,7 +651,8 @@ def _strip(source: Source) -> Source:
 
 
 def _renamed(info: TensorInfo, name: str) -> TensorInfo:
-    return TensorInfo(name, info.shape, info.dtype, info.loader, info.rows_loader)
+    return TensorInfo(name, info.shape, info.dtype, info.loader, info.rows_loader,
+                      info.extents)
 
 
 # -- safetensors ---------------------------------------------------------------------
@@ -668,7 +669,8 @@ def _safetensors_tensors(path: Path) -> tuple[dict[str, TensorInfo], dict[str, s
             # a span of rows is a slice of the map: only its pages are read
             (None if not shape or dtype in PACKED_DTYPES else
              lambda a, b, p=path, o=offset, n=nbytes, s=shape, d=dtype:
-             _map_region(p, o, n, s, d)[a:b]))
+             _map_region(p, o, n, s, d)[a:b]),
+            ((str(path), offset, nbytes),))
     return tensors, metadata
 
 
@@ -801,7 +803,9 @@ def _ckpt_tensors(path: Path) -> tuple[dict[str, TensorInfo], dict[str, str], li
                           "it was written; re-create or re-download it", path=path)
     tensors = {
         e.name: TensorInfo(e.name, e.shape, e.dtype, lambda e=e: reader.load(e.name),
-                           lambda a, b, e=e: reader.load(e.name, (a, b)))
+                           lambda a, b, e=e: reader.load(e.name, (a, b)),
+                           tuple((str(path), o, n)
+                                 for o, n in e.pieces or ((e.offset, e.nbytes),)))
         for e in reader.entries
     }
     skipped = [Skipped(name, kind, reason) for name, kind, reason in reader.skipped]

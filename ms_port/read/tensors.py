@@ -139,6 +139,9 @@ class TensorInfo:
             (targets, or a template checkpoint read without its data).
         rows_loader: where a format can read a span of rows alone, ``(start, stop)`` ->
             those rows along the first axis (:meth:`load_rows`).
+        extents: ``(file, offset, bytes)`` of each stretch of a file holding the tensor's
+            stored bytes, where the format says (safetensors, ``.ckpt``); what a reader may
+            read ahead (:class:`~ms_port.read.ahead.ReadAhead`). Empty: unknown.
     """
 
     name: str
@@ -147,6 +150,7 @@ class TensorInfo:
     loader: Callable[[], np.ndarray] | None = field(default=None, repr=False, compare=False)
     rows_loader: Callable[[int, int], np.ndarray] | None = field(default=None, repr=False,
                                                                  compare=False)
+    extents: tuple[tuple[str, int, int], ...] = field(default=(), repr=False, compare=False)
 
     @property
     def numel(self) -> int:
