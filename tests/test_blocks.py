@@ -352,3 +352,124 @@ def test_cli_says_which_mode_ran_and_why(made, monkeypatch):
     assert refused.exit_code == 2
     assert "--dtype float64: the blocks run in float32" in refused.output
     assert len(refused.output.strip().splitlines()) == 2  # one line and the --debug hint
+
+
+def test_each_mindspore_network_is_built_once_and_reloaded(made, monkeypatch):
+    """MindFormers' network is built once per span of the vocabulary, and each block's
+    tensors set into it (building took most of a block's MindSpore time): a wrong layer
+    still FAILs there, the blocks after it still PASS on their own input."""
+    from ms_port.check import blocks
+    from ms_port.read import targets
+
+    src, out = made("llama", False, "float32", False)
+    builds, without = [], targets.without_weights
+
+    def counted(build):
+        builds.append(build)
+        return without(build)
+
+    monkeypatch.setattr(targets, "without_weights", counted)
+    args = dict(ms_model="mindformers:llama", mode="layers")
+    assert ms_port.verify(src, out, **args).verdict == "PASS"
+    assert len(builds) == 1  # the embedding, three layers and the head: one network
+    builds.clear()
+    monkeypatch.setattr(blocks, "SPAN_NUMEL", 40 * 64)  # spans of 40 rows, and a shorter last
+    spanned = ms_port.verify(src, out, **args)
+    assert spanned.verdict == "PASS"
+    vocab = json.loads((src / "config.json").read_text())["vocab_size"]
+    assert len(builds) == 1 + (vocab % 40 != 0) + 1, vocab  # span sizes, and the layers'
+    wrong = rewrite_checkpoint(out, out.with_name("built-once-wrong.ckpt"),
+                               _swap(1, "attention.wk.weight", "attention.wv.weight"))
+    bad = ms_port.verify(src, wrong, **args)
+    assert bad.verdict == "FAIL"
+    fed = {c.torch: c.status for c in bad.layers if c.paired_by == "fed"}
+    assert fed["model.layers.1"] == "fail" and fed["model.layers.2"] == "ok", fed
+
+
+def test_weights_are_shared_with_mindspore_not_copied():
+    """A block's float32 arrays become MindSpore's parameters without a copy (a copy was
+    most of a 7B layer's build); an array MindSpore may not share is copied, same values."""
+    ms = pytest.importorskip("mindspore")
+    from ms_port.archs.llama.blocks import set_parameters
+    from ms_port.errors import TargetError
+
+    params = {n: ms.Parameter(ms.Tensor(np.zeros((3, 4), np.float32)), name=n)
+              for n in ("a", "b", "c")}
+    values = np.arange(12, dtype=np.float32).reshape(3, 4)
+    own, frozen = values.copy(), values + 100
+    frozen.flags.writeable = False
+    set_parameters(params, {"a": own, "b": frozen, "c": values.astype(np.float64)})
+    own[0, 0] = 42.0
+    assert params["a"].asnumpy()[0, 0] == 42.0  # shared
+    assert np.array_equal(params["b"].asnumpy(), frozen)
+    # another dtype is cast into the parameter's
+    assert params["c"].dtype == ms.float32 and np.array_equal(params["c"].asnumpy(), values)
+    with pytest.raises(TargetError, match="does not fit"):
+        set_parameters(params, {"a": np.zeros((4, 3), np.float32)})
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_the_tensor_check_a_block_at_a_time_is_the_whole_one(made, tmp_path, seed):
+    """Verify by layers compares each block's tensors through the plan as the block
+    starts: whatever the order and grouping, the result is the one-pass comparison's, a
+    swapped pair still identified by what each holds, an extra entry still named."""
+    from ms_port.check.tensors import PlanCheck, compare_through_plan
+    from ms_port.read.sources import read_source
+
+    src, out = made("llama", False, "float32", False)
+    plan = ms_port.plan(src, ms_model="mindformers:llama")
+
+    def edit(tensors):
+        tensors = _swap(1, "attention.wk.weight", "attention.wv.weight")(tensors)
+        tensors["stray.weight"] = np.ones((2, 2), np.float32)
+        return tensors
+
+    wrong = read_source(rewrite_checkpoint(out, tmp_path / "w.ckpt", edit),
+                        strip_prefixes=False)
+    values = {i.name: i.load for i in wrong}
+    whole = compare_through_plan(plan, values, a="hf", b="ms", infos=wrong.tensors)
+    names = [*wrong.tensors, "not.a.tensor"]
+    rng = np.random.default_rng(seed)
+    rng.shuffle(names)
+    check = PlanCheck(plan, values, a="hf", b="ms", infos=wrong.tensors)
+    for group in np.array_split(np.array(names, dtype=object), 5)[:4]:  # one left to result()
+        check.check(list(group) * 2)  # a name twice: compared once
+    found = check.result()
+    assert found.to_dict() == whole.to_dict()
+    assert {d.target: d.holds for d in found.problems} == {
+        "model.layers.1.attention.wk.weight": "model.layers.1.self_attn.v_proj.weight",
+        "model.layers.1.attention.wv.weight": "model.layers.1.self_attn.k_proj.weight",
+        "stray.weight": None}
+
+
+def test_each_blocks_tensors_are_checked_as_it_starts(made, monkeypatch):
+    """The tensor check reads a block's tensors just before the block does (so the block
+    reads them from the page cache: each file is read from the disk once): one check per
+    block, of that block's MindSpore tensors, before its PyTorch network is built."""
+    from ms_port.archs.llama.blocks import LlamaBlocks
+    from ms_port.check.tensors import PlanCheck
+
+    src, out = made("llama", False, "float32", False)
+    seen, check, build = [], PlanCheck.check, LlamaBlocks.torch_network
+
+    def checked(self, names):
+        names = list(names)
+        seen.append(("check", frozenset(names)))
+        return check(self, names)
+
+    def torch_network(self, piece, tensors):
+        if seen[-1][:2] != ("torch", piece.name):  # (a layer's float64 pass builds again)
+            seen.append(("torch", piece.name, frozenset(piece.ms.values())))
+        return build(self, piece, tensors)
+
+    monkeypatch.setattr(PlanCheck, "check", checked)
+    monkeypatch.setattr(LlamaBlocks, "torch_network", torch_network)
+    report = ms_port.verify(src, out, ms_model="mindformers:llama", mode="layers")
+    assert report.verdict == "PASS" and report.timings["tensors"] > 0
+    blocks_seen = [e for e in seen if e[0] == "torch"]
+    assert [e[1] for e in blocks_seen] == ["embedding", "model.layers.0", "model.layers.1",
+                                           "model.layers.2", "head"]
+    for k, event in enumerate(seen):
+        if event[0] == "torch":
+            assert seen[k - 1] == ("check", event[2]), event[1]
+    assert seen[-1][0] == "check"  # the rest (none here), then the result

@@ -34,6 +34,7 @@ import numpy as np
 
 from .._libc import libc_function
 from ..errors import ForwardUnavailable, ParityError, shown
+from ..read.ahead import ReadAhead
 from ..read.sources import Source
 from .compare import ms_to_numpy, nonfinite, relative_error
 from .devices import release_ms_pool
@@ -58,6 +59,7 @@ from .spans import (
     plan_spans,
     span_rows,
 )
+from .tensors import PlanCheck
 from .verdict import Drift, bound_for, status_of
 
 #: bytes per parameter the whole-network verify holds at its peak: PyTorch float32 and
@@ -247,7 +249,7 @@ class _BlockRun:
 
 
 def run_blocks(blocks: Any, source: Source, checkpoint: Source, run: Run, *,
-               correspondence: list[tuple[str, str]], tensor_diff: Any,
+               correspondence: list[tuple[str, str]], tensors: PlanCheck,
                ms_names: list[str]) -> ParityReport:
     """Verify block by block (module docstring); the same verdict as :func:`run_parity`.
 
@@ -256,7 +258,9 @@ def run_blocks(blocks: Any, source: Source, checkpoint: Source, run: Run, *,
         source / checkpoint: the PyTorch source and the MindSpore checkpoint, read lazily.
         run: the token ids, seed, bound and what the run records (notes, progress).
         correspondence: ``(mindspore_path, torch_path)`` layer pairs from the plan.
-        tensor_diff: the tensor-level comparison made before (a ``TensorDiff``).
+        tensors: the tensor-level comparison through the plan, made a block at a time as
+            each block starts (its tensors then come from the page cache: each file is
+            read from the disk once); the tensors no block holds are compared last.
         ms_names: the MindSpore tensor names, to name a failing layer's tensors.
     """
     from . import devices
@@ -273,7 +277,9 @@ def run_blocks(blocks: Any, source: Source, checkpoint: Source, run: Run, *,
     # parallel_core: GRAPH mode and its CPU stand-ins) gives it as ``session()``
     session = getattr(blocks, "session", None)
     with session() if session is not None else contextlib.nullcontext():
-        compared = _run_pieces(state, pieces)
+        compared = _run_pieces(state, pieces, tensors)
+    with state.timer("tensors"):
+        tensor_diff = tensors.result()
     run.notes.extend(getattr(blocks, "notes", lambda: [])())
     for k, c in enumerate(compared):
         c.index = k
@@ -328,12 +334,20 @@ def _layer_numel(piece: Any, source: Source, blocks: Any) -> int:
     return own + (0 if groups is None else group_numel(groups, source))
 
 
-def _run_pieces(state: _BlockRun, pieces: list[Any]) -> list[LayerComparison]:
-    """Every block in turn (:func:`_run_piece`), collecting garbage between blocks."""
+def _run_pieces(state: _BlockRun, pieces: list[Any], tensors: PlanCheck
+                ) -> list[LayerComparison]:
+    """Every block in turn (:func:`_run_piece`), its tensors compared through the plan
+    first (``tensors``), collecting garbage between blocks."""
     compared: list[LayerComparison] = []
+    ahead = ReadAhead()
     try:
         for n, piece in enumerate(pieces):
             state.run.step(f"block {n + 1}/{len(pieces)}: {piece.name}")
+            # the files' stretches of this block and the next are read into the page cache
+            # on a thread while this one computes (:mod:`ms_port.read.ahead`)
+            ahead.want(_extents(state, pieces[n:n + 2]))
+            with state.timer("tensors"):
+                tensors.check(piece.ms.values())
             groups = plan_groups(state.blocks, piece, state.source)
             if groups is None:
                 _check_fits(piece, state.source, state.run.noise_floor,
@@ -356,8 +370,21 @@ def _run_pieces(state: _BlockRun, pieces: list[Any]) -> list[LayerComparison]:
             # stayed resident through the next block's float64 read)
             release_ms_pool()
     finally:
+        ahead.close()
         gc.unfreeze()
     return compared
+
+
+def _extents(state: _BlockRun, pieces: list[Any]) -> list[tuple[str, int, int]]:
+    """Where the blocks' tensors lie in both files, in the order a block reads them (its
+    PyTorch tensors, then its MindSpore ones)."""
+    found = []
+    for piece in pieces:
+        for names, where in ((piece.torch, state.source), (piece.ms, state.checkpoint)):
+            for name in names.values():
+                info = where.tensors.get(name)
+                found += info.extents if info is not None else ()
+    return found
 
 
 #: what a block needs beyond its PyTorch tensors' bytes: activations, the frameworks' work

@@ -370,7 +370,7 @@ def by_layers(request: Request, blocks: Any) -> Any:
     from ..read.targets import from_family
     from .blocks import run_blocks
     from .parity import correspondence_from_pairs
-    from .tensors import compare_through_plan
+    from .tensors import PlanCheck
 
     src, ckpt = request.src, request.ckpt
     tgt = from_family(request.family, src.config, blocks.options or None)
@@ -380,16 +380,16 @@ def by_layers(request: Request, blocks: Any) -> Any:
     unused = [n for n in ckpt.tensors if n not in tgt.tensors]
     if not_loaded:
         return request.not_loaded(not_loaded, unused)
-    request.step("comparing every tensor through the plan")
-    tensors = compare_through_plan(plan, {i.name: i.load for i in ckpt}, a=request.names[0],
-                                   b=request.names[1], infos=ckpt.tensors)
+    # every tensor through the plan, a block's as the block starts (run_blocks)
+    tensors = PlanCheck(plan, {i.name: i.load for i in ckpt}, a=request.names[0],
+                        b=request.names[1], infos=ckpt.tensors)
     correspondence = correspondence_from_pairs((m.target, m.source) for m in plan.matches
                                                if not m.parts and m.part is None)
     if unused:
         notes.append(f"{len(unused)} checkpoint entries unused by the network: "
                      f"{', '.join(unused[:3])}")
     return run_blocks(blocks, src, ckpt, request.run(notes), correspondence=correspondence,
-                      tensor_diff=tensors, ms_names=list(tgt.tensors))
+                      tensors=tensors, ms_names=list(tgt.tensors))
 
 
 def whole(request: Request, entry: Any, torch_model: Any, ms_model: Any) -> Any:

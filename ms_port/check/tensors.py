@@ -16,7 +16,7 @@ import hashlib
 import itertools
 import re
 from collections import Counter, defaultdict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Union
 
@@ -155,27 +155,57 @@ def compare_through_plan(plan: Any, values: Mapping[str, Value], *, a: str,
         >>> [x.describe() for x in d.problems]
         ['bn.moving_mean  differs (source bn.running_mean)  … holds bn.running_var (exact)']
     """
-    matches = {m.target: m for m in plan.matches}
-    order = list(plan.target.tensors) + [n for n in values if n not in plan.target]
-    deltas: list[TensorDelta] = []
-    checks: list[_Check] = []
-    for name in order:
-        m = matches.get(name)
-        if name not in values or m is None:
-            deltas.append(TensorDelta(name, m and m.source,
-                                      "missing" if name not in values else "unplanned"))
-        elif _grouped_identical(plan, m, (infos or {}).get(name)):
-            deltas.append(TensorDelta(name, m.source or f"({m.detail})", "identical", 0.0,
-                                      1.0, shape=tuple(m.shape)))
-        else:
-            _compare(deltas, checks, name, m.source or f"({m.detail})", plan.expected(m),
-                     _loader(values[name]), m.transforms)
-    notes = [c.message for c in plan.conflicts] + _Holds(plan.source.tensors).resolve(checks)
-    if plan.unused:
-        notes.append(f"{len(plan.unused)} source tensors not in the plan: "
-                     + ", ".join(u.name for u in plan.unused[:5])
-                     + (", …" if len(plan.unused) > 5 else ""))
-    return TensorDiff(a, b, "plan", deltas, notes)
+    return PlanCheck(plan, values, a=a, b=b, infos=infos).result()
+
+
+class PlanCheck:
+    """:func:`compare_through_plan` a group of tensors at a time, in any order: verify by
+    layers checks each block's tensors as the block starts, so that each file is read
+    from the disk once (the block then reads them from the page cache). The result is
+    the one :func:`compare_through_plan` gives, whatever the order the groups came in."""
+
+    def __init__(self, plan: Any, values: Mapping[str, Value], *, a: str, b: str,
+                 infos: Mapping[str, TensorInfo] | None = None) -> None:
+        """(as :func:`compare_through_plan`)"""
+        self.plan, self.values, self.a, self.b, self.infos = plan, values, a, b, infos or {}
+        self.matches = {m.target: m for m in plan.matches}
+        order = list(plan.target.tensors) + [n for n in values if n not in plan.target]
+        self.position = {name: k for k, name in enumerate(order)}
+        self.found: dict[str, TensorDelta] = {}
+        self.checks: list[_Check] = []
+
+    def check(self, names: Iterable[str]) -> None:
+        """Compare ``names`` (MindSpore names; those done already, or neither planned nor
+        held, are passed over)."""
+        for name in names:
+            if name in self.found or name not in self.position:
+                continue
+            m = self.matches.get(name)
+            if name not in self.values or m is None:
+                delta = TensorDelta(name, m and m.source,
+                                    "missing" if name not in self.values else "unplanned")
+            elif _grouped_identical(self.plan, m, self.infos.get(name)):
+                delta = TensorDelta(name, m.source or f"({m.detail})", "identical", 0.0,
+                                    1.0, shape=tuple(m.shape))
+            else:
+                delta = _compare(self.checks, name, m.source or f"({m.detail})",
+                                 self.plan.expected(m), _loader(self.values[name]),
+                                 m.transforms)
+            self.found[name] = delta
+
+    def result(self) -> TensorDiff:
+        """Every tensor compared (the rest now), in target order, and what the ones that
+        are not what they should be hold."""
+        self.check(self.position)
+        plan, at = self.plan, self.position
+        deltas = sorted(self.found.values(), key=lambda d: at[d.target])
+        checks = sorted(self.checks, key=lambda c: at[c.delta.target])
+        notes = [c.message for c in plan.conflicts] + _Holds(plan.source.tensors).resolve(checks)
+        if plan.unused:
+            notes.append(f"{len(plan.unused)} source tensors not in the plan: "
+                         + ", ".join(u.name for u in plan.unused[:5])
+                         + (", …" if len(plan.unused) > 5 else ""))
+        return TensorDiff(self.a, self.b, "plan", deltas, notes)
 
 
 def _grouped_identical(plan: Any, m: Any, info: TensorInfo | None) -> bool:
@@ -217,8 +247,8 @@ def compare_by_name(a_source: Any, b_source: Any) -> TensorDiff:
         if info.name not in b_source:
             deltas.append(TensorDelta(info.name, info.name, "missing"))
         else:
-            _compare(deltas, checks, info.name, info.name, info.load(),
-                     b_source[info.name].load, ())
+            deltas.append(_compare(checks, info.name, info.name, info.load(),
+                                   b_source[info.name].load, ()))
     deltas += [TensorDelta(i.name, None, "unplanned") for i in b_source
                if i.name not in a_source]
     notes = _Holds(a_source.tensors).resolve(checks)
@@ -243,22 +273,20 @@ def _loader(value: Value) -> Callable[[], np.ndarray]:
     return (lambda: np.asarray(value())) if callable(value) else (lambda: np.asarray(value))
 
 
-def _compare(deltas: list[TensorDelta], checks: list[_Check], target: str, source: str,
-             expected: np.ndarray, actual_fn: Callable[[], np.ndarray],
-             chain: tuple[Transform, ...]) -> None:
-    """Append the delta, and a check when the tensor is not what it should be."""
+def _compare(checks: list[_Check], target: str, source: str, expected: np.ndarray,
+             actual_fn: Callable[[], np.ndarray], chain: tuple[Transform, ...]) -> TensorDelta:
+    """The delta; a check appended when the tensor is not what it should be."""
     actual = np.asarray(actual_fn())
     expected = _align(np.asarray(expected), actual.dtype)
     shape, want = tuple(actual.shape), tuple(expected.shape)
     if shape != want:
         delta = TensorDelta(target, source, "shape", shape=shape, expected_shape=want)
     elif expected.dtype == actual.dtype and same_bits(expected, actual):  # one byte order
-        deltas.append(TensorDelta(target, source, "identical", 0.0, 1.0, shape=shape))
-        return
+        return TensorDelta(target, source, "identical", 0.0, 1.0, shape=shape)
     else:
         delta = TensorDelta(target, source, "differs", *_stats(expected, actual), shape=shape)
-    deltas.append(delta)
     checks.append(_Check(delta, chain, _key(actual), actual.dtype, actual_fn))
+    return delta
 
 
 def _name(dtype: np.dtype) -> str:
@@ -473,4 +501,5 @@ def _json(x: float | None) -> float | None:
     return x if x is not None and np.isfinite(x) else None
 
 
-__all__ = ["STATUSES", "TensorDelta", "TensorDiff", "compare_by_name", "compare_through_plan"]
+__all__ = ["STATUSES", "PlanCheck", "TensorDelta", "TensorDiff", "compare_by_name",
+           "compare_through_plan"]

@@ -16,7 +16,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ...errors import TargetError
-from ..llama.blocks import LOCAL, HuggingFaceSide, Piece, let_go, load_piece, vocab_of
+from ..llama.blocks import LOCAL, BuiltOnce, HuggingFaceSide, Piece, let_go, vocab_of
 from .family import glm_config, glm_sizes
 
 #: the MindSpore decoder layer every layer runs as
@@ -52,6 +52,7 @@ class GlmBlocks(HuggingFaceSide):
         self.seq_length = seq_length
         self.options = dict(self.layouts)
         self.standins: list[str] = []
+        self.built = BuiltOnce()
 
     def pieces(self, source_names: set[str], checkpoint_names: set[str]) -> list[Piece]:
         def under(names: set[str], prefix: str, local: str) -> dict[str, str]:
@@ -79,19 +80,21 @@ class GlmBlocks(HuggingFaceSide):
         return found
 
     def ms_network(self, piece: Piece, tensors: dict[str, Any]) -> Any:
-        """ChatGLM2 with one decoder layer and the CPU stand-ins, built without weights,
+        """ChatGLM2 with one decoder layer and the CPU stand-ins, built without weights
+        once per span of the vocabulary (:class:`~ms_port.archs.llama.blocks.BuiltOnce`),
         holding the piece's tensors (float32); ``tensors`` is emptied as they load."""
-        from ...read.targets import without_weights
         from .family import build_from
 
-        one = {**self.config, "num_hidden_layers": 1, "num_layers": 1, **vocab_of(piece)}
-        cfg = glm_config(one, seq_length=self.seq_length, **self.layouts)
-        net = without_weights(lambda: build_from(cfg))
+        def build() -> Any:
+            one = {**self.config, "num_hidden_layers": 1, "num_layers": 1, **vocab_of(piece)}
+            return build_from(glm_config(one, seq_length=self.seq_length, **self.layouts))
+
+        net = self.built.load(piece, build, tensors)
         self.standins = net.ms_port_notes
-        return load_piece(net, tensors)
+        return net
 
     def ms_done(self, net: Any) -> None:
-        """Each piece's network is built for it alone: its weights go when it is done."""
+        """A piece done: its weights go (the network stays for the next piece)."""
         let_go(net)
 
     def ms_step(self, net: Any, piece: Piece, state: Any, ids: np.ndarray) -> Any:
