@@ -44,6 +44,7 @@ PHASES = [
     ("ms_port.api", "make_plan", "plan"),
     ("ms_port.api", "resolve_mapping", "mapping table"),
     ("ms_port.check.tensors", "compare_through_plan", "tensor check (every tensor via the plan)"),
+    ("ms_port.check.tensors", "PlanCheck.check", "tensor check (a block's, as it starts)"),
     ("ms_port.api", "_verify_by_layers", "layers: rest (target, checks)"),
     ("ms_port.check.blocks", "run_blocks", "blocks: rest (outputs, ...)"),
     ("ms_port.check.devices", "set_ms_device", "import MindSpore, set its device"),
