@@ -473,3 +473,33 @@ def test_each_blocks_tensors_are_checked_as_it_starts(made, monkeypatch):
         if event[0] == "torch":
             assert seen[k - 1] == ("check", event[2]), event[1]
     assert seen[-1][0] == "check"  # the rest (none here), then the result
+
+
+def test_float64_weights_cast_into_reused_arrays_keep_every_verdict(made, tmp_path,
+                                                                   monkeypatch):
+    """The float64 noise pass casts each module's weights into arrays the modules before
+    it used (check/reuse.py; here every array, however small): the right conversion still
+    PASSes with the same logits error, a wrong layer still FAILs there."""
+    from ms_port.check import reuse
+
+    src, out = made(*VARIANTS[1])  # Qwen2: a bias beside each of q, k and v's weights
+    args = dict(ms_model="mindformers:llama", ms_options={"qkv_concat": True}, mode="layers")
+    fresh = ms_port.verify(src, out, **args)
+    made_buffers, init = [], reuse.Buffers.__init__
+
+    def recorded(self):
+        init(self)
+        made_buffers.append(self)
+
+    monkeypatch.setattr(reuse, "SMALLEST", 0)
+    monkeypatch.setattr(reuse.Buffers, "__init__", recorded)
+    again = ms_port.verify(src, out, **args)
+    assert again.verdict == fresh.verdict == "PASS"
+    assert again.error == fresh.error  # the same bytes computed
+    # and the same float64 noise: each layer's bound is the one fresh arrays gave
+    assert [(c.ms, c.noise, c.bound) for c in again.layers] == [
+        (c.ms, c.noise, c.bound) for c in fresh.layers]
+    assert sum(b.reused for b in made_buffers) > 0
+    wrong = rewrite_checkpoint(out, tmp_path / "w.ckpt", _swap_gate_up(2))
+    bad = ms_port.verify(src, wrong, **args)
+    assert bad.verdict == "FAIL" and "model.layers.2" in bad.message

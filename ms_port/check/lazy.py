@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from ..read.sources import Source
+from .reuse import Buffers
 
 
 def on_demand(model: Any, names: dict[str, str], source: Source, dtype: Any) -> Any | None:
@@ -54,11 +55,15 @@ def on_demand(model: Any, names: dict[str, str], source: Source, dtype: Any) -> 
                 (module._buffers if is_buffer else module._parameters)[attr] = meta
                 entries[k] = (attr, is_buffer, name, meta)
 
+    # a module's weights are cast into the arrays the modules before it were (their
+    # pages already handed over by the kernel), once nothing holds those any more
+    buffers = Buffers()
+
     def put_in(module: Any, _args: Any) -> None:
         for attr, is_buffer, name, _meta in held[module]:
             array = np.asarray(source.tensors[name].load())
             if array.dtype != dtype:
-                array = array.astype(dtype)
+                array = buffers.cast(array, dtype)
             tensor = torch.from_numpy(array)
             if is_buffer:
                 module._buffers[attr] = tensor
