@@ -555,8 +555,8 @@ def render(row: dict) -> str:
                 "| report's timings |")
         lines += [head, "|" + "---|" * head.count(" | ") + "---|"]
         for k, r in enumerate(row.get("read_both") or []):
-            lines.append(f"| reading both files once, cold (8 MiB reads), before run {k + 1} "
-                         f"| {_s(r['wall'])} | | | | | {_gib(r['bytes'])} | |")
+            lines.append(f"| reading both files once ({_gib(r['bytes'])}), cold, in 8 MiB "
+                         f"reads, before run {k + 1} | {_s(r['wall'])} | | | | | | |")
         steps = [("`convert`", row["convert"]),
                  *[(f"`verify` (no flag), run {i + 1}", r) for i, r in enumerate(row["verify"])],
                  ("`convert --map swap-kv-17.yaml`", row["convert_swapped"]),

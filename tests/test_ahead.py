@@ -94,25 +94,38 @@ def test_it_reads_what_it_is_asked_within_its_budget(tmp_path):
 def test_a_new_request_replaces_the_old(tmp_path, monkeypatch):
     """What was asked before and is not yet read is dropped: the reader has moved on."""
     import os
+    import threading
 
     data = tmp_path / "data.bin"
     data.write_bytes(b"x" * (1 << 20))
-    reads, original = [], os.preadv
+    reads, original, replaced, started = [], os.preadv, threading.Event(), threading.Event()
 
-    def slow(fd, buffers, offset):
+    def held(fd, buffers, offset):
         reads.append(offset)
-        if offset >= 1 << 19:  # the second stretch waits to be replaced
-            time.sleep(0.02)
+        if offset == 1 << 19:  # the old request's first chunk waits to be replaced
+            started.set()
+            replaced.wait(10)
         return original(fd, buffers, offset)
 
-    monkeypatch.setattr(os, "preadv", slow)
+    monkeypatch.setattr(os, "preadv", held)
     with ReadAhead(chunk=1 << 16) as ahead:
         ahead.want([(str(data), 0, 1 << 16), (str(data), 1 << 19, 1 << 19)])
-        assert _until(lambda: any(r >= 1 << 19 for r in reads))
+        assert started.wait(10)
         ahead.want([(str(data), 1 << 16, 1 << 16)])
+        replaced.set()
         assert _until(lambda: (1 << 16) in reads)
-    late = [r for r in reads if r >= 1 << 19]
-    assert 1 <= len(late) < 8, reads  # the 8 chunks of the old request were not all read
+    assert [r for r in reads if r >= 1 << 19] == [1 << 19]  # none of its 7 other chunks
+
+
+def test_what_cannot_be_read_is_dropped_without_a_word(tmp_path, capfd):
+    data = tmp_path / "data.bin"
+    data.write_bytes(b"z" * 8192)
+    with ReadAhead(chunk=4096) as ahead:
+        ahead.want([(str(data), (1 << 63) - 10, 5), (str(tmp_path / "a\0b"), 0, 5),
+                    (str(tmp_path), 0, 5), (str(data), 0, 8192)])
+        assert _until(lambda: ahead.read == 8192), ahead.read
+        assert ahead._thread.is_alive()
+    assert capfd.readouterr().err == ""
 
 
 @pytest.mark.parametrize("count", [0, 3])

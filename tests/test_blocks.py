@@ -8,10 +8,12 @@ conversion. Skipped where transformers / mindformers (the test extra) are absent
 
 from __future__ import annotations
 
+import gc
 import importlib.util
 import json
 import subprocess
 import sys
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -46,6 +48,7 @@ def test_auto_goes_by_layers_only_when_the_whole_networks_would_not_fit():
 
 _FREED = """
 import sys
+from dataclasses import replace
 import numpy as np
 from ms_port.check.blocks import unmap_large_arrays
 def rss():
@@ -369,9 +372,12 @@ def test_each_mindspore_network_is_built_once_and_reloaded(made, monkeypatch):
         return without(build)
 
     monkeypatch.setattr(targets, "without_weights", counted)
+    set_into = _record_set(monkeypatch)
     args = dict(ms_model="mindformers:llama", mode="layers")
     assert ms_port.verify(src, out, **args).verdict == "PASS"
     assert len(builds) == 1  # the embedding, three layers and the head: one network
+    # no parameter of it is left to hold another block's weights: the blocks set them all
+    assert [set(own) - names for own, names in set_into.values()] == [set()]
     builds.clear()
     monkeypatch.setattr(blocks, "SPAN_NUMEL", 40 * 64)  # spans of 40 rows, and a shorter last
     spanned = ms_port.verify(src, out, **args)
@@ -384,6 +390,21 @@ def test_each_mindspore_network_is_built_once_and_reloaded(made, monkeypatch):
     assert bad.verdict == "FAIL"
     fed = {c.torch: c.status for c in bad.layers if c.paired_by == "fed"}
     assert fed["model.layers.1"] == "fail" and fed["model.layers.2"] == "ok", fed
+
+
+def _record_set(monkeypatch):
+    """{id: (a network's parameters, the names the blocks set into them)}, as
+    ``BuiltOnce`` sets them."""
+    from ms_port.archs.llama import blocks as llama_blocks
+
+    found, original = {}, llama_blocks.set_parameters
+
+    def recorded(own, tensors, shapes=None):
+        found.setdefault(id(own), (own, set()))[1].update(tensors)
+        return original(own, tensors, shapes)
+
+    monkeypatch.setattr(llama_blocks, "set_parameters", recorded)
+    return found
 
 
 def test_weights_are_shared_with_mindspore_not_copied():
@@ -401,6 +422,10 @@ def test_weights_are_shared_with_mindspore_not_copied():
     set_parameters(params, {"a": own, "b": frozen, "c": values.astype(np.float64)})
     own[0, 0] = 42.0
     assert params["a"].asnumpy()[0, 0] == 42.0  # shared
+    del own  # MindSpore keeps the array alive
+    gc.collect()
+    scratch = [np.full((3, 4), -1.0, np.float32) for _ in range(64)]
+    assert params["a"].asnumpy().ravel().tolist() == [42.0, *range(1, 12)], len(scratch)
     assert np.array_equal(params["b"].asnumpy(), frozen)
     # another dtype is cast into the parameter's
     assert params["c"].dtype == ms.float32 and np.array_equal(params["c"].asnumpy(), values)
@@ -422,6 +447,7 @@ def test_the_tensor_check_a_block_at_a_time_is_the_whole_one(made, tmp_path, see
     def edit(tensors):
         tensors = _swap(1, "attention.wk.weight", "attention.wv.weight")(tensors)
         tensors["stray.weight"] = np.ones((2, 2), np.float32)
+        del tensors["model.layers.2.attention_norm.weight"]
         return tensors
 
     wrong = read_source(rewrite_checkpoint(out, tmp_path / "w.ckpt", edit),
@@ -439,15 +465,20 @@ def test_the_tensor_check_a_block_at_a_time_is_the_whole_one(made, tmp_path, see
     assert {d.target: d.holds for d in found.problems} == {
         "model.layers.1.attention.wk.weight": "model.layers.1.self_attn.v_proj.weight",
         "model.layers.1.attention.wv.weight": "model.layers.1.self_attn.k_proj.weight",
-        "stray.weight": None}
+        "model.layers.2.attention_norm.weight": None, "stray.weight": None}
+    assert {d.target: d.status for d in found.problems}["model.layers.2.attention_norm.weight"] \
+        == "missing"
 
 
 def test_each_blocks_tensors_are_checked_as_it_starts(made, monkeypatch):
     """The tensor check reads a block's tensors just before the block does (so the block
     reads them from the page cache: each file is read from the disk once): one check per
     block, of that block's MindSpore tensors, before its PyTorch network is built."""
+    from pathlib import Path
+
     from ms_port.archs.llama.blocks import LlamaBlocks
     from ms_port.check.tensors import PlanCheck
+    from ms_port.read.ahead import ReadAhead
 
     src, out = made("llama", False, "float32", False)
     seen, check, build = [], PlanCheck.check, LlamaBlocks.torch_network
@@ -462,8 +493,16 @@ def test_each_blocks_tensors_are_checked_as_it_starts(made, monkeypatch):
             seen.append(("torch", piece.name, frozenset(piece.ms.values())))
         return build(self, piece, tensors)
 
+    wanted, want = [], ReadAhead.want
+
+    def asked(self, extents):
+        extents = list(extents)
+        wanted.append({(Path(f).name, n) for f, _, n in extents})
+        return want(self, extents)
+
     monkeypatch.setattr(PlanCheck, "check", checked)
     monkeypatch.setattr(LlamaBlocks, "torch_network", torch_network)
+    monkeypatch.setattr(ReadAhead, "want", asked)
     report = ms_port.verify(src, out, ms_model="mindformers:llama", mode="layers")
     assert report.verdict == "PASS" and report.timings["tensors"] > 0
     blocks_seen = [e for e in seen if e[0] == "torch"]
@@ -473,6 +512,12 @@ def test_each_blocks_tensors_are_checked_as_it_starts(made, monkeypatch):
         if event[0] == "torch":
             assert seen[k - 1] == ("check", event[2]), event[1]
     assert seen[-1][0] == "check"  # the rest (none here), then the result
+    # read ahead: the first two blocks as the run starts, then each block the next one,
+    # its stretches in both files (the source's shard, the checkpoint)
+    assert len(wanted) == 5 and wanted[-1] == set(), wanted
+    files = {name for stretch in wanted[:-1] for name, _ in stretch}
+    assert files == {"model.safetensors", out.name}, files
+    assert all(wanted[:-1]), wanted
 
 
 def test_float64_weights_cast_into_reused_arrays_keep_every_verdict(made, tmp_path,
@@ -503,3 +548,44 @@ def test_float64_weights_cast_into_reused_arrays_keep_every_verdict(made, tmp_pa
     wrong = rewrite_checkpoint(out, tmp_path / "w.ckpt", _swap_gate_up(2))
     bad = ms_port.verify(src, wrong, **args)
     assert bad.verdict == "FAIL" and "model.layers.2" in bad.message
+
+
+def test_a_renamed_vocabulary_is_checked_a_span_of_rows_at_a_time(made, tmp_path,
+                                                                 monkeypatch):
+    """A tensor that is its source's bytes under another name (an embedding, a head) is
+    compared a span of rows at a time on both sides, never loaded whole where it holds
+    what it should (at 70B widths 2 GiB a side, beside both frameworks); a corrupted row
+    still makes it differ, measured whole, and the verdict FAIL."""
+    from ms_port.check import tensors
+    from ms_port.read.sources import read_source
+
+    src, out = made("llama", False, "float32", False)
+    monkeypatch.setattr(tensors, "ROWS_BYTES", 4096)  # 16 rows of 64 float32
+    plan = ms_port.plan(src, ms_model="mindformers:llama")
+    name = "model.tok_embeddings.embedding_weight"
+
+    def check(path):
+        ckpt = read_source(path, strip_prefixes=False)
+        whole = ckpt.tensors[name]
+        loads = []
+        ckpt.tensors[name] = replace(whole, loader=lambda: loads.append(1) or whole.load())
+        found = tensors.compare_through_plan(plan, {i.name: i.load for i in ckpt.tensors.values()},
+                                             a="hf", b="ms", infos=ckpt.tensors)
+        return found, loads
+
+    found, loads = check(out)
+    assert found.ok and loads == []
+
+    def corrupt(t):
+        t[name] = t[name].copy()
+        t[name][77] += 1.0
+        return t
+
+    bad, loads = check(rewrite_checkpoint(out, tmp_path / "row.ckpt", corrupt))
+    delta = next(d for d in bad.deltas if d.target == name)
+    assert delta.status == "differs" and delta.max_abs == pytest.approx(1.0, rel=1e-5)
+    assert loads  # measured whole
+    assert [d.target for d in bad.problems] == [name]
+    report = ms_port.verify(src, tmp_path / "row.ckpt", ms_model="mindformers:llama",
+                            mode="layers")
+    assert report.verdict == "FAIL" and name in report.message

@@ -328,9 +328,17 @@ def test_verify_by_layers_passes_and_fails_where_the_whole_does(glm, monkeypatch
     monkeypatch.setattr(GlmBlocks, "ms_network",
                         lambda self, piece, tensors: built.append(
                             build_ms(self, piece, tensors)) or built[-1])
+    set_into = {}
+    from ms_port.archs.llama import blocks as llama_blocks
+    original = llama_blocks.set_parameters
+    monkeypatch.setattr(llama_blocks, "set_parameters", lambda own, tensors, shapes=None: (
+        set_into.setdefault(id(own), (own, set()))[1].update(tensors),
+        original(own, tensors, shapes))[1])
     report = ms_port.verify(hf, good, ms_model="mindformers:glm4", mode="layers")
     assert report.verdict == "PASS" and report.mode == "layers", report.message
-    # each block's network, done with, handed its weights back (one-element placeholders)
+    # one network, built once: the blocks set every parameter of it (none is left holding
+    # another block's weights), and each block's, done with, handed back (placeholders)
+    assert [set(own) - names for own, names in set_into.values()] == [set()]
     assert len(built) == 2 + SIZES["layers"]
     assert all(max(p.shape, default=1) == 1 for net in built for p in net.get_parameters())
     assert report.error < 1e-5 and any("CPU stand-ins" in n for n in report.notes)

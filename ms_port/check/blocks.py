@@ -343,9 +343,10 @@ def _run_pieces(state: _BlockRun, pieces: list[Any], tensors: PlanCheck
     try:
         for n, piece in enumerate(pieces):
             state.run.step(f"block {n + 1}/{len(pieces)}: {piece.name}")
-            # the files' stretches of this block and the next are read into the page cache
-            # on a thread while this one computes (:mod:`ms_port.read.ahead`)
-            ahead.want(_extents(state, pieces[n:n + 2]))
+            # the next block's stretches of both files are read into the page cache on a
+            # thread while this one computes (:mod:`ms_port.read.ahead`); the first
+            # block's too, as the run starts
+            ahead.want(_extents(state, pieces[0 if n == 0 else n + 1:n + 2]))
             with state.timer("tensors"):
                 tensors.check(piece.ms.values())
             groups = plan_groups(state.blocks, piece, state.source)
@@ -670,10 +671,11 @@ def _run_span(state: _BlockRun, sub: Any, span: Span, given: _Streams, runs: _Sp
 
 
 def _let_go(blocks: Any, net: Any) -> None:
-    """A block's MindSpore network done with: the family hands its weights back where the
-    network was built for the block alone (``ms_done``; MindSpore keeps a deleted
-    network's parameters' data, :func:`~ms_port.archs.llama.blocks.release`). Families
-    whose networks outlive a block let go of them themselves."""
+    """A block's MindSpore network done with: the family hands its weights back
+    (``ms_done``; MindSpore keeps a deleted network's parameters' data,
+    :func:`~ms_port.archs.llama.blocks.release`), the network itself kept for the next
+    block where the family builds it once. Families without ``ms_done`` let go of their
+    networks' weights themselves."""
     done = getattr(blocks, "ms_done", None)
     if done is not None:
         done(net)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 import threading
 from collections.abc import Iterable
 
@@ -36,7 +37,7 @@ Extent = tuple[str, int, int]
 
 
 class ReadAhead:
-    """A thread that reads stretches of files into the page cache, newest request first.
+    """A thread that reads stretches of files into the page cache: only the newest request.
 
     :meth:`want` replaces what was asked before: a stretch not yet read when the reader
     has moved on is not read at all. Use as a context manager, or :meth:`close`.
@@ -60,7 +61,7 @@ class ReadAhead:
         for path, offset, nbytes in extents:
             if budget <= 0:
                 break
-            if nbytes <= 0 or offset < 0:
+            if nbytes <= 0 or offset < 0 or offset + nbytes > sys.maxsize:
                 continue
             take = min(nbytes, budget)
             todo.append((str(path), offset, take))
@@ -105,9 +106,12 @@ class ReadAhead:
         try:
             while (job := self._next()) is not None:
                 (path, offset, nbytes), asked = job
-                fd = self._open(files, path)
-                if fd is not None:
-                    self._read(fd, offset, nbytes, buf, asked)
+                try:  # a stretch that cannot be read is dropped: only speed is at stake
+                    fd = self._open(files, path)
+                    if fd is not None:
+                        self._read(fd, offset, nbytes, buf, asked)
+                except (OSError, ValueError, OverflowError):
+                    continue
         finally:
             for fd in files.values():
                 with contextlib.suppress(OSError):

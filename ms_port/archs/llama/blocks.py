@@ -299,8 +299,8 @@ def release(params: Iterable[Any]) -> None:
 
 
 def let_go(net: Any) -> None:
-    """A block's own MindSpore network done with: its parameters' data handed back
-    (:func:`release`); the network is not used again."""
+    """A block done with its MindSpore network: the parameters' data handed back
+    (:func:`release`); the next block sets its own (:class:`BuiltOnce`)."""
     release(net.get_parameters())
 
 
