@@ -71,9 +71,5 @@ class Buffers:
             del self._kept[k]
         return None
 
-    def clear(self) -> None:
-        """Let go of every kept array (those still in use live on with their users)."""
-        self._kept = []
-
 
 __all__ = ["Buffers"]

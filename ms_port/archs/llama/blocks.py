@@ -272,8 +272,11 @@ def _tensor_of(array: Any, dtype: Any) -> Any:
     import mindspore as ms
 
     if isinstance(array, np.ndarray) and array.flags.writeable and array.flags.c_contiguous:
-        shared = ms.Tensor.from_numpy(array)
-        if shared.dtype == dtype:
+        try:
+            shared = ms.Tensor.from_numpy(array)
+        except (TypeError, ValueError):  # a dtype MindSpore cannot share: copied below
+            shared = None
+        if shared is not None and shared.dtype == dtype:
             return shared
     return ms.Tensor(array, dtype=dtype)
 
