@@ -136,3 +136,21 @@ def test_closing_stops_the_thread(tmp_path, count):
     ahead.want([(str(data), 0, 4096)] * count)
     ahead.close()
     assert ahead._thread is None or not ahead._thread.is_alive()
+
+
+def test_extents_of_a_file_mindspore_wrote(tmp_path, monkeypatch):
+    """A ``.ckpt`` written by MindSpore's own ``save_checkpoint``, its tensors split into
+    pieces as it splits them (the slice size shrunk to 1 KiB): each tensor's stretches
+    hold its bytes."""
+    ms = pytest.importorskip("mindspore")
+    serialization = pytest.importorskip("mindspore.train.serialization")
+    monkeypatch.setattr(serialization, "SLICE_SIZE", 1)
+    arrays = {"a.weight": np.arange(700, dtype=np.float32).reshape(7, 100),
+              "b.bias": np.arange(7, dtype=np.int64)}
+    path = tmp_path / "ms.ckpt"
+    ms.save_checkpoint([{"name": k, "data": ms.Tensor(v)} for k, v in arrays.items()],
+                       str(path))
+    src = read_source(path, strip_prefixes=False)
+    assert len(src.tensors["a.weight"].extents) == 3  # 2800 bytes in 1 KiB pieces
+    for name, array in arrays.items():
+        assert _stored(src.tensors[name]) == array.tobytes(), name
