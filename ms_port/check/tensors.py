@@ -218,8 +218,15 @@ def _grouped_identical(plan: Any, m: Any, info: TensorInfo | None) -> bool:
             or tuple(info.shape) != tuple(m.shape) or m.shape[0] % m.groups):
         return False
     rows = m.shape[0] // m.groups
-    for g, expected in enumerate(plan.grouped(m)):
-        actual = np.asarray(info.load_rows(g * rows, (g + 1) * rows))
+    return _all_same((expected, info.load_rows(g * rows, (g + 1) * rows))
+                     for g, expected in enumerate(plan.grouped(m)))
+
+
+def _all_same(pairs: Iterable[tuple[Any, Any]]) -> bool:
+    """Whether each (expected, actual) span holds the same bytes in the same dtype and
+    shape; stops at the first that does not (each span read only when reached)."""
+    for expected, actual in pairs:
+        actual = np.asarray(actual)
         expected = _align(np.asarray(expected), actual.dtype)
         if (expected.shape != actual.shape or expected.dtype != actual.dtype
                 or not same_bits(expected, actual)):
@@ -248,13 +255,8 @@ def _rows_identical(plan: Any, m: Any, info: TensorInfo | None) -> bool:
         return False
     rows = info.shape[0]
     step = max(1, ROWS_BYTES // max(1, info.nbytes // rows))
-    for start in range(0, rows, step):
-        stop = min(rows, start + step)
-        want = np.asarray(source.load_rows(start, stop))
-        have = np.asarray(info.load_rows(start, stop))
-        if want.dtype != have.dtype or want.shape != have.shape or not same_bits(want, have):
-            return False
-    return True
+    spans = ((a, min(rows, a + step)) for a in range(0, rows, step))
+    return _all_same((source.load_rows(a, b), info.load_rows(a, b)) for a, b in spans)
 
 
 def compare_by_name(a_source: Any, b_source: Any) -> TensorDiff:

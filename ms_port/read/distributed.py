@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 import re
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Callable
@@ -355,8 +355,7 @@ def _replicated(folder: Path, name: str, held: list[_Holder]) -> TensorInfo:
                 f"{folder}: {shown(name)} is {_fmt(first)} on rank {held[0].rank} and "
                 f"{_fmt(h.info)} on rank {h.rank}, and the strategy does not split it; pass "
                 "the strategy training wrote (--strategy)", path=folder)
-    return TensorInfo(name, first.shape, first.dtype, first.loader, first.rows_loader,
-                      first.extents)
+    return replace(first, name=name)
 
 
 def _sliced(folder: Path, name: str, lay: ParamLayout, held: list[_Holder],

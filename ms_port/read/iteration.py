@@ -27,6 +27,7 @@ every held slice's shape and dtype what the metadata says.
 from __future__ import annotations
 
 import ast
+import dataclasses
 import json
 import math
 import re
@@ -230,7 +231,7 @@ def _tensor(path: Path, name: str, entry: Any, where: dict[tuple[str, int], list
         chosen.append((box, info))
     if pieces == 1:
         info = chosen[0][1]
-        return TensorInfo(name, shape, dtype, info.loader, info.rows_loader, info.extents)
+        return dataclasses.replace(info, name=name, shape=shape, dtype=dtype)
 
     def load() -> np.ndarray:
         out = np.empty(shape, dtype=numpy_dtype(dtype))

@@ -21,6 +21,7 @@ only way around it is the explicit ``unsafe_pickle=True`` for files the user tru
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import stat
@@ -651,8 +652,7 @@ def _strip(source: Source) -> Source:
 
 
 def _renamed(info: TensorInfo, name: str) -> TensorInfo:
-    return TensorInfo(name, info.shape, info.dtype, info.loader, info.rows_loader,
-                      info.extents)
+    return dataclasses.replace(info, name=name)  # every other field carried
 
 
 # -- safetensors ---------------------------------------------------------------------
