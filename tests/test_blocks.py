@@ -589,3 +589,56 @@ def test_a_renamed_vocabulary_is_checked_a_span_of_rows_at_a_time(made, tmp_path
     report = ms_port.verify(src, tmp_path / "row.ckpt", ms_model="mindformers:llama",
                             mode="layers")
     assert report.verdict == "FAIL" and name in report.message
+
+
+def test_mindspore_computes_on_pytorchs_arrays_where_its_bytes_are_the_sources(
+        made, tmp_path, monkeypatch):
+    """A MindSpore tensor the tensor check found to be its source's bytes under another
+    name is given PyTorch's float32 array of it, not cast again from the checkpoint: every
+    figure of the report is the one the checkpoint's own arrays give, a joined tensor
+    (q/k/v, gate/up) is read from the checkpoint, and a tensor that differs (two norms
+    swapped) is read from the checkpoint and FAILs."""
+    from ms_port.check import blocks
+
+    src, out = made(*VARIANTS[2])  # bfloat16, q/k/v and gate/up joined
+    args = dict(ms_model="mindformers:llama", ms_options={"qkv_concat": True}, mode="layers")
+    shared, shareable = [], blocks._shareable
+
+    def recorded(state, piece, arrays):
+        found = shareable(state, piece, arrays)
+        shared.append({piece.ms[k] for k in found})
+        return found
+
+    monkeypatch.setattr(blocks, "_shareable", recorded)
+    fast = ms_port.verify(src, out, **args)
+    names = set().union(*shared)
+    assert "model.layers.1.attention.wo.weight" in names
+    assert "model.layers.1.ffn_norm.weight" in names
+    assert not any("w_qkv" in n or "w_gate_hidden" in n for n in names), names
+    monkeypatch.setattr(blocks, "_shareable", lambda state, piece, arrays: {})
+    read = ms_port.verify(src, out, **args)
+    assert fast.verdict == read.verdict == "PASS"
+    assert fast.error == read.error  # the same arrays computed, to the bit
+    assert [(c.ms, c.error, c.noise, c.bound, c.status) for c in fast.layers] == [
+        (c.ms, c.error, c.noise, c.bound, c.status) for c in read.layers]
+    assert fast.nonfinite_weights == read.nonfinite_weights
+
+    monkeypatch.setattr(blocks, "_shareable", recorded)
+    shared.clear()
+    wrong = rewrite_checkpoint(out, tmp_path / "w.ckpt",
+                               _swap(1, "attention_norm.weight", "ffn_norm.weight"))
+    bad = ms_port.verify(src, wrong, **args)
+    assert bad.verdict == "FAIL" and bad.first_divergence.ms_name.startswith("model.layers.1.")
+    names = set().union(*shared)
+    assert "model.layers.1.ffn_norm.weight" not in names
+    assert "model.layers.2.ffn_norm.weight" in names
+
+
+def test_a_shared_tensors_nan_and_inf_are_counted_on_both_sides():
+    from ms_port.check.blocks import _Found
+
+    found = _Found()
+    found.add("PyTorch", "w", np.array([np.nan, np.inf, 1.0, np.nan], np.float32))
+    found.same("MindSpore", "m.w", "PyTorch", "w")
+    found.same("MindSpore", "m.w", "PyTorch", "w")  # counted once
+    assert found.lines() == ["PyTorch w: 2 NaN, 1 Inf", "MindSpore m.w: 2 NaN, 1 Inf"]

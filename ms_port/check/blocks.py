@@ -155,6 +155,13 @@ class _Found:
         else:
             self.rows.add((*key, *rows))
 
+    def same(self, side: str, name: str, as_side: str, as_name: str) -> None:
+        """``name`` holds what ``as_name`` (counted already) holds: the same counts."""
+        key = (side, name)
+        if key not in self.done:
+            self.counts[key] = list(self.counts.get((as_side, as_name), [0, 0]))
+            self.done.add(key)
+
     def piece_done(self) -> None:
         """A block's tensors are all counted (its spans' rows among them)."""
         self.done.update((side, name) for side, name, _, _ in self.rows)
@@ -246,6 +253,8 @@ class _BlockRun:
     span_rows: int | None = None
     #: the rows from which a vocabulary runs in spans (more than these)
     span_from: int | None = None
+    #: the tensors compared through the plan, a block at a time (what each holds)
+    tensors: PlanCheck | None = None
 
 
 def run_blocks(blocks: Any, source: Source, checkpoint: Source, run: Run, *,
@@ -270,7 +279,7 @@ def run_blocks(blocks: Any, source: Source, checkpoint: Source, run: Run, *,
     unmap_large_arrays()
     second = second_draw(run.feed, seed=run.seed)
     state = _BlockRun(blocks, source, checkpoint, run, np.asarray(run.feed[0].array),
-                      np.asarray(second[0].array), correspondence)
+                      np.asarray(second[0].array), correspondence, tensors=tensors)
     pieces = blocks.pieces(set(source.tensors), set(checkpoint.tensors))
     state.span_rows, state.span_from = _span_rows(pieces, source, blocks)
     # a family whose MindSpore side needs a setting held across its blocks (MindFormers'
@@ -453,61 +462,76 @@ def _run_piece(state: _BlockRun, piece: Any, groups: Any = None) -> list[LayerCo
 
 def _whole_piece(state: _BlockRun, piece: Any) -> _Recorded:
     """The block in one go: its PyTorch float32 passes (the second input's measured as it
-    runs), float64 (measured as it runs), then MindSpore."""
-    import mindspore as ms
+    runs), MindSpore's, then PyTorch's float64 (measured as it runs).
 
-    blocks, source, checkpoint, streams = state.blocks, state.source, state.checkpoint, \
-        state.streams
-    ids, ids2, timer, nonfinite = state.ids, state.ids2, state.timer, state.nonfinite
+    One block of one precision of one side in memory at a time, but for the float32
+    arrays both sides compute on: a MindSpore tensor the tensor check found to be its
+    PyTorch source's bytes unchanged is given PyTorch's float32 array, not cast again
+    from its own (the same bytes, so the same array to the bit; 7B: half of the float32
+    casts), which is why MindSpore runs before the float64 pass."""
+    given = state.streams.t
+    events, sens, shared = _torch_float32(state, piece)
+    m_events, fed = _ms_passes(state, piece, given, shared)
+    del shared
+    noise, fed64 = _torch_float64(state, piece, events, given)
+    return _Recorded(events, sens, noise, m_events, fed, fed64)
 
-    # one block of one precision of one side in memory at a time: PyTorch float32 (the
-    # main and second-input passes), then float64 (the noise, its tensors read again as
-    # float64: no float32 copy beside them), then MindSpore
+
+def _torch_float32(state: _BlockRun, piece: Any
+                   ) -> tuple[list[Event], dict[tuple[str, int], float], dict[str, np.ndarray]]:
+    """PyTorch's float32 passes, the main and the second input's: (the main pass's layers,
+    the sensitivity, the arrays MindSpore's side may share: :func:`_shareable`)."""
+    blocks, streams, timer = state.blocks, state.streams, state.timer
     with timer("read"):
-        t_arrays = _arrays(source, piece.torch, nonfinite, "PyTorch")
+        t_arrays = _arrays(state.source, piece.torch, state.nonfinite, "PyTorch")
+    shared = _shareable(state, piece, t_arrays)
     with timer("build"):  # the arrays handed over: the network's loading may free them
         model = blocks.torch_network(piece, _handed_over(t_arrays))
-    given = streams.t
+    given, before2 = streams.t, streams.t2
     with timer("torch"):
         streams.t, events = record_torch(
-            model, lambda mdl=model: blocks.torch_step(mdl, piece, given, ids))
-        before2 = streams.t2
+            model, lambda mdl=model: blocks.torch_step(mdl, piece, given, state.ids))
         streams.t2, sens = Measure(events, "recorded").run(
-            model, lambda mdl=model: blocks.torch_step(mdl, piece, before2, ids2))
+            model, lambda mdl=model: blocks.torch_step(mdl, piece, before2, state.ids2))
     del model
     gc.collect()
-    noise: dict[tuple[str, int], float] = {}
-    fed64 = None
-    if state.run.noise_floor and piece.exact:
-        # a lookup rounds nothing: its float64 result is its float32 one, exactly (at
-        # Llama-3-70B's widths this skips reading a 7.8 GiB float64 embedding)
-        streams.t64 = streams.t.double()
-        noise = {(e.path, e.call): 0.0 for e in events}
-    elif state.run.noise_floor:
-        alt = None
-        if piece.kind == "layer":  # each module's float64 weights read as it runs
-            with timer("build"):
-                alt = on_demand(blocks.torch_network(piece, {}), piece.torch, source,
-                                np.float64)
-        if alt is None:
-            with timer("read"):
-                w_arrays = _arrays(source, piece.torch, nonfinite, "PyTorch", np.float64)
-            with timer("build"):
-                alt = blocks.torch_network(piece, _handed_over(w_arrays))
-        with timer("torch"):
-            before64 = streams.t64
-            streams.t64, noise = Measure(events, "float64").run(
-                alt, lambda mdl=alt: blocks.torch_step(mdl, piece, before64, ids))
-            if given is not None:
-                fed64 = blocks.torch_step(alt, piece, given.double(), ids).numpy()
-        del alt
-        gc.collect()
+    return events, sens, shared
+
+
+def _shareable(state: _BlockRun, piece: Any, arrays: dict[str, np.ndarray]
+               ) -> dict[str, np.ndarray]:
+    """The block's MindSpore tensors (local names) that hold their PyTorch source's bytes
+    unchanged (:meth:`~ms_port.check.tensors.PlanCheck.unchanged`), as PyTorch's float32
+    arrays of them; their NaN/Inf counts are the source's."""
+    if state.tensors is None:
+        return {}
+    local_of = {name: local for local, name in piece.torch.items()}
+    shared = {}
+    for local, name in piece.ms.items():
+        source = state.tensors.unchanged(name)
+        array = arrays.get(local_of.get(source, ""))
+        if source is not None and array is not None and array.dtype == np.float32:
+            shared[local] = array
+            state.nonfinite.same("MindSpore", name, "PyTorch", source)
+    return shared
+
+
+def _ms_passes(state: _BlockRun, piece: Any, given: Any, shared: dict[str, np.ndarray]
+               ) -> tuple[list[Event], np.ndarray | None]:
+    """MindSpore's passes: the main one (its layers recorded) and the block fed PyTorch's
+    input ``given``: (the layers, the fed output; None for the first block). ``shared``:
+    arrays of the block's tensors already in memory (:func:`_shareable`)."""
+    import mindspore as ms
+
+    blocks, streams, timer = state.blocks, state.streams, state.timer
     with timer("read"):
-        m_arrays = _arrays(checkpoint, piece.ms, nonfinite, "MindSpore")
+        read = _arrays(state.checkpoint, {k: v for k, v in piece.ms.items() if k not in shared},
+                       state.nonfinite, "MindSpore")
+    m_arrays = {k: shared[k] if k in shared else read.pop(k) for k in piece.ms}
     with timer("build"):
         net = blocks.ms_network(piece, m_arrays)  # takes the arrays out as it loads them
     del m_arrays
-    before_m = streams.m
+    before_m, ids = streams.m, state.ids
     with timer("mindspore"):
         if piece.outputs is None:
             streams.m, m_events = record_ms(
@@ -518,7 +542,41 @@ def _whole_piece(state: _BlockRun, piece: Any) -> _Recorded:
                ms_to_numpy(blocks.ms_step(net, piece, ms.Tensor(given.numpy()), ids)))
     _let_go(blocks, net)
     del net
-    return _Recorded(events, sens, noise, m_events, fed, fed64)
+    return m_events, fed
+
+
+def _torch_float64(state: _BlockRun, piece: Any, events: list[Event], given: Any
+                   ) -> tuple[dict[tuple[str, int], float], np.ndarray | None]:
+    """PyTorch's float64 pass (the float32 noise of each of ``events``) and the block fed
+    ``given`` in float64: (the noise, the fed output; None for the first block or
+    without the noise floor)."""
+    blocks, source, streams, timer = state.blocks, state.source, state.streams, state.timer
+    if not state.run.noise_floor:
+        return {}, None
+    if piece.exact:
+        # a lookup rounds nothing: its float64 result is its float32 one, exactly (at
+        # Llama-3-70B's widths this skips reading a 7.8 GiB float64 embedding)
+        streams.t64 = streams.t.double()
+        return {(e.path, e.call): 0.0 for e in events}, None
+    alt = None
+    if piece.kind == "layer":  # each module's float64 weights read as it runs
+        with timer("build"):
+            alt = on_demand(blocks.torch_network(piece, {}), piece.torch, source, np.float64)
+    if alt is None:
+        with timer("read"):
+            w_arrays = _arrays(source, piece.torch, state.nonfinite, "PyTorch", np.float64)
+        with timer("build"):
+            alt = blocks.torch_network(piece, _handed_over(w_arrays))
+    fed64 = None
+    with timer("torch"):
+        before64 = streams.t64
+        streams.t64, noise = Measure(events, "float64").run(
+            alt, lambda mdl=alt: blocks.torch_step(mdl, piece, before64, state.ids))
+        if given is not None:
+            fed64 = blocks.torch_step(alt, piece, given.double(), state.ids).numpy()
+    del alt
+    gc.collect()
+    return noise, fed64
 
 
 def _vocabulary(state: _BlockRun, piece: Any) -> int | None:

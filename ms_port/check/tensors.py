@@ -194,6 +194,20 @@ class PlanCheck:
                                  m.transforms)
             self.found[name] = delta
 
+    def unchanged(self, name: str) -> str | None:
+        """The source tensor whose bytes the checked MindSpore tensor ``name`` holds
+        unchanged: found identical, and planned as the source's own bytes under another
+        name (no transform, part, join or cast), and held in the planned dtype; else None.
+        Its values in any dtype are then the source's in that dtype, to the bit."""
+        delta, m, info = self.found.get(name), self.matches.get(name), self.infos.get(name)
+        if (delta is None or delta.status != "identical" or m is None or not m.source
+                or info is None or info.dtype != m.out_dtype):
+            return None
+        renamed = (not m.transforms and not m.parts and m.part is None and m.layout is None
+                   and not m.groups and m.how not in ("initialised", "state")
+                   and m.dtype == m.out_dtype and tuple(m.shape) == tuple(m.source_shape))
+        return m.source if renamed else None
+
     def result(self) -> TensorDiff:
         """Every tensor compared (the rest now), in target order, and what the ones that
         are not what they should be hold."""
