@@ -642,3 +642,51 @@ def test_a_shared_tensors_nan_and_inf_are_counted_on_both_sides():
     found.same("MindSpore", "m.w", "PyTorch", "w")
     found.same("MindSpore", "m.w", "PyTorch", "w")  # counted once
     assert found.lines() == ["PyTorch w: 2 NaN, 1 Inf", "MindSpore m.w: 2 NaN, 1 Inf"]
+
+
+def _noise_rows(report):
+    return [(c.ms, c.torch, c.call, c.status, c.noise is None) for c in report.layers]
+
+
+def assert_same_noise(stacked, apart):
+    """Two reports measured the same: every layer's status, and its float32 noise to
+    float64's rounding (a batch of two sums its rows in another order)."""
+    assert stacked.verdict == apart.verdict
+    assert stacked.error == apart.error  # the float32 passes are untouched
+    assert _noise_rows(stacked) == _noise_rows(apart)
+    for a, b in zip(stacked.layers, apart.layers):
+        if b.noise is not None:
+            assert a.noise == pytest.approx(b.noise, rel=1e-9, abs=1e-300), a.ms
+            assert a.bound == pytest.approx(b.bound, rel=1e-9), a.ms
+
+
+@pytest.mark.parametrize("variant", [VARIANTS[1], VARIANTS[2]])
+def test_the_float64_pass_of_both_inputs_stacked_measures_what_two_passes_do(
+        made, monkeypatch, variant):
+    """The float64 pass runs the block's own input and the fed one (PyTorch's float32
+    input) stacked in one pass, each module's float64 weights cast once: every layer's
+    noise and bound are the two passes' (to float64 rounding), none lost."""
+    import torch
+
+    from ms_port.archs.llama.blocks import LlamaBlocks
+
+    kind, tied, dtype, qkv = variant
+    src, out = made(kind, tied, dtype, qkv)
+    args = dict(ms_model="mindformers:llama", ms_options={"qkv_concat": qkv}, mode="layers")
+    passes, step = [], LlamaBlocks.torch_step
+
+    def counted(self, model, piece, state, ids):
+        if state is not None and state.dtype == torch.float64:
+            passes.append((piece.name, state.shape[0]))
+        return step(self, model, piece, state, ids)
+
+    monkeypatch.setattr(LlamaBlocks, "torch_step", counted)
+    stacked = ms_port.verify(src, out, **args)
+    assert passes and all(rows == 2 for _, rows in passes), passes
+    assert len(passes) == len({name for name, _ in passes})  # one float64 pass a block
+    passes.clear()
+    monkeypatch.setattr(LlamaBlocks, "stacks", False)
+    apart = ms_port.verify(src, out, **args)
+    assert len(passes) == 2 * len({name for name, _ in passes})
+    assert stacked.verdict == "PASS"
+    assert_same_noise(stacked, apart)

@@ -570,13 +570,37 @@ def _torch_float64(state: _BlockRun, piece: Any, events: list[Event], given: Any
     fed64 = None
     with timer("torch"):
         before64 = streams.t64
-        streams.t64, noise = Measure(events, "float64").run(
-            alt, lambda mdl=alt: blocks.torch_step(mdl, piece, before64, state.ids))
-        if given is not None:
-            fed64 = blocks.torch_step(alt, piece, given.double(), state.ids).numpy()
+        if given is not None and getattr(blocks, "stacks", False):
+            # one pass over the weights, the fed input stacked after the block's own:
+            # each module's float64 weights cast once, not once per input
+            streams.t64, fed64, noise = _stacked(state, piece, alt, events, before64,
+                                                 given.double())
+        else:
+            streams.t64, noise = Measure(events, "float64").run(
+                alt, lambda mdl=alt: blocks.torch_step(mdl, piece, before64, state.ids))
+            if given is not None:
+                fed64 = blocks.torch_step(alt, piece, given.double(), state.ids).numpy()
     del alt
     gc.collect()
     return noise, fed64
+
+
+def _stacked(state: _BlockRun, piece: Any, model: Any, events: list[Event], first: Any,
+             second: Any) -> tuple[Any, np.ndarray, dict[tuple[str, int], float]]:
+    """``model`` run once on ``first`` and ``second`` stacked on the batch axis, the
+    layers measured on ``first``'s half against ``events`` (:class:`~ms_port.check.
+    layers.Measure`, ``stacked``): (the output on ``first``, on ``second``, the measures).
+    For a family whose blocks say each row of a batch is computed on its own and every
+    layer's output has the batch (or its tokens, batch first) on its first axis
+    (``stacks``)."""
+    import torch
+
+    ids = np.concatenate([state.ids, state.ids])
+    both = torch.cat([first, second])
+    out, noise = Measure(events, "float64", stacked=True).run(
+        model, lambda: state.blocks.torch_step(model, piece, both, ids))
+    n = first.shape[0]
+    return out[:n].clone(), out[n:].numpy(), noise
 
 
 def _vocabulary(state: _BlockRun, piece: Any) -> int | None:

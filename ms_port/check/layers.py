@@ -239,8 +239,12 @@ class Measure:
     another input: the sensitivity). A call whose outputs do not line up is not measured
     (``None``), never counted as 0."""
 
-    def __init__(self, recorded: list[Event], reference: str):
+    def __init__(self, recorded: list[Event], reference: str, *, stacked: bool = False):
+        """``stacked``: the pass runs two inputs stacked on the first axis, the measured one
+        first; a layer's output of twice the recorded rows is measured on its first half
+        (the batch, or the tokens batch first)."""
         self.reference = reference
+        self.stacked = stacked
         self.by_key = {(e.path, e.call): e for e in recorded}
         self.calls: dict[str, int] = {}
         self.values: dict[tuple[str, int], float] = {}
@@ -253,6 +257,8 @@ class Measure:
             if event is None:
                 return
             arrays = _float_arrays(torch_outputs(output))
+            if self.stacked and len(arrays) == len(event.arrays):
+                arrays = [_first_half(a, ref) for a, ref in zip(arrays, event.arrays)]
             if [a.shape for a in arrays] != [a.shape for a in event.arrays]:
                 return
             self.values[(path, call)] = max(
@@ -262,6 +268,15 @@ class Measure:
 
     def run(self, model: Any, run: Callable[[], Any]) -> tuple[Any, dict[tuple[str, int], float]]:
         return with_hooks(model, self.hook, run), self.values
+
+
+def _first_half(array: np.ndarray, ref: np.ndarray) -> np.ndarray:
+    """The first input's part of a stacked pass's output: its first half where it has
+    twice ``ref``'s rows and ``ref``'s shape otherwise, else ``array`` as it is."""
+    if (array.ndim and ref.ndim and array.shape[0] == 2 * ref.shape[0]
+            and array.shape[1:] == ref.shape[1:]):
+        return array[:ref.shape[0]]
+    return array
 
 
 def with_hooks(model: Any, hook: Callable[[str], Callable[..., Any]],

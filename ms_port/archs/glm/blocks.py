@@ -39,6 +39,10 @@ class GlmBlocks(HuggingFaceSide):
     """The pieces of a GLM-4 and of MindFormers' ChatGLM2 built from the same config."""
 
     family = "mindformers:glm4"
+    #: each row of a batch is computed on its own, and every layer of transformers'
+    #: network has the batch (or its tokens, batch first) on its outputs' first axis:
+    #: verify may run two inputs stacked in one pass over the weights
+    stacks = True
 
     def __init__(self, config: dict[str, Any], build_torch: Callable[[dict[str, Any]], Any], *,
                  seq_length: int = 16, **layouts: Any) -> None:

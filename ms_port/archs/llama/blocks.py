@@ -175,6 +175,10 @@ class LlamaBlocks(HuggingFaceSide):
     ``LlamaForCausalLM`` built from the same config, and one step of each."""
 
     family = "mindformers:llama"
+    #: each row of a batch is computed on its own, and every layer of transformers'
+    #: network has the batch (or its tokens, batch first) on its outputs' first axis:
+    #: verify may run two inputs stacked in one pass over the weights
+    stacks = True
 
     def __init__(self, config: dict[str, Any], build_torch: Callable[[dict[str, Any]], Any], *,
                  qkv_concat: bool = False, seq_length: int = 16) -> None:
