@@ -520,24 +520,23 @@ def test_each_blocks_tensors_are_checked_as_it_starts(made, monkeypatch):
     assert all(wanted[:-1]), wanted
 
 
-def test_float64_weights_cast_into_reused_arrays_keep_every_verdict(made, tmp_path,
-                                                                   monkeypatch):
-    """The float64 noise pass casts each module's weights into arrays the modules before
-    it used (check/reuse.py; here every array, however small): the right conversion still
-    PASSes with the same logits error, a wrong layer still FAILs there."""
+def test_weights_cast_into_reused_memory_keep_every_verdict(made, tmp_path, monkeypatch):
+    """Each block's float32 weights and each module's float64 ones are cast into memory
+    the ones before them used (check/reuse.py; here every array, however small): the right
+    conversion still PASSes with the same logits error, a wrong layer still FAILs there."""
     from ms_port.check import reuse
 
     src, out = made(*VARIANTS[1])  # Qwen2: a bias beside each of q, k and v's weights
     args = dict(ms_model="mindformers:llama", ms_options={"qkv_concat": True}, mode="layers")
     fresh = ms_port.verify(src, out, **args)
-    made_buffers, init = [], reuse.Buffers.__init__
+    made_buffers, init = [], reuse.Arena.__init__
 
     def recorded(self):
         init(self)
         made_buffers.append(self)
 
     monkeypatch.setattr(reuse, "SMALLEST", 0)
-    monkeypatch.setattr(reuse.Buffers, "__init__", recorded)
+    monkeypatch.setattr(reuse.Arena, "__init__", recorded)
     again = ms_port.verify(src, out, **args)
     assert again.verdict == fresh.verdict == "PASS"
     assert again.error == fresh.error  # the same bytes computed

@@ -1,16 +1,17 @@
-"""Arrays used again for verify by layers' casts (:mod:`ms_port.check.reuse`): an array is
-never handed out while anything holds it (a view, a torch or MindSpore tensor made from
-it), the values are the cast's, and what is kept stays bounded by what was in use."""
+"""Memory used again for verify by layers' casts (:mod:`ms_port.check.reuse`): no array is
+ever written while anything holds it (a view, a torch or MindSpore tensor made from it),
+the values are the cast's, and the slab kept stays what was in use at once."""
 
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ms_port.check import reuse
-from ms_port.check.reuse import Buffers
+from ms_port.check.reuse import Arena, cast_into
 
 MIB = 1 << 20
 
@@ -19,53 +20,73 @@ def _source(n: int, seed: int = 0) -> np.ndarray:
     return np.random.default_rng(seed).standard_normal(n).astype(np.float32)
 
 
-def test_an_array_is_taken_again_only_once_nothing_holds_it():
+def test_the_slab_is_cut_again_only_once_nothing_holds_an_array_of_it():
     torch = pytest.importorskip("torch")
-    buffers, src = Buffers(), _source(MIB // 2)  # 4 MiB in float64
-    a = buffers.cast(src, np.float64)
-    b = buffers.cast(src, np.float64)
-    assert not np.shares_memory(a, b) and buffers.reused == 0
+    arena, src = Arena(), _source(MIB // 2)  # 4 MiB in float64
+    a = arena.cast(src, np.float64)
+    b = arena.cast(src, np.float64)  # the slab is full: made on its own
+    assert not np.shares_memory(a, b) and arena.nbytes == 4 * MIB
     view = a[10:20]
-    del a
-    c = buffers.cast(src, np.float64)  # a's memory is held by its view
-    assert not np.shares_memory(c, view) and buffers.reused == 0
-    del b, view
-    d = buffers.cast(src * 2, np.float64)
-    assert buffers.reused == 1 and np.array_equal(d, (src * 2).astype(np.float64))
-    held = torch.from_numpy(d)
-    del d
-    e = buffers.cast(src, np.float64)  # torch holds d's
-    assert not np.shares_memory(e, held.numpy())
+    del a, b
+    c = arena.cast(src, np.float64)  # a's memory is held by its view
+    assert not np.shares_memory(c, view) and arena.reused == 0
+    del c, view
+    d = arena.cast(src * 2, np.float64)  # the slab made again, as large as both were
+    e = arena.cast(src * 3, np.float64)
+    assert arena.nbytes >= 8 * MIB and not np.shares_memory(d, e)
+    del d, e
+    f = arena.cast(src * 2, np.float64)
+    assert arena.reused == 1 and np.array_equal(f, (src * 2).astype(np.float64))
+    held = torch.from_numpy(f)
+    del f
+    g = arena.cast(src, np.float64)  # torch holds f's: cut after it
+    assert not np.shares_memory(g, held.numpy())
     assert np.array_equal(held.numpy(), (src * 2).astype(np.float64))  # untouched
 
 
 def test_a_mindspore_tensor_holds_its_array():
     ms = pytest.importorskip("mindspore")
-    buffers, src = Buffers(), _source(MIB)
-    a = buffers.cast(src, np.float32)
+    arena, src = Arena(), _source(MIB)
+    a = arena.cast(src, np.float32)
     tensor = ms.Tensor.from_numpy(a)
     del a
-    b = buffers.cast(-src, np.float32)
+    b = arena.cast(-src, np.float32)
     assert np.array_equal(tensor.asnumpy(), src)  # not written over
     assert np.array_equal(b, -src)
 
 
-def test_small_arrays_are_made_fresh_and_kept_arrays_stay_bounded():
-    buffers = Buffers()
-    small = buffers.cast(_source(1000), np.float64)
-    assert small.base is None or small.base.nbytes < reuse.SMALLEST
-    big = buffers.cast(_source(MIB), np.float64)  # 8 MiB
-    del big
-    bigger = buffers.cast(_source(2 * MIB), np.float64)  # 16 MiB: the free 8 MiB let go
-    assert [k.nbytes for k in buffers._kept] == [16 * MIB]
-    del bigger
-    for _ in range(3):  # smaller ones fit the kept one, one at a time
-        out = buffers.cast(_source(MIB), np.float64)
-        del out
-    assert [k.nbytes for k in buffers._kept] == [16 * MIB] and buffers.reused == 3
-    held = [buffers.cast(_source(MIB), np.float64) for _ in range(reuse.MOST + 2)]
-    assert len(buffers._kept) == reuse.MOST  # the rest made fresh, not kept
-    assert len({h.__array_interface__["data"][0] for h in held}) == len(held)
+def test_small_arrays_are_made_on_their_own_and_the_slab_stays_bounded():
+    arena = Arena()
+    small = arena.cast(_source(1000), np.float64)
+    assert small.base is None
+    for _ in range(3):  # a block of three arrays at once, then the next block's
+        held = [arena.cast(_source(MIB, k), np.float64) for k in range(3)]
+        del held
+    # the first block made the slab too small, the second a new one, the third reused it
+    assert arena.nbytes <= 3 * 8 * MIB + 3 * reuse.ALIGN and arena.reused == 3
+    for _ in range(3):  # smaller blocks fit the slab, which does not grow
+        held = [arena.cast(_source(MIB // 2, k), np.float64) for k in range(2)]
+        del held
+    assert arena.nbytes <= 3 * 8 * MIB + 3 * reuse.ALIGN
+
+
+@pytest.mark.parametrize("half", [ml_dtypes.bfloat16, np.float16])
+@pytest.mark.parametrize("to", [np.float32, np.float64])
+def test_a_16_bit_cast_is_numpys_to_the_bit(half, to):
+    pytest.importorskip("torch")
+    rng = np.random.default_rng(0)
+    bits = rng.integers(0, 1 << 16, 4096, dtype=np.uint16)  # every kind of value: NaN, Inf
+    src = bits.view(half).reshape(64, 64)
+    out = np.empty(src.shape, to)
+    cast_into(out, src)
+    with np.errstate(invalid="ignore"):
+        want = src.astype(to)
+        again = src[:, ::2].astype(to)
+    same = (out == want) | (np.isnan(out) & np.isnan(want))
+    assert same.all()
+    strided = np.empty((64, 32), to)  # not contiguous: numpy's cast
+    cast_into(strided, src[:, ::2])
+    assert np.array_equal(strided, again, equal_nan=True)
 
 
 @settings(max_examples=60, deadline=None)
@@ -74,17 +95,19 @@ def test_no_live_array_is_ever_written(steps):
     """Casts of several sizes, some kept alive, some dropped: every live output keeps its
     own values and shares memory with no other."""
     reuse_small = reuse.SMALLEST
-    buffers, live = Buffers(), []
+    arena, live = Arena(), []
     try:
         reuse.SMALLEST = 0
         for k, (size, keep) in enumerate(steps):
             src = np.full(size * 1000, k, np.float32)
-            out = buffers.cast(src, np.float64)
+            out = arena.cast(src, np.float64)
             if keep:
                 live.append((k, out))
             del out
             for value, array in live:
                 assert (array == value).all()
+            if k % 7 == 6:
+                live.clear()
         for i, (_, a) in enumerate(live):
             for _, b in live[i + 1:]:
                 assert not np.shares_memory(a, b)

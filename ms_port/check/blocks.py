@@ -48,6 +48,7 @@ from .parity import (
     judge,
 )
 from .report import LayerComparison, ParityReport
+from .reuse import Arena
 from .routed import group_numel, plan_groups, run_routed, without_experts
 from .spans import (
     SPAN_FROM,
@@ -177,11 +178,12 @@ class _Found:
 
 
 def _arrays(source: Source, names: dict[str, str], found: _Found, side: str,
-            dtype: Any = np.float32, span: tuple[Span, tuple[str, ...]] | None = None
-            ) -> dict[str, np.ndarray]:
+            dtype: Any = np.float32, span: tuple[Span, tuple[str, ...]] | None = None,
+            arena: Arena | None = None) -> dict[str, np.ndarray]:
     """The named tensors in ``dtype`` (bf16/fp16 checkpoints compute in float32; float64
-    for the noise), each cast as it is read; NaN/Inf is recorded in ``found``. ``span``:
-    a span of the vocabulary and the tensors (local names) read as its rows alone."""
+    for the noise), each cast as it is read (into ``arena``'s memory where given);
+    NaN/Inf is recorded in ``found``. ``span``: a span of the vocabulary and the tensors
+    (local names) read as its rows alone."""
     arrays = {}
     for local, name in names.items():
         info = source.tensors.get(name)
@@ -191,7 +193,7 @@ def _arrays(source: Source, names: dict[str, str], found: _Found, side: str,
         rows = (span[0].start, span[0].stop) if span is not None and local in span[1] else None
         array = np.asarray(info.load() if rows is None else info.load_rows(*rows))
         if array.dtype != dtype:
-            array = array.astype(dtype)
+            array = array.astype(dtype) if arena is None else arena.cast(array, dtype)
         if dtype == np.float32:
             found.add(side, name, array, rows)
         arrays[local] = array
@@ -255,6 +257,8 @@ class _BlockRun:
     span_from: int | None = None
     #: the tensors compared through the plan, a block at a time (what each holds)
     tensors: PlanCheck | None = None
+    #: the memory every block's casts are cut from, block after block
+    arena: Arena = field(default_factory=Arena)
 
 
 def run_blocks(blocks: Any, source: Source, checkpoint: Source, run: Run, *,
@@ -483,7 +487,8 @@ def _torch_float32(state: _BlockRun, piece: Any
     the sensitivity, the arrays MindSpore's side may share: :func:`_shareable`)."""
     blocks, streams, timer = state.blocks, state.streams, state.timer
     with timer("read"):
-        t_arrays = _arrays(state.source, piece.torch, state.nonfinite, "PyTorch")
+        t_arrays = _arrays(state.source, piece.torch, state.nonfinite, "PyTorch",
+                           arena=state.arena)
     shared = _shareable(state, piece, t_arrays)
     with timer("build"):  # the arrays handed over: the network's loading may free them
         model = blocks.torch_network(piece, _handed_over(t_arrays))
@@ -526,7 +531,7 @@ def _ms_passes(state: _BlockRun, piece: Any, given: Any, shared: dict[str, np.nd
     blocks, streams, timer = state.blocks, state.streams, state.timer
     with timer("read"):
         read = _arrays(state.checkpoint, {k: v for k, v in piece.ms.items() if k not in shared},
-                       state.nonfinite, "MindSpore")
+                       state.nonfinite, "MindSpore", arena=state.arena)
     m_arrays = {k: shared[k] if k in shared else read.pop(k) for k in piece.ms}
     with timer("build"):
         net = blocks.ms_network(piece, m_arrays)  # takes the arrays out as it loads them
@@ -561,10 +566,12 @@ def _torch_float64(state: _BlockRun, piece: Any, events: list[Event], given: Any
     alt = None
     if piece.kind == "layer":  # each module's float64 weights read as it runs
         with timer("build"):
-            alt = on_demand(blocks.torch_network(piece, {}), piece.torch, source, np.float64)
+            alt = on_demand(blocks.torch_network(piece, {}), piece.torch, source, np.float64,
+                            state.arena)
     if alt is None:
         with timer("read"):
-            w_arrays = _arrays(source, piece.torch, state.nonfinite, "PyTorch", np.float64)
+            w_arrays = _arrays(source, piece.torch, state.nonfinite, "PyTorch", np.float64,
+                               arena=state.arena)
         with timer("build"):
             alt = blocks.torch_network(piece, _handed_over(w_arrays))
     fed64 = None
@@ -696,7 +703,7 @@ def _scan_unrun(state: _BlockRun, piece: Any, spans: list[Span]) -> None:
             for names, where, side in ((piece.torch, state.source, "PyTorch"),
                                        (piece.ms, state.checkpoint, "MindSpore")):
                 _arrays(where, {k: v for k, v in names.items() if k in piece.rows},
-                        state.nonfinite, side, span=(span, piece.rows))
+                        state.nonfinite, side, span=(span, piece.rows), arena=state.arena)
 
 
 def _run_span(state: _BlockRun, sub: Any, span: Span, given: _Streams, runs: _SpanRuns
@@ -709,7 +716,7 @@ def _run_span(state: _BlockRun, sub: Any, span: Span, given: _Streams, runs: _Sp
     ids, ids2 = span.ids(state.ids), span.ids(state.ids2)
     with timer("read"):
         t_arrays = _arrays(state.source, sub.torch, state.nonfinite, "PyTorch",
-                           span=(span, sub.rows))
+                           span=(span, sub.rows), arena=state.arena)
     with timer("build"):
         model = blocks.torch_network(sub, _handed_over(t_arrays))
     with timer("torch"):
@@ -721,7 +728,7 @@ def _run_span(state: _BlockRun, sub: Any, span: Span, given: _Streams, runs: _Sp
     if state.run.noise_floor and not sub.exact:
         with timer("read"):
             w_arrays = _arrays(state.source, sub.torch, state.nonfinite, "PyTorch",
-                               np.float64, span=(span, sub.rows))
+                               np.float64, span=(span, sub.rows), arena=state.arena)
         with timer("build"):
             alt = blocks.torch_network(sub, _handed_over(w_arrays))
         with timer("torch"):
@@ -733,7 +740,7 @@ def _run_span(state: _BlockRun, sub: Any, span: Span, given: _Streams, runs: _Sp
         gc.collect()
     with timer("read"):
         m_arrays = _arrays(state.checkpoint, sub.ms, state.nonfinite, "MindSpore",
-                           span=(span, sub.rows))
+                           span=(span, sub.rows), arena=state.arena)
     with timer("build"):
         net = blocks.ms_network(sub, m_arrays)
     del m_arrays

@@ -21,13 +21,15 @@ from typing import Any
 import numpy as np
 
 from ..read.sources import Source
-from .reuse import Buffers
+from .reuse import Arena
 
 
-def on_demand(model: Any, names: dict[str, str], source: Source, dtype: Any) -> Any | None:
+def on_demand(model: Any, names: dict[str, str], source: Source, dtype: Any,
+              arena: Arena | None = None) -> Any | None:
     """``model`` (built on the meta device) with each module's own tensors read from
     ``source`` as it runs, in ``dtype``, and let go after; None where a tensor of
-    ``names`` (the network's name -> the source's) is not one module's own."""
+    ``names`` (the network's name -> the source's) is not one module's own. ``arena``:
+    where the casts are cut from (:mod:`ms_port.check.reuse`; a new one where None)."""
     import torch
 
     wanted = dict(names)
@@ -55,9 +57,9 @@ def on_demand(model: Any, names: dict[str, str], source: Source, dtype: Any) -> 
                 (module._buffers if is_buffer else module._parameters)[attr] = meta
                 entries[k] = (attr, is_buffer, name, meta)
 
-    # a module's weights are cast into the arrays the modules before it were (their
-    # pages already handed over by the kernel), once nothing holds those any more
-    buffers = Buffers()
+    # a module's weights are cast into the memory the modules before it were (its pages
+    # already handed over by the kernel), once nothing holds those any more
+    buffers = Arena() if arena is None else arena
 
     def put_in(module: Any, _args: Any) -> None:
         for attr, is_buffer, name, _meta in held[module]:
