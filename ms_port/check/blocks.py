@@ -27,6 +27,7 @@ import gc
 import time
 import warnings
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
@@ -38,7 +39,16 @@ from ..read.ahead import ReadAhead
 from ..read.sources import Source
 from .compare import ms_to_numpy, nonfinite, relative_error
 from .devices import release_ms_pool
-from .layers import Event, Measure, Pair, distance, pair_events, record_ms, record_torch
+from .layers import (
+    Event,
+    Measure,
+    Pair,
+    distance,
+    pair_events,
+    record_ms,
+    record_torch,
+    split_stacked,
+)
 from .lazy import on_demand
 from .parity import (
     Networks,
@@ -353,6 +363,15 @@ def _run_pieces(state: _BlockRun, pieces: list[Any], tensors: PlanCheck
     first (``tensors``), collecting garbage between blocks."""
     compared: list[LayerComparison] = []
     ahead = ReadAhead()
+    # each block's tensors are compared on a thread while the block before it computes;
+    # a block waits for its own (the "tensors" timing is that wait)
+    checking = ThreadPoolExecutor(1, "ms-port-tensors")
+    checks: dict[int, Future[None]] = {}
+
+    def check(k: int) -> None:
+        if k < len(pieces) and k not in checks:
+            checks[k] = checking.submit(tensors.check, pieces[k].ms.values())
+
     try:
         for n, piece in enumerate(pieces):
             state.run.step(f"block {n + 1}/{len(pieces)}: {piece.name}")
@@ -360,8 +379,10 @@ def _run_pieces(state: _BlockRun, pieces: list[Any], tensors: PlanCheck
             # thread while this one computes (:mod:`ms_port.read.ahead`); the first
             # block's too, as the run starts
             ahead.want(_extents(state, pieces[0 if n == 0 else n + 1:n + 2]))
+            check(n)
             with state.timer("tensors"):
-                tensors.check(piece.ms.values())
+                checks.pop(n).result()
+            check(n + 1)
             groups = plan_groups(state.blocks, piece, state.source)
             if groups is None:
                 _check_fits(piece, state.source, state.run.noise_floor,
@@ -384,6 +405,7 @@ def _run_pieces(state: _BlockRun, pieces: list[Any], tensors: PlanCheck
             # stayed resident through the next block's float64 read)
             release_ms_pool()
     finally:
+        checking.shutdown(wait=True, cancel_futures=True)
         ahead.close()
         gc.unfreeze()
     return compared
@@ -485,6 +507,8 @@ def _torch_float32(state: _BlockRun, piece: Any
                    ) -> tuple[list[Event], dict[tuple[str, int], float], dict[str, np.ndarray]]:
     """PyTorch's float32 passes, the main and the second input's: (the main pass's layers,
     the sensitivity, the arrays MindSpore's side may share: :func:`_shareable`)."""
+    import torch
+
     blocks, streams, timer = state.blocks, state.streams, state.timer
     with timer("read"):
         t_arrays = _arrays(state.source, piece.torch, state.nonfinite, "PyTorch",
@@ -494,10 +518,19 @@ def _torch_float32(state: _BlockRun, piece: Any
         model = blocks.torch_network(piece, _handed_over(t_arrays))
     given, before2 = streams.t, streams.t2
     with timer("torch"):
-        streams.t, events = record_torch(
-            model, lambda mdl=model: blocks.torch_step(mdl, piece, given, state.ids))
-        streams.t2, sens = Measure(events, "recorded").run(
-            model, lambda mdl=model: blocks.torch_step(mdl, piece, before2, state.ids2))
+        if getattr(blocks, "stacks", False) and state.ids.shape == state.ids2.shape:
+            # one pass over the weights, the second input stacked after the main one
+            both = None if given is None else torch.cat([given, before2])
+            out, events = record_torch(model, lambda mdl=model: blocks.torch_step(
+                mdl, piece, both, np.concatenate([state.ids, state.ids2])))
+            sens = split_stacked(events, state.ids.shape, measure=True)
+            n = state.ids.shape[0]
+            streams.t, streams.t2 = out[:n].clone(), out[n:].clone()
+        else:
+            streams.t, events = record_torch(
+                model, lambda mdl=model: blocks.torch_step(mdl, piece, given, state.ids))
+            streams.t2, sens = Measure(events, "recorded").run(
+                model, lambda mdl=model: blocks.torch_step(mdl, piece, before2, state.ids2))
     del model
     gc.collect()
     return events, sens, shared
@@ -538,6 +571,17 @@ def _ms_passes(state: _BlockRun, piece: Any, given: Any, shared: dict[str, np.nd
     del m_arrays
     before_m, ids = streams.m, state.ids
     with timer("mindspore"):
+        if given is not None and piece.outputs is None and getattr(blocks, "stacks", False):
+            # one pass over the weights, PyTorch's input stacked after the block's own
+            both = ms.Tensor(np.concatenate([ms_to_numpy(before_m), given.numpy()]))
+            out, m_events = record_ms(net, lambda cell=net: blocks.ms_step(
+                cell, piece, both, np.concatenate([ids, ids])))
+            n = ids.shape[0]
+            streams.m, fed = out[:n], ms_to_numpy(out[n:])
+            split_stacked(m_events, ids.shape)
+            _let_go(blocks, net)
+            del net
+            return m_events, fed
         if piece.outputs is None:
             streams.m, m_events = record_ms(
                 net, lambda cell=net: blocks.ms_step(cell, piece, before_m, ids))

@@ -279,6 +279,27 @@ def _first_half(array: np.ndarray, ref: np.ndarray) -> np.ndarray:
     return array
 
 
+def split_stacked(events: list[Event], shape: tuple[int, ...], *, measure: bool = False
+                  ) -> dict[tuple[str, int], float]:
+    """The events of a pass that ran two inputs of token ids ``shape`` (batch, tokens)
+    stacked on the batch axis, made the first input's alone: each output with twice the
+    batch, or twice its tokens, on its first axis is cut to its first half (a copy). With
+    ``measure``, each layer's second half is measured against its first as
+    :class:`Measure` measures a second input's pass (``"recorded"``): the measures, of
+    the layers whose every output was cut. For a family whose every layer computes each
+    row of a batch on its own, batch first (``stacks``)."""
+    whole = {2 * shape[0], 2 * math.prod(shape)}
+    measures = {}
+    for e in events:
+        halves = [(a[:a.shape[0] // 2], a[a.shape[0] // 2:])
+                  if a.ndim and a.shape[0] in whole else None for a in e.arrays]
+        if measure and halves and all(h is not None for h in halves):
+            measures[(e.path, e.call)] = max(distance(first, second, "recorded")
+                                             for first, second in halves)  # type: ignore[misc]
+        e.arrays = [a if h is None else h[0].copy() for a, h in zip(e.arrays, halves)]
+    return measures
+
+
 def with_hooks(model: Any, hook: Callable[[str], Callable[..., Any]],
                run: Callable[[], Any]) -> Any:
     """``run()`` with ``hook(path)`` on every module of a PyTorch model, removed after."""
