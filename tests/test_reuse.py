@@ -113,3 +113,28 @@ def test_no_live_array_is_ever_written(steps):
                 assert not np.shares_memory(a, b)
     finally:
         reuse.SMALLEST = reuse_small
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.complex64])
+def test_nan_and_inf_are_counted_whichever_library_sums(dtype, monkeypatch):
+    """verify counts a weight's NaN and Inf by its sum first (PyTorch's where imported):
+    the counts are the exact ones, a sum that merely overflows included."""
+    import sys
+
+    from ms_port.check.compare import nonfinite
+
+    pytest.importorskip("torch")
+    values = np.ones(1 << 16, dtype)
+    huge = np.full(1 << 16, np.finfo(dtype).max, dtype)  # overflows, finite
+    bad = values.copy()
+    bad[[3, 70, 900]] = np.nan
+    bad[[5, 6]] = np.inf
+    bad[7] = -np.inf
+    for torch_imported in (True, False):
+        if not torch_imported:
+            monkeypatch.delitem(sys.modules, "torch")
+        with np.errstate(over="ignore"):
+            assert nonfinite(values) == (0, 0)
+            assert nonfinite(huge) == (0, 0)
+            assert nonfinite(bad) == (3, 3)
+            assert nonfinite(bad[::2]) == (2, 1)  # not contiguous: numpy's sum
