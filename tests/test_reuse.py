@@ -138,3 +138,13 @@ def test_nan_and_inf_are_counted_whichever_library_sums(dtype, monkeypatch):
             assert nonfinite(huge) == (0, 0)
             assert nonfinite(bad) == (3, 3)
             assert nonfinite(bad[::2]) == (2, 1)  # not contiguous: numpy's sum
+
+
+def test_a_released_slab_is_never_cut_again():
+    arena, src = Arena(), _source(MIB)
+    held = arena.cast(src, np.float32)
+    arena.release()
+    assert arena.nbytes == 0
+    again = arena.cast(-src, np.float32)  # a new slab: the held array is untouched
+    assert not np.shares_memory(held, again)
+    assert np.array_equal(held, src) and np.array_equal(again, -src)

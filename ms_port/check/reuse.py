@@ -105,6 +105,12 @@ class Arena:
             return self._slab[start:end]
         return None
 
+    def release(self) -> None:
+        """Let the slab go where nothing cut from it is held (before work that does not cut
+        from it: a mixture's experts, read a group at a time); else it goes once the last
+        array cut from it does."""
+        self._slab, self._at, self._wanted = None, 0, 0
+
     @property
     def nbytes(self) -> int:
         """The bytes the slab holds (0: none made yet)."""
