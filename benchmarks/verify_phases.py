@@ -44,13 +44,17 @@ PHASES = [
     ("ms_port.api", "make_plan", "plan"),
     ("ms_port.api", "resolve_mapping", "mapping table"),
     ("ms_port.check.tensors", "compare_through_plan", "tensor check (every tensor via the plan)"),
-    ("ms_port.check.tensors", "PlanCheck.check", "tensor check (a block's, as it starts)"),
+    ("ms_port.check.tensors", "PlanCheck.check", "tensor check (a block's)"),
     ("ms_port.api", "_verify_by_layers", "layers: rest (target, checks)"),
     ("ms_port.check.blocks", "run_blocks", "blocks: rest (outputs, ...)"),
     ("ms_port.check.devices", "set_ms_device", "import MindSpore, set its device"),
     ("ms_port.check.blocks", "_run_piece", "blocks: build and run both sides"),
     ("ms_port.check.blocks", "_float32", "blocks: read tensors (as float32)"),
     ("ms_port.check.blocks", "_arrays", "blocks: read tensors (float32 or float64)"),
+    ("ms_port.check.blocks", "_torch_float32", "blocks: PyTorch float32 passes (rest)"),
+    ("ms_port.check.blocks", "_ms_passes", "blocks: MindSpore passes (rest)"),
+    ("ms_port.check.blocks", "_torch_float64", "blocks: PyTorch float64 pass (rest)"),
+    ("ms_port.check.reuse", "Arena.cast", "blocks: casts into reused memory"),
     ("ms_port.archs.llama.blocks", "LlamaBlocks.torch_network", "blocks: build the PyTorch block"),
     ("copy", "deepcopy", "blocks: deepcopy (for the float64 copy)"),
     ("torch.nn.modules.module", "Module.to", "torch Module.to (the float64 cast)"),
@@ -112,6 +116,12 @@ class Recorder:
             self._switch(time.perf_counter())
             self.stack.pop()
 
+    def beside(self, phase: str, seconds: float) -> None:
+        """Time spent in ``phase`` on another thread: counted apart, not in the stack."""
+        with self.lock:
+            self.own[phase] = self.own.get(phase, 0.0) + seconds
+            self.calls[phase] = self.calls.get(phase, 0) + 1
+
     def _sample(self) -> None:
         last = time.perf_counter()
         while not self._stop.wait(0.02):
@@ -158,6 +168,15 @@ def wrap(rec: Recorder) -> list[str]:
 
         @functools.wraps(fn)
         def timed(*args, __fn=fn, __phase=phase, **kwargs):
+            if threading.current_thread() is not threading.main_thread():
+                # on a helper thread (a block's tensor check while the block before it
+                # runs): its own total, beside the main thread's phases, not nested in them
+                t0 = time.perf_counter()
+                try:
+                    return __fn(*args, **kwargs)
+                finally:
+                    rec.beside(f"{__phase} [on a thread, beside the rest]",
+                               time.perf_counter() - t0)
             rec.enter(__phase)
             try:
                 return __fn(*args, **kwargs)

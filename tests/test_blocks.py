@@ -470,10 +470,12 @@ def test_the_tensor_check_a_block_at_a_time_is_the_whole_one(made, tmp_path, see
         == "missing"
 
 
-def test_each_blocks_tensors_are_checked_as_it_starts(made, monkeypatch):
-    """The tensor check reads a block's tensors just before the block does (so the block
-    reads them from the page cache: each file is read from the disk once): one check per
-    block, of that block's MindSpore tensors, before its PyTorch network is built."""
+def test_each_blocks_tensors_are_checked_before_it_runs(made, monkeypatch):
+    """The tensor check reads a block's tensors before the block does (so the block reads
+    them from the page cache: each file is read from the disk once): one check per block,
+    of that block's MindSpore tensors, on a thread, done before the block's PyTorch network
+    is built; the next block's asked for before this one runs."""
+    import threading
     from pathlib import Path
 
     from ms_port.archs.llama.blocks import LlamaBlocks
@@ -481,15 +483,18 @@ def test_each_blocks_tensors_are_checked_as_it_starts(made, monkeypatch):
     from ms_port.read.ahead import ReadAhead
 
     src, out = made("llama", False, "float32", False)
-    seen, check, build = [], PlanCheck.check, LlamaBlocks.torch_network
+    seen, check, build, lock = [], PlanCheck.check, LlamaBlocks.torch_network, threading.Lock()
 
     def checked(self, names):
-        names = list(names)
-        seen.append(("check", frozenset(names)))
-        return check(self, names)
+        names = frozenset(names)
+        with lock:
+            seen.append(("asked", names, threading.current_thread().name))
+        check(self, names)
+        with lock:
+            seen.append(("checked", names))
 
     def torch_network(self, piece, tensors):
-        if seen[-1][:2] != ("torch", piece.name):  # (a layer's float64 pass builds again)
+        with lock:
             seen.append(("torch", piece.name, frozenset(piece.ms.values())))
         return build(self, piece, tensors)
 
@@ -504,14 +509,23 @@ def test_each_blocks_tensors_are_checked_as_it_starts(made, monkeypatch):
     monkeypatch.setattr(LlamaBlocks, "torch_network", torch_network)
     monkeypatch.setattr(ReadAhead, "want", asked)
     report = ms_port.verify(src, out, ms_model="mindformers:llama", mode="layers")
-    assert report.verdict == "PASS" and report.timings["tensors"] > 0
-    blocks_seen = [e for e in seen if e[0] == "torch"]
-    assert [e[1] for e in blocks_seen] == ["embedding", "model.layers.0", "model.layers.1",
-                                           "model.layers.2", "head"]
+    assert report.verdict == "PASS" and "tensors" in report.timings
+    firsts = {}
     for k, event in enumerate(seen):
         if event[0] == "torch":
-            assert seen[k - 1] == ("check", event[2]), event[1]
-    assert seen[-1][0] == "check"  # the rest (none here), then the result
+            firsts.setdefault(event[1], (k, event[2]))
+    assert list(firsts) == ["embedding", "model.layers.0", "model.layers.1",
+                            "model.layers.2", "head"]
+    asks = [e for e in seen if e[0] == "asked"]
+    for name, (k, names) in firsts.items():
+        # its own check, once, on the checking thread, finished before it is built
+        assert [e for e in asks if e[1] == names] == [("asked", names, "ms-port-tensors_0")]
+        assert ("checked", names) in seen[:k], name
+    # the blocks' checks in their order, then every name for the result (each compared
+    # already, passed over)
+    assert [e[1] for e in asks[:5]] == [names for _, names in firsts.values()]
+    assert len(asks) == 6 and asks[-1][2] == "MainThread"
+    assert asks[-1][1] == frozenset().union(*(names for _, names in firsts.values()))
     # read ahead: the first two blocks as the run starts, then each block the next one,
     # its stretches in both files (the source's shard, the checkpoint)
     assert len(wanted) == 5 and wanted[-1] == set(), wanted

@@ -267,8 +267,11 @@ class _BlockRun:
     span_from: int | None = None
     #: the tensors compared through the plan, a block at a time (what each holds)
     tensors: PlanCheck | None = None
-    #: the memory every block's casts are cut from, block after block
-    arena: Arena = field(default_factory=Arena)
+    #: the memory every block's casts are cut from, block after block, where the family's
+    #: MindSpore side holds none of a block's arrays once it is done (``lets_go``); None:
+    #: each block's arrays are its own (a GRAPH-compiled network keeps the data it was
+    #: given until it runs again: one array held so would hold a whole slab)
+    arena: Arena | None = None
 
 
 def run_blocks(blocks: Any, source: Source, checkpoint: Source, run: Run, *,
@@ -294,6 +297,8 @@ def run_blocks(blocks: Any, source: Source, checkpoint: Source, run: Run, *,
     second = second_draw(run.feed, seed=run.seed)
     state = _BlockRun(blocks, source, checkpoint, run, np.asarray(run.feed[0].array),
                       np.asarray(second[0].array), correspondence, tensors=tensors)
+    if getattr(blocks, "lets_go", False):
+        state.arena = Arena()
     pieces = blocks.pieces(set(source.tensors), set(checkpoint.tensors))
     state.span_rows, state.span_from = _span_rows(pieces, source, blocks)
     # a family whose MindSpore side needs a setting held across its blocks (MindFormers'
@@ -518,7 +523,7 @@ def _torch_float32(state: _BlockRun, piece: Any
         model = blocks.torch_network(piece, _handed_over(t_arrays))
     given, before2 = streams.t, streams.t2
     with timer("torch"):
-        if getattr(blocks, "stacks", False) and state.ids.shape == state.ids2.shape:
+        if _stacks(state):
             # one pass over the weights, the second input stacked after the main one
             both = None if given is None else torch.cat([given, before2])
             out, events = record_torch(model, lambda mdl=model: blocks.torch_step(
@@ -559,8 +564,6 @@ def _ms_passes(state: _BlockRun, piece: Any, given: Any, shared: dict[str, np.nd
     """MindSpore's passes: the main one (its layers recorded) and the block fed PyTorch's
     input ``given``: (the layers, the fed output; None for the first block). ``shared``:
     arrays of the block's tensors already in memory (:func:`_shareable`)."""
-    import mindspore as ms
-
     blocks, streams, timer = state.blocks, state.streams, state.timer
     with timer("read"):
         read = _arrays(state.checkpoint, {k: v for k, v in piece.ms.items() if k not in shared},
@@ -569,29 +572,43 @@ def _ms_passes(state: _BlockRun, piece: Any, given: Any, shared: dict[str, np.nd
     with timer("build"):
         net = blocks.ms_network(piece, m_arrays)  # takes the arrays out as it loads them
     del m_arrays
-    before_m, ids = streams.m, state.ids
     with timer("mindspore"):
-        if given is not None and piece.outputs is None and getattr(blocks, "stacks", False):
-            # one pass over the weights, PyTorch's input stacked after the block's own
-            both = ms.Tensor(np.concatenate([ms_to_numpy(before_m), given.numpy()]))
-            out, m_events = record_ms(net, lambda cell=net: blocks.ms_step(
-                cell, piece, both, np.concatenate([ids, ids])))
-            n = ids.shape[0]
-            streams.m, fed = out[:n], ms_to_numpy(out[n:])
-            split_stacked(m_events, ids.shape)
-            _let_go(blocks, net)
-            del net
-            return m_events, fed
-        if piece.outputs is None:
-            streams.m, m_events = record_ms(
-                net, lambda cell=net: blocks.ms_step(cell, piece, before_m, ids))
-        else:  # no layer recorded (GRAPH mode): the block's output stands for it
-            streams.m, m_events = blocks.ms_step(net, piece, before_m, ids), []
-        fed = (None if given is None else
-               ms_to_numpy(blocks.ms_step(net, piece, ms.Tensor(given.numpy()), ids)))
+        streams.m, m_events, fed = _ms_forward(state, piece, net, given)
     _let_go(blocks, net)
     del net
     return m_events, fed
+
+
+def _ms_forward(state: _BlockRun, piece: Any, net: Any, given: Any
+                ) -> tuple[Any, list[Event], np.ndarray | None]:
+    """MindSpore's block ``net`` run on its own stream and fed PyTorch's input ``given``:
+    (its output, its layers, the fed output; None for the first block). Stacked in one
+    pass where the family's blocks say they may (:func:`_stacks`)."""
+    import mindspore as ms
+
+    blocks, before, ids = state.blocks, state.streams.m, state.ids
+    if given is not None and piece.outputs is None and _stacks(state):
+        # one pass over the weights, PyTorch's input stacked after the block's own
+        both = ms.Tensor(np.concatenate([ms_to_numpy(before), given.numpy()]))
+        out, events = record_ms(net, lambda: blocks.ms_step(net, piece, both,
+                                                            np.concatenate([ids, ids])))
+        split_stacked(events, ids.shape)
+        n = ids.shape[0]
+        return out[:n], events, ms_to_numpy(out[n:])
+    if piece.outputs is None:
+        out, events = record_ms(net, lambda: blocks.ms_step(net, piece, before, ids))
+    else:  # no layer recorded (GRAPH mode): the block's output stands for it
+        out, events = blocks.ms_step(net, piece, before, ids), []
+    fed = (None if given is None else
+           ms_to_numpy(blocks.ms_step(net, piece, ms.Tensor(given.numpy()), ids)))
+    return out, events, fed
+
+
+def _stacks(state: _BlockRun) -> bool:
+    """Whether each side's two inputs run stacked on the batch axis in one pass: the
+    family's blocks say every layer computes each row of a batch on its own, batch first
+    (``stacks``), and both inputs have one shape."""
+    return bool(getattr(state.blocks, "stacks", False)) and state.ids.shape == state.ids2.shape
 
 
 def _torch_float64(state: _BlockRun, piece: Any, events: list[Event], given: Any
@@ -621,7 +638,7 @@ def _torch_float64(state: _BlockRun, piece: Any, events: list[Event], given: Any
     fed64 = None
     with timer("torch"):
         before64 = streams.t64
-        if given is not None and getattr(blocks, "stacks", False):
+        if given is not None and _stacks(state):
             # one pass over the weights, the fed input stacked after the block's own:
             # each module's float64 weights cast once, not once per input
             streams.t64, fed64, noise = _stacked(state, piece, alt, events, before64,

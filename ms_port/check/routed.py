@@ -223,7 +223,8 @@ def run_routed(state: Any, piece: Any, groups: Groups, whole: Callable[[Any, Any
     streams = replace(state.streams)
     whole(replace(state, blocks=proxy, streams=streams), sub)  # step 1
     del streams
-    state.arena.release()  # the groups' arrays are their own: no slab kept beside them
+    if state.arena is not None:  # the groups' arrays are their own: no slab beside them
+        state.arena.release()
     compared = _run_groups(state, piece, groups, proxy.template, book)
     book.replay = True
     recorded = whole(replace(state, blocks=proxy), sub)  # step 3
