@@ -148,3 +148,28 @@ def test_a_released_slab_is_never_cut_again():
     again = arena.cast(-src, np.float32)  # a new slab: the held array is untouched
     assert not np.shares_memory(held, again)
     assert np.array_equal(held, src) and np.array_equal(again, -src)
+
+
+def test_a_slab_too_small_is_let_go_before_a_larger_one_is_made(monkeypatch):
+    """Module after module (the float64 pass), a larger module's array is not made beside
+    the free slab the smaller one before it used: what is held is never more than the
+    largest module's."""
+    import weakref
+
+    made, empty = [], np.empty
+
+    def recorded(shape, dtype=float, *args, **kwargs):
+        made.append(old() is None)  # the old slab gone when the new one is made
+        return empty(shape, dtype, *args, **kwargs)
+
+    arena, little, big = Arena(), _source(MIB), _source(4 * MIB)
+    small = arena.cast(little, np.float64)  # 8 MiB: the slab
+    old = weakref.ref(small.base)
+    del small
+    monkeypatch.setattr(reuse.np, "empty", recorded)
+    large = arena.cast(big, np.float64)  # 32 MiB: a new slab, the old let go first
+    assert made == [True] and arena.nbytes == 32 * MIB
+    del large
+    again = arena.cast(little, np.float64)
+    assert made == [True] and arena.reused == 1
+    del again

@@ -84,20 +84,20 @@ class Arena:
 
     def _cut(self, need: int) -> np.ndarray | None:
         """``need`` bytes of the slab, or None (they are made on their own)."""
-        slab = self._slab
+        slab, grow = self._slab, 0
         if slab is not None and sys.getrefcount(slab) <= self._unheld + 1:  # + ``slab``
             self._at = 0  # nothing cut from it is held: cut again from its start
-            if slab.nbytes < self._wanted:  # too small for what was held at once
-                self._slab = slab = None
-            else:
-                self._wanted = 0
+            if slab.nbytes < max(self._wanted, need):
+                # too small for what was held at once, or for this array: let go before
+                # the larger one is made, never beside it
+                grow, self._slab = max(self._wanted, need), None
+            self._wanted = 0
         del slab
         start = -(-self._at // ALIGN) * ALIGN
         end = start + need
         self._at, self._wanted = end, max(self._wanted, end)
         if self._slab is None and start == 0:
-            self._slab, self._new = np.empty(self._wanted, np.uint8), True
-            self._wanted = end
+            self._slab, self._new = np.empty(max(grow, end), np.uint8), True
         elif start == 0:
             self._new = False
         if self._slab is not None and end <= self._slab.nbytes:

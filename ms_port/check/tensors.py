@@ -249,7 +249,7 @@ def _all_same(pairs: Iterable[tuple[Any, Any]]) -> bool:
 
 
 #: bytes of each span of rows :func:`_rows_identical` reads on each side
-ROWS_BYTES = 64 << 20
+ROWS_BYTES = 16 << 20
 
 
 def _rows_identical(plan: Any, m: Any, info: TensorInfo | None) -> bool:
