@@ -368,13 +368,17 @@ def _run_pieces(state: _BlockRun, pieces: list[Any], tensors: PlanCheck
     first (``tensors``), collecting garbage between blocks."""
     compared: list[LayerComparison] = []
     ahead = ReadAhead()
-    # each block's tensors are compared on a thread while the block before it computes;
-    # a block waits for its own (the "tensors" timing is that wait)
+    # each block's tensors are compared on a thread while the block before it computes,
+    # but a mixture's experts (their check holds a group's rows and copies: at
+    # DeepSeek-V3.2's widths that beside the dense layer's float64 pass set the run's
+    # peak), compared as their block starts; a block waits for its own (the "tensors"
+    # timing is that wait)
     checking = ThreadPoolExecutor(1, "ms-port-tensors")
     checks: dict[int, Future[None]] = {}
 
-    def check(k: int) -> None:
-        if k < len(pieces) and k not in checks:
+    def check(k: int, now: bool = False) -> None:
+        if k < len(pieces) and k not in checks and (
+                now or not tensors.grouped(pieces[k].ms.values())):
             checks[k] = checking.submit(tensors.check, pieces[k].ms.values())
 
     try:
@@ -384,7 +388,7 @@ def _run_pieces(state: _BlockRun, pieces: list[Any], tensors: PlanCheck
             # thread while this one computes (:mod:`ms_port.read.ahead`); the first
             # block's too, as the run starts
             ahead.want(_extents(state, pieces[0 if n == 0 else n + 1:n + 2]))
-            check(n)
+            check(n, now=True)
             with state.timer("tensors"):
                 checks.pop(n).result()
             check(n + 1)

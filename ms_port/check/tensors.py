@@ -194,6 +194,12 @@ class PlanCheck:
                                  m.transforms)
             self.found[name] = delta
 
+    def grouped(self, names: Iterable[str]) -> bool:
+        """Whether any of ``names`` is a target the plan makes a group at a time (a
+        mixture's experts): its comparison holds a group's expected and written rows at
+        once, and a group's transforms' copies."""
+        return any(getattr(self.matches.get(n), "groups", 0) for n in names)
+
     def unchanged(self, name: str) -> str | None:
         """The source tensor whose bytes the checked MindSpore tensor ``name`` holds
         unchanged: found identical, and planned as the source's own bytes under another
