@@ -5,7 +5,6 @@ what a newer request replaces, and never fails the reader."""
 
 from __future__ import annotations
 
-import sys
 import time
 
 import ml_dtypes
@@ -92,32 +91,23 @@ def test_it_reads_what_it_is_asked_within_its_budget(tmp_path):
     assert ahead.read == 300_010
 
 
-@pytest.mark.parametrize("how", ["populate", "preadv"])
-def test_a_new_request_replaces_the_old(tmp_path, monkeypatch, how):
+def test_a_new_request_replaces_the_old(tmp_path, monkeypatch):
     """What was asked before and is not yet read is dropped: the reader has moved on."""
     import os
     import threading
 
-    from ms_port.read import ahead as module
-
     data = tmp_path / "data.bin"
     data.write_bytes(b"x" * (1 << 20))
-    reads, replaced, started = [], threading.Event(), threading.Event()
-    original = module._populated if how == "populate" else os.preadv
+    reads, original, replaced, started = [], os.preadv, threading.Event(), threading.Event()
 
-    def held(fd, arg, offset, *more):
-        offset_of = arg if how == "populate" else offset
-        reads.append(offset_of)
-        if offset_of == 1 << 19:  # the old request's first chunk waits to be replaced
+    def held(fd, buffers, offset):
+        reads.append(offset)
+        if offset == 1 << 19:  # the old request's first chunk waits to be replaced
             started.set()
             replaced.wait(10)
-        return original(fd, arg, offset, *more)
+        return original(fd, buffers, offset)
 
-    if how == "populate":
-        monkeypatch.setattr(module, "_populated", held)
-    else:
-        monkeypatch.setattr(module.ReadAhead, "_populate", False)
-        monkeypatch.setattr(os, "preadv", held)
+    monkeypatch.setattr(os, "preadv", held)
     with ReadAhead(chunk=1 << 16) as ahead:
         ahead.want([(str(data), 0, 1 << 16), (str(data), 1 << 19, 1 << 19)])
         assert started.wait(10)
@@ -164,16 +154,3 @@ def test_extents_of_a_file_mindspore_wrote(tmp_path, monkeypatch):
     assert len(src.tensors["a.weight"].extents) == 3  # 2800 bytes in 1 KiB pieces
     for name, array in arrays.items():
         assert _stored(src.tensors[name]) == array.tobytes(), name
-
-
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="MADV_POPULATE_READ: Linux")
-def test_pages_are_faulted_in_not_copied(tmp_path):
-    """Where the kernel can (Linux 5.14+), a stretch is read by mapping it and faulting its
-    pages in; past the end of the file it cannot, and the thread reads what is there."""
-    from ms_port.read.ahead import _populated
-
-    data = tmp_path / "data.bin"
-    data.write_bytes(b"p" * (3 << 16))
-    with open(data, "rb") as f:
-        assert _populated(f.fileno(), 5000, 100_000)  # not at a page's start
-        assert not _populated(f.fileno(), 1 << 16, 3 << 16)  # past the end

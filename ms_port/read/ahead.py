@@ -9,12 +9,9 @@ from the page cache.
 The kernel's own hints (``posix_fadvise``/``madvise`` ``WILLNEED``) were measured first on
 this project's machines: they returned at once and read nothing (a gigabyte read after
 the hint and a two-second wait took as long as a cold one, 0.93 s against 0.82 s), where
-the same gigabyte read on a thread made the next read 0.15 s. So the thread reads: a
-:data:`CHUNK` of the file at a time mapped and its pages faulted in
-(``MADV_POPULATE_READ``, which reads them, and unlike ``WILLNEED`` waits for them), then
-unmapped; where that cannot be done, with ``os.preadv`` into one buffer it reuses, which
-copies each byte once more (0.16 s of CPU a cached gigabyte, 27 GB at Mistral-7B's sizes).
-The pages read stay in the cache, the system's to evict, not in the process.
+the same gigabyte read on a thread made the next read 0.15 s. So the thread reads, with
+``os.preadv`` into one buffer of :data:`CHUNK` bytes it reuses: the process holds that
+buffer, and the pages read stay in the cache, the system's to evict.
 
 Only speed is at stake: a stretch that cannot be read (a file gone, a short read) is
 dropped without a word, and the reader that needs its bytes reports the error itself.
@@ -23,7 +20,6 @@ dropped without a word, and the reader that needs its bytes reports the error it
 from __future__ import annotations
 
 import contextlib
-import mmap
 import os
 import sys
 import threading
@@ -137,44 +133,14 @@ class ReadAhead:
         while offset < end:
             if self._asked != asked or self._closed:  # the reader moved on
                 return
-            take = min(self.chunk, end - offset)
-            if self._populate and _populated(fd, offset, take):
-                got = take
-            else:
-                try:
-                    got = os.preadv(fd, [buf[:take]], offset)
-                except OSError:
-                    return
+            try:
+                got = os.preadv(fd, [buf[:min(self.chunk, end - offset)]], offset)
+            except OSError:
+                return
             if got <= 0:  # past the end of the file
                 return
             offset += got
             self.read += got
-
-    #: whether to read by ``MADV_POPULATE_READ`` (:func:`_populated`) before ``preadv``
-    _populate = True
-
-
-#: ``madvise``'s ``MADV_POPULATE_READ`` (Linux 5.14 and later; Python names it from 3.13)
-MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22 if sys.platform == "linux" else None)
-
-
-def _populated(fd: int, offset: int, nbytes: int) -> bool:
-    """Read ``nbytes`` of ``fd`` from ``offset`` into the page cache without copying them
-    out: the stretch mapped, its pages faulted in by ``MADV_POPULATE_READ``, and unmapped
-    (the pages stay in the cache, not in the process). False where this cannot be done
-    (another system, an older kernel, past the end of the file): the caller reads.
-
-    Reading a cached gigabyte into a buffer costs 0.16 s of CPU here, populating it 2 ms;
-    cold, both take the disk's time (0.76 s a gigabyte)."""
-    if MADV_POPULATE_READ is None:
-        return False
-    start = offset - offset % mmap.ALLOCATIONGRANULARITY
-    try:
-        with mmap.mmap(fd, offset + nbytes - start, prot=mmap.PROT_READ, offset=start) as m:
-            m.madvise(MADV_POPULATE_READ)
-    except (OSError, ValueError, OverflowError):
-        return False
-    return True
 
 
 __all__ = ["CHUNK", "MOST_AHEAD", "ReadAhead"]
