@@ -16,7 +16,11 @@ MindSpore side and compared with its local float32 noise (``fed``): where a bloc
 wrong, it fails there, whatever came before.
 
 A family gives its blocks with five methods (``pieces``, ``torch_network``,
-``torch_step``, ``ms_network``, ``ms_step``; see :mod:`ms_port.archs.llama.blocks`).
+``torch_step``, ``ms_network``, ``ms_step``; see :mod:`ms_port.archs.llama.blocks`), and
+may say two things of them: ``stacks`` (every layer computes each row of a batch on its
+own, batch first: each side's two inputs then run stacked in one pass over the weights)
+and ``lets_go`` (MindSpore holds none of a block's arrays once ``ms_done`` returned: every
+block's casts are then cut from one slab used again, :mod:`ms_port.check.reuse`).
 """
 
 from __future__ import annotations
