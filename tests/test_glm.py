@@ -342,12 +342,13 @@ def test_verify_by_layers_passes_and_fails_where_the_whole_does(glm, monkeypatch
     assert len(built) == 2 + SIZES["layers"]
     assert all(max(p.shape, default=1) == 1 for net in built for p in net.get_parameters())
     assert report.error < 1e-5 and any("CPU stand-ins" in n for n in report.notes)
-    # the float64 pass runs both inputs stacked: the noise of two passes, none lost
+    # each side's two inputs run stacked: the measures of the passes apart, none lost
     from test_blocks import assert_same_noise
 
-    monkeypatch.setattr(GlmBlocks, "stacks", False)
-    assert_same_noise(report, ms_port.verify(hf, good, ms_model="mindformers:glm4",
-                                             mode="layers"))
+    with monkeypatch.context() as apart:
+        apart.setattr(GlmBlocks, "stacks", False)
+        assert_same_noise(report, ms_port.verify(hf, good, ms_model="mindformers:glm4",
+                                                 mode="layers"))
     tensor = "transformer.encoder.layers.1.self_attention.query_key_value.weight"
     bad = rewrite_checkpoint(good, root / "layers-bad.ckpt",
                              lambda a: a.__setitem__(tensor, _grouped(a[tensor])))

@@ -288,9 +288,11 @@ def run_blocks(blocks: Any, source: Source, checkpoint: Source, run: Run, *,
         source / checkpoint: the PyTorch source and the MindSpore checkpoint, read lazily.
         run: the token ids, seed, bound and what the run records (notes, progress).
         correspondence: ``(mindspore_path, torch_path)`` layer pairs from the plan.
-        tensors: the tensor-level comparison through the plan, made a block at a time as
-            each block starts (its tensors then come from the page cache: each file is
-            read from the disk once); the tensors no block holds are compared last.
+        tensors: the tensor-level comparison through the plan, made a block at a time
+            before the block runs, on a thread while the block before it computes (its
+            tensors then come from the page cache: each file is read from the disk once);
+            the tensors no block holds are compared last. What it finds lets MindSpore
+            compute on PyTorch's arrays of a tensor proven the same (:func:`_shareable`).
         ms_names: the MindSpore tensor names, to name a failing layer's tensors.
     """
     from . import devices
@@ -310,6 +312,7 @@ def run_blocks(blocks: Any, source: Source, checkpoint: Source, run: Run, *,
     session = getattr(blocks, "session", None)
     with session() if session is not None else contextlib.nullcontext():
         compared = _run_pieces(state, pieces, tensors)
+    state.arena = None  # the slab goes: nothing after the blocks cuts from it
     with state.timer("tensors"):
         tensor_diff = tensors.result()
     run.notes.extend(getattr(blocks, "notes", lambda: [])())
@@ -373,17 +376,17 @@ def _run_pieces(state: _BlockRun, pieces: list[Any], tensors: PlanCheck
     compared: list[LayerComparison] = []
     ahead = ReadAhead()
     # each block's tensors are compared on a thread while the block before it computes,
-    # but a mixture's experts (their check holds a group's rows and copies: at
-    # DeepSeek-V3.2's widths that beside the dense layer's float64 pass set the run's
-    # peak), compared as their block starts; a block waits for its own (the "tensors"
-    # timing is that wait)
+    # but where their check holds much at once (a mixture's experts, a joined tensor
+    # compared whole: at DeepSeek-V3.2's widths the experts' check beside the dense
+    # layer's float64 pass set the run's peak), as their block starts; a block waits for
+    # its own (the "tensors" timing is that wait)
     checking = ThreadPoolExecutor(1, "ms-port-tensors")
     checks: dict[int, Future[None]] = {}
 
     def check(k: int, now: bool = False) -> None:
-        if k < len(pieces) and k not in checks and (
-                now or not tensors.grouped(pieces[k].ms.values())):
-            checks[k] = checking.submit(tensors.check, pieces[k].ms.values())
+        names = list(pieces[k].ms.values()) if k < len(pieces) else []
+        if names and k not in checks and (now or not tensors.heavy(names)):
+            checks[k] = checking.submit(tensors.check, names)
 
     try:
         for n, piece in enumerate(pieces):
@@ -573,9 +576,10 @@ def _ms_passes(state: _BlockRun, piece: Any, given: Any, shared: dict[str, np.nd
     input ``given``: (the layers, the fed output; None for the first block). ``shared``:
     arrays of the block's tensors already in memory (:func:`_shareable`)."""
     blocks, streams, timer = state.blocks, state.streams, state.timer
-    with timer("read"):
+    with timer("read"):  # (not cut from the slab: cut after PyTorch's arrays, held by the
+        # shared ones, the next slab would be made as large as both sides' together)
         read = _arrays(state.checkpoint, {k: v for k, v in piece.ms.items() if k not in shared},
-                       state.nonfinite, "MindSpore", arena=state.arena)
+                       state.nonfinite, "MindSpore")
     m_arrays = {k: shared[k] if k in shared else read.pop(k) for k in piece.ms}
     with timer("build"):
         net = blocks.ms_network(piece, m_arrays)  # takes the arrays out as it loads them
@@ -676,7 +680,7 @@ def _stacked(state: _BlockRun, piece: Any, model: Any, events: list[Event], firs
     out, noise = Measure(events, "float64", stacked=True).run(
         model, lambda: state.blocks.torch_step(model, piece, both, ids))
     n = first.shape[0]
-    return out[:n].clone(), out[n:].numpy(), noise
+    return out[:n].clone(), out[n:].clone().numpy(), noise
 
 
 def _vocabulary(state: _BlockRun, piece: Any) -> int | None:

@@ -380,7 +380,7 @@ def by_layers(request: Request, blocks: Any) -> Any:
     unused = [n for n in ckpt.tensors if n not in tgt.tensors]
     if not_loaded:
         return request.not_loaded(not_loaded, unused)
-    # every tensor through the plan, a block's as the block starts (run_blocks)
+    # every tensor through the plan, a block's before the block runs (run_blocks)
     tensors = PlanCheck(plan, {i.name: i.load for i in ckpt}, a=request.names[0],
                         b=request.names[1], infos=ckpt.tensors)
     correspondence = correspondence_from_pairs((m.target, m.source) for m in plan.matches

@@ -14,8 +14,9 @@ Nothing still in use is ever written: the slab is cut again from its start only 
 reference count shows that no array cut from it is held (by the caller, a view, a tensor
 made from it: ``torch.from_numpy`` and MindSpore's ``Tensor.from_numpy`` hold the array).
 While any is held, new arrays are cut after the last one, and where the slab is full
-they are made on their own; the next slab is made as large as the most that was in use at
-once, which is what a block holds anyway.
+they are made on their own; the next slab is made as large as the most that was cut
+between two times it was free (what a block's float32 arrays take: verify cuts only
+those, and each module's float64 ones, from it).
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ def cast_into(out: np.ndarray, array: np.ndarray) -> None:
     torch = sys.modules.get("torch")
     half = _HALF.get(array.dtype.name)
     if (torch is not None and half is not None and out.dtype in (np.float32, np.float64)
+            and array.dtype.isnative and out.dtype.isnative
             and array.flags.c_contiguous and out.flags.c_contiguous
             and out.shape == array.shape):
         with warnings.catch_warnings():  # a file's map is read-only: it is only read here
@@ -84,8 +86,11 @@ class Arena:
 
     def _cut(self, need: int) -> np.ndarray | None:
         """``need`` bytes of the slab, or None (they are made on their own)."""
+        # counted as the probe was, through the attribute (a local name's reference is
+        # not counted alike by every Python: 3.14 borrows it)
+        free = self._slab is not None and sys.getrefcount(self._slab) <= self._unheld
         slab, grow = self._slab, 0
-        if slab is not None and sys.getrefcount(slab) <= self._unheld + 1:  # + ``slab``
+        if slab is not None and free:
             self._at = 0  # nothing cut from it is held: cut again from its start
             if slab.nbytes < max(self._wanted, need):
                 # too small for what was held at once, or for this array: let go before

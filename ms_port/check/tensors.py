@@ -160,9 +160,11 @@ def compare_through_plan(plan: Any, values: Mapping[str, Value], *, a: str,
 
 class PlanCheck:
     """:func:`compare_through_plan` a group of tensors at a time, in any order: verify by
-    layers checks each block's tensors as the block starts, so that each file is read
-    from the disk once (the block then reads them from the page cache). The result is
-    the one :func:`compare_through_plan` gives, whatever the order the groups came in."""
+    layers checks each block's tensors before the block runs (on a thread, while the
+    block before it computes), so that each file is read from the disk once (the block
+    then reads them from the page cache). The result is the one
+    :func:`compare_through_plan` gives, whatever the order the groups came in. The groups
+    may be checked on one thread while another reads what is found (:meth:`unchanged`)."""
 
     def __init__(self, plan: Any, values: Mapping[str, Value], *, a: str, b: str,
                  infos: Mapping[str, TensorInfo] | None = None) -> None:
@@ -194,11 +196,17 @@ class PlanCheck:
                                  m.transforms)
             self.found[name] = delta
 
-    def grouped(self, names: Iterable[str]) -> bool:
-        """Whether any of ``names`` is a target the plan makes a group at a time (a
-        mixture's experts): its comparison holds a group's expected and written rows at
-        once, and a group's transforms' copies."""
-        return any(getattr(self.matches.get(n), "groups", 0) for n in names)
+    def heavy(self, names: Iterable[str]) -> bool:
+        """Whether comparing ``names`` holds more than :data:`ROWS_BYTES` a side at once:
+        a target the plan makes a group at a time (a mixture's experts: a group's expected
+        and written rows, and its transforms' copies), or a large one it does not compare
+        a span of rows at a time (a joined q/k/v or gate/up, compared whole). Verify by
+        layers checks such a block as it starts, not beside the block before it."""
+        for n in names:
+            m = self.matches.get(n)
+            if m is not None and (m.groups or (not _renamed(m) and m.nbytes > ROWS_BYTES)):
+                return True
+        return False
 
     def unchanged(self, name: str) -> str | None:
         """The source tensor whose bytes the checked MindSpore tensor ``name`` holds
@@ -258,16 +266,22 @@ def _all_same(pairs: Iterable[tuple[Any, Any]]) -> bool:
 ROWS_BYTES = 16 << 20
 
 
+def _renamed(m: Any) -> bool:
+    """Whether a match plans its source's bytes under another name: no transform, part,
+    join, declared value or cast."""
+    return not (m.parts or m.part is not None or m.init is not None or m.transforms
+                or m.out_dtype != m.dtype or not m.source)
+
+
 def _rows_identical(plan: Any, m: Any, info: TensorInfo | None) -> bool:
     """Whether a target that is its source's bytes unchanged (renamed: no transform, no
     cast, one source) holds them, read a span of :data:`ROWS_BYTES` of rows at a time on
-    both sides: verify by layers checks a vocabulary-sized embedding or head as its block
-    starts, beside both frameworks, where whole (Llama-3-70B's: 2 GiB of bfloat16 a side)
+    both sides: verify by layers checks a vocabulary-sized embedding or head beside both
+    frameworks (the block before it running), where whole (Llama-3-70B's: 2 GiB of bfloat16 a side)
     it would set the run's peak. False where it cannot say so (no rows of their own, a
     small tensor, a span that differs): the whole comparison then says how."""
-    if (info is None or info.rows_loader is None or m.parts or m.part is not None
-            or m.init is not None or m.transforms or m.out_dtype != m.dtype
-            or not m.source or info.nbytes <= ROWS_BYTES or not info.shape):
+    if (info is None or info.rows_loader is None or not _renamed(m)
+            or info.nbytes <= ROWS_BYTES or not info.shape):
         return False
     source = plan.source.tensors.get(m.source)
     if (source is None or source.rows_loader is None or tuple(source.shape) != tuple(info.shape)
