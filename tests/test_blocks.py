@@ -720,17 +720,14 @@ def test_both_inputs_stacked_in_one_pass_measure_what_two_passes_do(
     assert_same_noise(stacked, apart)
 
 
-def test_a_block_whose_check_holds_much_is_checked_as_it_starts(made, monkeypatch):
-    """A joined tensor (q/k/v, gate/up) is compared whole: where it is larger than a span
-    of rows (here: any), its block's check waits until the block before it is done, not
-    beside it; the blocks of renamed tensors only are still checked on the thread."""
+def record_checks(monkeypatch):
+    """Events of a verify by layers, in order: ("check", heavy, thread) as a block's tensor
+    check starts; ("start" | "end", block) around each block's run."""
     import threading
 
-    from ms_port.check import blocks, tensors
+    from ms_port.check import blocks
     from ms_port.check.tensors import PlanCheck
 
-    src, out = made(*VARIANTS[2])  # q/k/v and gate/up joined
-    monkeypatch.setattr(tensors, "ROWS_BYTES", 4096)
     seen, lock, check, run_piece = [], threading.Lock(), PlanCheck.check, blocks._run_piece
 
     def checked(self, names):
@@ -750,12 +747,29 @@ def test_a_block_whose_check_holds_much_is_checked_as_it_starts(made, monkeypatc
 
     monkeypatch.setattr(PlanCheck, "check", checked)
     monkeypatch.setattr(blocks, "_run_piece", ran)
-    report = ms_port.verify(src, out, ms_model="mindformers:llama",
-                            ms_options={"qkv_concat": True}, mode="layers")
-    assert report.verdict == "PASS"
+    return seen
+
+
+def assert_heavy_checks_alone(seen, blocks):
+    """Each of ``blocks`` heavy checks (then the result's) ran with no block running."""
     heavy = [k for k, e in enumerate(seen) if e[:2] == ("check", True)]
-    assert len(heavy) >= 4, seen  # the 3 layers, then the result's
+    assert len(heavy) >= blocks + 1, seen
     for k in heavy[:-1]:
         before = [e for e in seen[:k] if e[0] in ("start", "end")]
         assert not before or before[-1][0] == "end", seen
+
+
+def test_a_block_whose_check_holds_much_is_checked_as_it_starts(made, monkeypatch):
+    """A joined tensor (q/k/v, gate/up) is compared whole: where it is larger than a span
+    of rows (here: any), its block's check waits until the block before it is done, not
+    beside it; the blocks of renamed tensors only are still checked on the thread."""
+    from ms_port.check import tensors
+
+    src, out = made(*VARIANTS[2])  # q/k/v and gate/up joined
+    monkeypatch.setattr(tensors, "ROWS_BYTES", 4096)
+    seen = record_checks(monkeypatch)
+    report = ms_port.verify(src, out, ms_model="mindformers:llama",
+                            ms_options={"qkv_concat": True}, mode="layers")
+    assert report.verdict == "PASS"
+    assert_heavy_checks_alone(seen, blocks=3)
     assert ("check", False, "ms-port-tensors_0") in seen  # the embedding and the head

@@ -288,35 +288,10 @@ def test_an_expert_layers_tensors_are_checked_as_it_starts_not_beside_the_block_
     """Each block's tensors are checked on a thread while the block before it runs, but a
     mixture's experts' (their check holds a group's rows and copies): after the block
     before it is done, as its own starts."""
-    import threading
-
-    from ms_port.check import blocks
-    from ms_port.check.tensors import PlanCheck
+    from test_blocks import assert_heavy_checks_alone, record_checks
 
     src, out, _ = moe
-    seen, lock, check, run_piece = [], threading.Lock(), PlanCheck.check, blocks._run_piece
-
-    def checked(self, names):
-        names = list(names)
-        with lock:
-            seen.append(("check", self.heavy(names)))
-        return check(self, names)
-
-    def ran(state, piece, groups=None):
-        with lock:
-            seen.append(("start", piece.name))
-        try:
-            return run_piece(state, piece, groups)
-        finally:
-            with lock:
-                seen.append(("end", piece.name))
-
-    monkeypatch.setattr(PlanCheck, "check", checked)
-    monkeypatch.setattr(blocks, "_run_piece", ran)
+    seen = record_checks(monkeypatch)
     report = ms_port.verify(src, out, ms_model=QWEN3_MOE, mode="layers")
     assert report.verdict == "PASS"
-    grouped = [k for k, e in enumerate(seen) if e == ("check", True)]
-    assert len(grouped) >= 3, seen  # each of the fixture's 2 layers, then the result's
-    for k in grouped[:-1]:  # (the last: every name, for the result, after the blocks)
-        before = [e for e in seen[:k] if e[0] in ("start", "end")]
-        assert not before or before[-1][0] == "end", seen  # no block running beside it
+    assert_heavy_checks_alone(seen, blocks=2)  # the fixture's 2 layers of experts
