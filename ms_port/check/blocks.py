@@ -384,8 +384,10 @@ def _run_pieces(state: _BlockRun, pieces: list[Any], tensors: PlanCheck
     checks: dict[int, Future[None]] = {}
 
     def check(k: int, now: bool = False) -> None:
-        names = list(pieces[k].ms.values()) if k < len(pieces) else []
-        if names and k not in checks and (now or not tensors.heavy(names)):
+        if k >= len(pieces) or k in checks:
+            return
+        names = list(pieces[k].ms.values())
+        if now or not tensors.heavy(names):
             checks[k] = checking.submit(tensors.check, names)
 
     try:
