@@ -114,7 +114,7 @@ def verify_main(args: argparse.Namespace) -> None:
     ms = str(Path(PY).parent / "ms-port")
     if not out.exists():
         subprocess.run([ms, "convert", str(src), "--ms-model", "mindformers:qwen3_moe", "-o",
-                        str(out), "-q"], check=True)
+                        str(out), "-q"], check=True, stdout=subprocess.DEVNULL)  # the JSON alone
     verify = ["verify", str(src), str(out), "--ms-model", "mindformers:qwen3_moe", "--mode",
               "layers", "--json"]
     row = {"case": f"qwen3-30b-a3b-widths-stacked-experts-{args.layers}l-verify-layers",
