@@ -18,10 +18,4 @@ except ImportError:  # pragma: no cover - isal ships wheels for the platforms we
     FAST = False
 
 
-def digest(data: object, value: tuple[int, int] = (0, 1)) -> tuple[int, int]:
-    """CRC-32 and Adler-32 of ``data`` (a buffer), continued from ``value``: 64 bits that
-    tell two byte runs apart (8 and 6 GB/s with ISA-L here; both release the GIL)."""
-    return crc32(data, value[0]), adler32(data, value[1])
-
-
-__all__ = ["FAST", "adler32", "crc32", "digest"]
+__all__ = ["FAST", "adler32", "crc32"]

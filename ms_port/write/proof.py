@@ -9,7 +9,7 @@ planned name, shape and dtype. :func:`readback` reads a finished file whole (a `
 which ``torch.save`` writes at once).
 
 A tensor made a group at a time (a mixture's experts, each transposed) is compared with
-the digests (CRC-32 and Adler-32: 64 bits a group) of its groups, taken as each group was
+the digests (XXH3-128, :mod:`ms_port._digest`) of its groups, taken as each group was
 made, in the worker that made it, before the writer or a reused buffer could touch it.
 Making every group again for the comparison (transposing every expert twice) doubled the
 work of converting experts (DeepSeek-V4 widths, 64 experts, 2 layers: 15 s of 31). The
@@ -32,7 +32,7 @@ from typing import Any, BinaryIO, Callable
 
 import numpy as np
 
-from .._crc import digest
+from .._digest import Running
 from ..errors import ReadbackError
 from ..match.layouts import LayoutError
 from ..match.plan import Match, Plan
@@ -42,7 +42,7 @@ from ..read.tensors import flat_bytes, released_chunks, same_bits
 
 Progress = Callable[[str, int, int], None]  # (phase, done_bytes, total_bytes)
 #: target -> (bytes, digest) of each group, in order, as the writer's worker made them
-Digests = dict[str, tuple[tuple[int, tuple[int, int]], ...]]
+Digests = dict[str, tuple[tuple[int, int], ...]]
 #: where a tensor's data lies in a file: ``(offset, nbytes)`` of each piece, in order
 Spans = tuple[tuple[int, int], ...]
 
@@ -228,21 +228,21 @@ def _same_stream(have: Iterable[np.ndarray], want: Iterable[np.ndarray]) -> bool
 
 
 def _same_digests(have: Iterable[np.ndarray],
-                  made: tuple[tuple[int, tuple[int, int]], ...]) -> bool:
+                  made: tuple[tuple[int, int], ...]) -> bool:
     """Whether a run of byte arrays, however cut, is the groups ``made`` lists: each
     group's bytes have its digest, and nothing is left over."""
     pieces, piece = iter(have), _NOTHING
     for size, want in made:
-        value, left = (0, 1), size
+        running, left = Running(), size
         while left:
             while not piece.size:
                 piece = next(pieces, None)
                 if piece is None:
                     return False
             n = min(left, piece.size)
-            value = digest(piece[:n], value)
+            running.update(piece[:n])
             piece, left = piece[n:], left - n
-        if value != want:
+        if running.value() != want:
             return False
     return not piece.size and not any(p.size for p in pieces)
 

@@ -26,7 +26,7 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from .._crc import digest
+from .._digest import digest
 from .._libc import libc_function
 from ..errors import NonFiniteError, OutputExistsError, WriteError
 from ..match.plan import Match, Plan
