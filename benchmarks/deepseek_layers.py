@@ -117,7 +117,8 @@ def main() -> None:
     ap.add_argument("--experts", type=int, default=64)
     ap.add_argument("--runs", type=int, default=1)
     ap.add_argument("--baseline", metavar="COMMIT",
-                    help="also verify with ms-port at COMMIT (a git worktree), side by side")
+                    help="also verify (or convert) with ms-port at COMMIT (a git worktree), "
+                         "side by side")
     ap.add_argument("--v32", action="store_true", help="DeepSeek-V3.2 (an indexer per layer)")
     ap.add_argument("--v4", action="store_true", help="DeepSeek-V4 (convert only)")
     ap.add_argument("--convert", action="store_true",
@@ -135,7 +136,8 @@ def main() -> None:
     if args.v4 and not args.convert:
         ap.error("--v4 measures convert only (--convert): no forward of it runs")
     if args.convert:
-        print(json.dumps(convert_side_by_side(src, out, family, args.runs, name), indent=2))
+        print(json.dumps(convert_side_by_side(src, out, family, args.runs, name,
+                                              args.baseline), indent=2))
         return
     if not out.exists():
         subprocess.run([ms, "convert", str(src), "--ms-model", family, "-o",
@@ -163,12 +165,15 @@ with open(sys.argv[1], 'rb') as f, open(sys.argv[2], 'wb') as g:
 """
 
 
-def convert_side_by_side(src: Path, out: Path, family: str, runs: int, name: str) -> dict:
-    """convert into ``family`` beside ``cp`` + ``sync`` of the same file: medians of
-    ``runs`` fresh processes (wall, peak RSS), each output settled and removed after."""
+def convert_side_by_side(src: Path, out: Path, family: str, runs: int, name: str,
+                         baseline: str | None = None) -> dict:
+    """convert into ``family`` beside ``cp`` + ``sync`` of the same file (and beside the
+    ``baseline`` commit's convert): medians of ``runs`` fresh processes (wall, peak RSS),
+    each output settled and removed after."""
     import statistics
 
     from cluster import measure, settle, warm
+    from glm4 import worktree
 
     st, copy = src / "model.safetensors", out.with_name("copy.safetensors")
     tools = {"cp + fsync": ["/bin/sh", "-c", 'cp "$1" "$2" && sync "$2"', "sh", str(st),
@@ -178,6 +183,10 @@ def convert_side_by_side(src: Path, out: Path, family: str, runs: int, name: str
              "python write + fsync": [PY, "-c", WRITE_ONLY, str(st), str(copy)],
              "ms-port convert": [str(Path(PY).parent / "ms-port"), "convert", str(src),
                                  "--ms-model", family, "-o", str(out), "--force", "-q"]}
+    if baseline:
+        tools[f"ms-port convert at {baseline}"] = [
+            "/usr/bin/env", f"PYTHONPATH={worktree(baseline)}", PY, "-P", "-m", "ms_port",
+            *tools["ms-port convert"][1:]]
     found: dict[str, list[dict[str, float]]] = {k: [] for k in tools}
     for _ in range(runs):
         for tool, cmd in tools.items():
@@ -189,6 +198,7 @@ def convert_side_by_side(src: Path, out: Path, family: str, runs: int, name: str
             # ext4 freeing its blocks (3 s for 8.5 GiB) in ms-port's rename, not in cp's
             written.unlink()
     row: dict = {"case": f"{name}-convert", "model_bytes": st.stat().st_size, "runs": runs,
+                 **({"baseline": baseline} if baseline else {}),
                  "tools": {k: {"wall": statistics.median(r["wall"] for r in v),
                                "rss_mib": statistics.median(r["rss"] for r in v)}
                            for k, v in found.items()}}

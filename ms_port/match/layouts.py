@@ -18,7 +18,7 @@ round trip is bit-exact in any dtype.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -113,18 +113,20 @@ class Layout:
                 return target.reshape(shape)
         return np.concatenate(blocks, axis=a + 1).reshape(shape)
 
-    def join_swapped(self, parts: list[np.ndarray]) -> np.ndarray | None:
+    def join_swapped(self, parts: list[np.ndarray], empty: Callable[..., np.ndarray] = np.empty
+                     ) -> np.ndarray | None:
         """``self.join(parts).T`` as a C-contiguous array, made without the joined copy:
         each part's rows (or columns) transposed straight into their band of the output
         (a mixture's ``[w1_e; w3_e]`` made ``[H, 2F]`` with one pass over the bytes, not
         two). None where that is not faster or not the same: parts not 2-D, of different
         or non-native dtypes (``join`` makes those native), or elements OpenCV's transpose
-        does not move (:func:`~.transforms.fast_swap`)."""
+        does not move (:func:`~.transforms.fast_swap`). The output is ``empty(shape,
+        dtype)`` (a writer's buffers used again: :mod:`ms_port.write.recycle`)."""
         if (any(p.ndim != 2 for p in parts) or len({p.dtype for p in parts}) != 1
                 or not parts[0].dtype.isnative or not fast_swap(parts[0].dtype)):
             return None
         rows, cols = self.fused_shape([tuple(p.shape) for p in parts])
-        out = np.empty((cols, rows), parts[0].dtype)
+        out = empty((cols, rows), parts[0].dtype)
         at = 0
         for g in range(self.groups):
             for part, size in zip(parts, self.sizes):

@@ -21,7 +21,7 @@ from .entries import HOW, INT_DTYPES, Conflict, Dropped, Match, Missing, Unused
 from .layouts import Layout
 from .mapping import MappingTable
 from .rules import NETWORK, known_drop
-from .transforms import apply_all, swap_of
+from .transforms import apply_all, fast_swap, swap_into, swap_of
 
 
 @dataclass(repr=False)
@@ -107,16 +107,22 @@ class Plan(Renderable):
         alone."""
         return (make() for make in self.group_makers(m))
 
-    def group_makers(self, m: Match) -> list[Callable[[], np.ndarray]]:
+    def group_makers(self, m: Match, empty: Callable[..., np.ndarray] = np.empty
+                     ) -> list[Callable[[], np.ndarray]]:
         """:meth:`grouped`'s groups as functions, each making its group on its own (a
-        writer makes two at once, in two threads)."""
+        writer makes two at once, in two threads). A group transposed (the usual expert)
+        is made into ``empty(shape, dtype)``: a writer's buffers used again
+        (:mod:`ms_port.write.recycle`)."""
         if not m.parts:  # equal groups of rows (many.Many._row_groups)
             info = self.source.tensors[m.source]
             rows = info.shape[0] // m.groups
 
             def rows_of(g: int) -> np.ndarray:
-                array = apply_all(m.group_transforms,
-                                  np.asarray(info.load_rows(g * rows, (g + 1) * rows)))
+                array = np.asarray(info.load_rows(g * rows, (g + 1) * rows))
+                swapped = _swapped_into(array, m, empty)
+                if swapped is not None:
+                    return swapped
+                array = apply_all(m.group_transforms, array)
                 return exact_cast(array, m) if m.out_dtype != m.dtype else array
             return [partial(rows_of, g) for g in range(m.groups)]
 
@@ -124,7 +130,7 @@ class Plan(Renderable):
             parts = [np.asarray(self.source.tensors[n].load()) for n in names]
             # an expert joined and transposed (the usual group) in one pass
             final = swap_of(m.group_transforms, layout.fused_shape([p.shape for p in parts]))
-            swapped = None if final is None else layout.join_swapped(parts)
+            swapped = None if final is None else layout.join_swapped(parts, empty)
             array = (apply_all(m.group_transforms, layout.join(parts)) if swapped is None
                      else swapped.reshape(final))
             return exact_cast(array, m) if m.out_dtype != m.dtype else array
@@ -296,6 +302,21 @@ def materialize(match: Match, info: TensorInfo | list[TensorInfo]) -> np.ndarray
     if match.out_dtype != match.dtype:
         array = exact_cast(array, match)
     return array
+
+
+def _swapped_into(rows: np.ndarray, m: Match, empty: Callable[..., np.ndarray]
+                  ) -> np.ndarray | None:
+    """``m``'s group transforms of ``rows`` made into ``empty(shape, dtype)`` where all
+    they do is swap two axes (:func:`~.transforms.swap_of`) of a native dtype OpenCV moves,
+    with no cast; else None."""
+    final = swap_of(m.group_transforms, rows.shape)
+    if final is None or m.out_dtype != m.dtype or not rows.dtype.isnative \
+            or not fast_swap(rows.dtype):
+        return None
+    two = [n for n in rows.shape if n != 1]
+    out = empty(final, rows.dtype)
+    swap_into(rows.reshape(two), out.reshape(two[::-1]))
+    return out
 
 
 def exact_cast(array: np.ndarray, match: Match) -> np.ndarray:

@@ -34,6 +34,7 @@ from ..read.ckpt import WRITABLE_DTYPES, CkptWriter, tensor_bytes, write_all
 from ..read.sources import SAFETENSORS_DTYPES
 from ..read.tensors import FLOAT_DTYPES, itemsize, numpy_dtype, released_chunks
 from .proof import Checks, Digests, Progress, readback
+from .recycle import Recycled
 
 FORMATS = ("ckpt", "safetensors", "pth")  # pth: export, MindSpore -> PyTorch
 _ST_CODES = SAFETENSORS_CODES = {v: k for k, v in SAFETENSORS_DTYPES.items()}
@@ -395,6 +396,8 @@ class _Preparing:
     makers: ThreadPoolExecutor
     nonfinite: dict[str, int]
     digests: Digests
+    #: the groups' arrays, filled again once the writer is done with them
+    buffers: Recycled = field(default_factory=Recycled)
 
 
 #: groups of a grouped target made at once, each in a thread of its own (a transposed
@@ -433,7 +436,8 @@ def _data(plan: Plan, m: Match, prep: _Preparing) -> tuple[Match, _Data]:
         shape, dtype = m.shape, m.out_dtype
         # a source that cannot read rows alone is loaded whole by each group: one at once
         whole = not m.parts and plan.source.tensors[m.source].rows_loader is None
-        made = _in_order(plan.group_makers(m), prep.makers, 1 if whole else GROUPS_AHEAD)
+        made = _in_order(plan.group_makers(m, prep.buffers.empty), prep.makers,
+                         1 if whole else GROUPS_AHEAD)
         chunks = _digested(m.target, (tensor_bytes(group)[2] for group in made),
                            prep.digests)
     elif m.parts and m.layout is not None and not m.transforms and m.out_dtype == m.dtype:
