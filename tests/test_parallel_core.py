@@ -471,6 +471,46 @@ def test_moe_state_dict_with_transformers_5_fused_experts_converts_the_same(tmp_
     assert all(again[n].tobytes() == original[n].tobytes() for n in original)
 
 
+def test_stacked_experts_are_made_into_buffers_used_again(tmp_path, monkeypatch):
+    """The writer makes each expert's transposed rows into a few buffers it fills again
+    (write/recycle.py), fewer than the groups it makes, and the file is the same bytes
+    and read back against the groups' digests: a buffer filled while the writer still
+    held it would show as a group that differs."""
+    from ms_port.match import many
+    from ms_port.write import writers
+    from ms_port.write.recycle import Recycled
+
+    monkeypatch.setattr(many, "ROWS_FROM_BYTES", 0)
+    monkeypatch.setattr(many, "ROW_GROUP_BYTES", 1)
+    pools: list[Recycled] = []
+    asked = []
+
+    class Counted(Recycled):
+        def __init__(self) -> None:
+            super().__init__()
+            pools.append(self)
+
+        def empty(self, shape, dtype):
+            asked.append(shape)
+            return super().empty(shape, dtype)
+
+    monkeypatch.setattr(writers, "Recycled", Counted)
+    src = tiny_qwen3_moe(tmp_path / "hub", dtype="bfloat16")
+    fused = state_dict_folder(src, tmp_path / "fused")
+    family = "mindformers:qwen3_moe"
+    assert ms_port.convert(src, ms_model=family, output=tmp_path / "hub.ckpt").ok
+    asked.clear()
+    pools.clear()
+    assert ms_port.convert(fused, ms_model=family, output=tmp_path / "fused.ckpt").ok
+    groups = 2 * 2 * QWEN3_MOE["num_experts"]  # two stacks a layer, an expert a group
+    assert len(asked) == groups, asked
+    assert sum(p.made for p in pools) < groups
+    hub = {i.name: np.asarray(i.load()) for i in read_source(tmp_path / "hub.ckpt")}
+    ours = {i.name: np.asarray(i.load()) for i in read_source(tmp_path / "fused.ckpt")}
+    assert set(ours) == set(hub)
+    assert all(ours[n].tobytes() == hub[n].tobytes() for n in hub)
+
+
 def test_stacked_experts_are_written_one_expert_at_a_time_only_where_that_is_exact():
     """The experts' transforms are computed per expert (the writer and the read-back hold
     one expert, not the whole stacked tensor) only where numbering every element of two

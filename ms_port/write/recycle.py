@@ -30,6 +30,7 @@ class Recycled:
     def __init__(self) -> None:
         self._buffers: list[np.ndarray] = []
         self._lock = threading.Lock()
+        self.made = 0  # buffers made, let go or not: at most what was held at once
         # the references an unheld buffer has, counted as _unheld counts them (through
         # the list: a local name's reference is not counted alike by every Python)
         self._probe = [np.empty(0, np.uint8)]
@@ -43,6 +44,7 @@ class Recycled:
             at = self._unheld_one(need)
             if at is None:
                 self._buffers.append(np.empty(need, np.uint8))
+                self.made += 1
                 at = len(self._buffers) - 1
             return self._buffers[at][:need].view(dtype).reshape(shape)
 

@@ -397,7 +397,7 @@ class _Preparing:
     nonfinite: dict[str, int]
     digests: Digests
     #: the groups' arrays, filled again once the writer is done with them
-    buffers: Recycled = field(default_factory=Recycled)
+    buffers: Recycled
 
 
 #: groups of a grouped target made at once, each in a thread of its own (a transposed
@@ -422,7 +422,7 @@ def _prepared(plan: Plan, nonfinite: dict[str, int], digests: Digests
     """
     with ThreadPoolExecutor(1, "ms-port-chunks") as chunker, \
             ThreadPoolExecutor(GROUPS_AHEAD, "ms-port-groups") as makers:
-        prep = _Preparing(chunker, makers, nonfinite, digests)
+        prep = _Preparing(chunker, makers, nonfinite, digests, Recycled())
         items = _one_ahead(_data(plan, m, prep) for m in plan.matches)
         try:
             yield items
@@ -538,7 +538,7 @@ def _scanned(name: str, dtype: str, chunks: Iterable[np.ndarray], found: dict[st
 _EXPONENT = {"bfloat16": 0x7F80, "float16": 0x7C00, "float32": 0x7F80_0000,
              "float64": 0x7FF0_0000_0000_0000}
 #: values scanned for NaN/Inf at a time (2-8 MiB)
-_SCAN = 1 << 20
+_SCAN = 1 << 18
 
 
 def _count_nonfinite(array: np.ndarray, dtype: str) -> int:
