@@ -11,11 +11,11 @@ platform without its wheel), zlib's is used: slower, never different.
 from __future__ import annotations
 
 try:
-    from isal.isal_zlib import adler32, crc32
+    from isal.isal_zlib import crc32
     FAST = True
 except ImportError:  # pragma: no cover - isal ships wheels for the platforms we test on
-    from zlib import adler32, crc32
+    from zlib import crc32
     FAST = False
 
 
-__all__ = ["FAST", "adler32", "crc32"]
+__all__ = ["FAST", "crc32"]
