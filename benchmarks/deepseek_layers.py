@@ -141,7 +141,7 @@ def main() -> None:
         return
     if not out.exists():
         subprocess.run([ms, "convert", str(src), "--ms-model", family, "-o",
-                        str(out), "-q"], check=True)
+                        str(out), "-q"], check=True, stdout=subprocess.DEVNULL)  # the JSON alone
     verify = ["verify", str(src), str(out), "--ms-model", family, "--mode",
               "layers", "--json"]
     row = {"case": f"{name}-verify-layers",
