@@ -40,7 +40,8 @@ from mindspore import nn
 from ...errors import ForwardUnavailable
 from ..experts import RoutedExperts, expert_parts
 from ..llama.blocks import HuggingFaceSide, Piece, release, set_parameters
-from .cpu import build_network, cpu_standins
+from . import cpu
+from .cpu import cpu_standins
 from .deepseek import deepseek_sizes
 from .family import INTERLEAVED, QWEN3, QWEN3_MOE, qwen3_sizes
 
@@ -254,8 +255,10 @@ class ParallelCoreBlocks(HuggingFaceSide):
         config = {**self.config, **self.small, **({} if vocab is None else
                                                    {"vocab_size": vocab})}
         try:
-            net = build_network(config, seq_length=self.seq_length,
-                                options=self.build_options)
+            # through the module, looked up at each call (a test's stand-in for it is
+            # then undone with it, whichever test first imported this module)
+            net = cpu.build_network(config, seq_length=self.seq_length,
+                                    options=self.build_options)
         except _MINDSPORE_ERRORS as exc:
             raise ForwardUnavailable.of(exc) from None
         model = net.model
