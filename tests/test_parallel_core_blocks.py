@@ -83,12 +83,12 @@ def test_auto_goes_by_layers_when_the_whole_networks_do_not_fit(converted, monke
 
 
 def test_a_network_that_cannot_run_by_layers_is_inconclusive_never_pass(converted, monkeypatch):
-    from ms_port.archs.parallel_core import blocks as parallel_core_blocks
+    from ms_port.archs.parallel_core import cpu as parallel_core_cpu
 
     def no_kernel(*_a, **_k):
         raise RuntimeError("Unsupported op [SomeKernel] on CPU")
 
-    monkeypatch.setattr(parallel_core_blocks, "build_network", no_kernel)
+    monkeypatch.setattr(parallel_core_cpu, "build_network", no_kernel)
     src, out = converted["mindformers:qwen3"]
     report = ms_port.verify(src, out, ms_model="mindformers:qwen3", mode="layers")
     assert report.verdict == "INCONCLUSIVE" and report.mode == "tensors"
