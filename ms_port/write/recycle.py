@@ -11,6 +11,10 @@ A buffer is handed out again only when its reference count says nothing but the 
 holds it: every view of it (a group's array, its bytes, the writer's chunk of them)
 holds a reference to it, through numpy's ``base``. Nothing else can take a new one
 without the pool, so a buffer seen unheld stays unheld until the pool hands it out.
+
+Verify's :class:`~ms_port.check.reuse.Arena` guards one slab the same way, and cuts it
+again only once nothing cut from it is held; a writer's pipeline always holds some group,
+so here each buffer is guarded on its own.
 """
 
 from __future__ import annotations
