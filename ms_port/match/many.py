@@ -423,31 +423,13 @@ def separable(axis: int, shapes: tuple[tuple[int, ...], ...], k: int,
     """Whether a concat of two groups of ``k`` parts (``shapes``) along ``axis``,
     transformed by ``whole``, is the two groups each joined and transformed by ``each``,
     one after the other: checked on numbered elements (int32), so any element taken from
-    the other group, or put elsewhere, shows.
+    the other group, or put elsewhere, shows. (A plan asks each question once:
+    ``Many.separable``.)
 
-    Answered once per question in a process (:data:`_SEPARABLE`): every layer of a model
-    asks the same, and at DeepSeek-V4's widths each answer numbers 134 MB of elements
-    (0.9 s of a conversion's plan for its two layers' four questions)."""
-    key = (axis, tuple(map(tuple, shapes)), k, _spelled(whole), _spelled(each))
-    known = _SEPARABLE.get(key)
-    if known is None:
-        if len(_SEPARABLE) >= _SEPARABLE_KEPT:
-            _SEPARABLE.clear()
-        known = _SEPARABLE[key] = _separable(axis, shapes, k, whole, each)
-    return known
-
-
-#: :func:`separable`'s answers, by question (at most :data:`_SEPARABLE_KEPT`)
-_SEPARABLE: dict[tuple[Any, ...], bool] = {}
-_SEPARABLE_KEPT = 256
-
-
-def _spelled(transforms: tuple[Transform, ...]) -> tuple[tuple[str, str], ...]:
-    return tuple((t.op, repr(t.arg)) for t in transforms)
-
-
-def _separable(axis: int, shapes: tuple[tuple[int, ...], ...], k: int,
-               whole: tuple[Transform, ...], each: tuple[Transform, ...]) -> bool:
+    Parts joined on their first axis are numbered as one array, each group its rows of it,
+    and each group's result compared with its rows of the whole in place: no copies (at
+    DeepSeek-V4's widths each question numbers 134 MB of elements; its plan's two took
+    0.9 s with copies, 0.46 s without)."""
     sizes = [int(np.prod(s, dtype=np.int64)) for s in shapes]
     if sum(sizes) > 2 * MAX_PROBE:
         return False

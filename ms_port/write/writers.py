@@ -389,8 +389,8 @@ class _Data:
 @dataclass
 class _Preparing:
     """What the workers preparing a writer's data share: the chunk worker, the two
-    threads that make a grouped target's groups, and what they leave for the writer
-    (NaN/Inf counts) and the read-back (the groups' digests)."""
+    threads that make a grouped target's groups (into ``buffers``, used again), and what
+    they leave for the writer (NaN/Inf counts) and the read-back (the groups' digests)."""
 
     chunker: ThreadPoolExecutor
     makers: ThreadPoolExecutor
@@ -537,7 +537,8 @@ def _scanned(name: str, dtype: str, chunks: Iterable[np.ndarray], found: dict[st
 #: a float's exponent bits: NaN and Inf are the values with all of them set
 _EXPONENT = {"bfloat16": 0x7F80, "float16": 0x7C00, "float32": 0x7F80_0000,
              "float64": 0x7FF0_0000_0000_0000}
-#: values scanned for NaN/Inf at a time (2-8 MiB)
+#: values scanned for NaN/Inf at a time (0.5-2 MiB: each is read twice, the second time
+#: from the CPU's cache; 1 Mi values at a time scanned 7.9 GB/s here, 256 Ki 9.1)
 _SCAN = 1 << 18
 
 
