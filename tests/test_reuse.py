@@ -173,3 +173,49 @@ def test_a_slab_too_small_is_let_go_before_a_larger_one_is_made(monkeypatch):
     again = arena.cast(little, np.float64)
     assert made == [True] and arena.reused == 1
     del again
+
+
+@pytest.fixture
+def mapped():
+    """Large allocations mapped on their own, as verify by layers has them."""
+    from ms_port.check.blocks import LARGE_ARRAY, unmap_large_arrays
+
+    if not unmap_large_arrays() or reuse._MADVISE is None:
+        pytest.skip("glibc's mallopt and madvise are needed")
+    return LARGE_ARRAY
+
+
+def test_a_watched_arrays_pages_are_handed_back_and_no_one_elses(mapped):
+    handed, src = reuse.HandedBack(mapped), _source(2 * MIB)  # 8 MiB
+    held, beside = src.copy(), src.copy()
+    handed.watch([held])
+    assert handed.hand_back() >= held.nbytes - 2 * 4096
+    # the kernel took the pages back: the array reads zeros (only where no one reads it)
+    assert not np.count_nonzero(held[1024:-1024])
+    assert np.array_equal(beside, src)  # an array not watched is untouched
+    assert handed.hand_back() == 0  # watched once, handed back once
+
+
+def test_views_maps_small_and_freed_arrays_are_never_handed_back(mapped, tmp_path):
+    handed, src = reuse.HandedBack(mapped), _source(2 * MIB)
+    whole = src.copy()
+    view = whole[MIB:]  # a view's pages may be another's data
+    small = src[:1000].copy()  # allocated from the C library's heap, beside others
+    path = tmp_path / "a.npy"
+    np.save(path, src)
+    file_map = np.load(path, mmap_mode="r")
+    freed = src.copy()
+    handed.watch([view, small, file_map, freed])
+    del freed
+    again = src.copy()  # may be given the freed array's pages
+    assert handed.hand_back() == 0
+    for array in (whole, again, file_map):
+        assert np.array_equal(array, src)
+    assert np.array_equal(small, src[:1000])
+
+
+def test_nothing_is_handed_back_where_large_arrays_may_share_pages():
+    handed, src = reuse.HandedBack(None), _source(2 * MIB)
+    held = src.copy()
+    handed.watch([held])
+    assert handed.hand_back() == 0 and np.array_equal(held, src)

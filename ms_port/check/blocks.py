@@ -62,7 +62,7 @@ from .parity import (
     judge,
 )
 from .report import LayerComparison, ParityReport
-from .reuse import Arena
+from .reuse import Arena, HandedBack
 from .routed import group_numel, plan_groups, run_routed, without_experts
 from .spans import (
     SPAN_FROM,
@@ -276,6 +276,9 @@ class _BlockRun:
     #: each block's arrays are its own (a GRAPH-compiled network keeps the data it was
     #: given until it runs again: one array held so would hold a whole slab)
     arena: Arena | None = None
+    #: the arrays given to MindSpore, their pages handed back once its passes are done,
+    #: where the family's network keeps them until it runs again (``keeps_data``)
+    handed: HandedBack | None = None
 
 
 def run_blocks(blocks: Any, source: Source, checkpoint: Source, run: Run, *,
@@ -299,12 +302,14 @@ def run_blocks(blocks: Any, source: Source, checkpoint: Source, run: Run, *,
     from .inputs import second_draw
 
     devices.set_ms_device("cpu")
-    unmap_large_arrays()
+    mapped = unmap_large_arrays()
     second = second_draw(run.feed, seed=run.seed)
     state = _BlockRun(blocks, source, checkpoint, run, np.asarray(run.feed[0].array),
                       np.asarray(second[0].array), correspondence, tensors=tensors)
     if getattr(blocks, "lets_go", False):
         state.arena = Arena()
+    if getattr(blocks, "keeps_data", False):
+        state.handed = HandedBack(LARGE_ARRAY if mapped else None)
     pieces = blocks.pieces(set(source.tensors), set(checkpoint.tensors))
     state.span_rows, state.span_from = _span_rows(pieces, source, blocks)
     # a family whose MindSpore side needs a setting held across its blocks (MindFormers'
@@ -583,6 +588,8 @@ def _ms_passes(state: _BlockRun, piece: Any, given: Any, shared: dict[str, np.nd
         read = _arrays(state.checkpoint, {k: v for k, v in piece.ms.items() if k not in shared},
                        state.nonfinite, "MindSpore")
     m_arrays = {k: shared[k] if k in shared else read.pop(k) for k in piece.ms}
+    if state.handed is not None:
+        state.handed.watch(m_arrays.values())
     with timer("build"):
         net = blocks.ms_network(piece, m_arrays)  # takes the arrays out as it loads them
     del m_arrays
@@ -590,6 +597,10 @@ def _ms_passes(state: _BlockRun, piece: Any, given: Any, shared: dict[str, np.nd
         streams.m, m_events, fed = _ms_forward(state, piece, net, given)
     _let_go(blocks, net)
     del net
+    if state.handed is not None:
+        # PyTorch's float32 passes are done and its float64 pass reads its own weights:
+        # no one computes on these arrays again (the caller drops ``shared`` next)
+        state.handed.hand_back()
     return m_events, fed
 
 
@@ -816,6 +827,8 @@ def _run_span(state: _BlockRun, sub: Any, span: Span, given: _Streams, runs: _Sp
     with timer("read"):
         m_arrays = _arrays(state.checkpoint, sub.ms, state.nonfinite, "MindSpore",
                            span=(span, sub.rows), arena=state.arena)
+    if state.handed is not None:
+        state.handed.watch(m_arrays.values())
     with timer("build"):
         net = blocks.ms_network(sub, m_arrays)
     del m_arrays
@@ -830,6 +843,8 @@ def _run_span(state: _BlockRun, sub: Any, span: Span, given: _Streams, runs: _Sp
                                                        ids)))
     _let_go(blocks, net)
     del net
+    if state.handed is not None:
+        state.handed.hand_back()
     gc.collect()
     release_ms_pool()
 

@@ -21,11 +21,17 @@ those, and each module's float64 ones, from it).
 
 from __future__ import annotations
 
+import ctypes
+import mmap
 import sys
 import warnings
+import weakref
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
+
+from .._libc import libc_function
 
 #: arrays smaller than this are made on their own (a bias, a norm's weight)
 SMALLEST = 1 << 20
@@ -122,4 +128,64 @@ class Arena:
         return 0 if self._slab is None else self._slab.nbytes
 
 
-__all__ = ["ALIGN", "SMALLEST", "Arena", "cast_into"]
+#: ``madvise``'s advice that the pages of a range are not needed: the kernel takes them
+#: back at once, and the range reads as zeros if it is ever read again
+_MADV_DONTNEED = 4
+_MADVISE = libc_function("madvise", ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t,
+                         ctypes.c_int)
+
+
+class HandedBack:
+    """Arrays whose pages are handed back to the kernel once they are done with, while
+    something that will never read them again still holds them.
+
+    MindSpore in GRAPH mode keeps the arrays a network's parameters were given (its
+    ``Tensor.from_numpy`` shares their memory) until the compiled graph runs again, even
+    once each parameter has a placeholder (:func:`~ms_port.archs.llama.blocks.release`).
+    A decoder layer's float32 weights at DeepSeek-V3.2's widths (2.3 GB) so stayed
+    resident through the float64 pass of the same layer and the whole of the next, where
+    nothing reads them. :meth:`watch` notes a block's arrays before they are handed to
+    MindSpore; :meth:`hand_back`, once its passes are done, gives back the pages of those
+    still alive (``madvise(MADV_DONTNEED)``).
+
+    Only whole pages inside an array's own data are handed back, and only of an array
+    that owns its data and is large enough for the C library to have mapped it on its own
+    (:func:`~ms_port.check.blocks.unmap_large_arrays`), so the pages are the array's
+    alone. An array already freed is skipped (its weak
+    reference is dead), so no page that is now another's is touched. Were the array read
+    again, it would read zeros: hand back only what no one will compute on.
+    """
+
+    def __init__(self, mapped_from: int | None) -> None:
+        """``mapped_from``: the size from which the C library maps each allocation on its
+        own; None: it may not (then nothing is handed back)."""
+        self._from = None if mapped_from is None or _MADVISE is None else max(mapped_from,
+                                                                              SMALLEST)
+        self._arrays: list[weakref.ref[np.ndarray]] = []
+
+    def watch(self, arrays: Iterable[np.ndarray]) -> None:
+        """Note ``arrays`` to be handed back by the next :meth:`hand_back`."""
+        if self._from is not None:
+            self._arrays.extend(weakref.ref(a) for a in arrays
+                                if a.base is None and a.flags.owndata
+                                and a.nbytes >= self._from)
+
+    def hand_back(self) -> int:
+        """The pages of every watched array still alive handed back; the bytes handed
+        back (0 where ``madvise`` is missing)."""
+        watched, self._arrays = self._arrays, []
+        done = 0
+        for ref in watched:
+            array = ref()
+            if array is None:
+                continue
+            address, _ = array.__array_interface__["data"]
+            start = -(-address // mmap.PAGESIZE) * mmap.PAGESIZE
+            end = (address + array.nbytes) // mmap.PAGESIZE * mmap.PAGESIZE
+            if end > start and _MADVISE(start, end - start, _MADV_DONTNEED) == 0:
+                done += end - start
+            del array
+        return done
+
+
+__all__ = ["ALIGN", "SMALLEST", "Arena", "HandedBack", "cast_into"]

@@ -441,8 +441,13 @@ def _ms_pass(run: _GroupRun, each: _Experts, first: int) -> None:
     """MindSpore's group in one call: its share of every MindSpore call, and each expert
     on PyTorch's input (rows one after another)."""
     state, size = run.state, run.groups.size
+    arrays = _ms_group(state, run.groups, first)
+    handed = getattr(state, "handed", None)
+    if handed is not None:
+        handed.watch(arrays.values())
     with state.timer("build"):
-        cell = state.blocks.ms_group(size, _ms_group(state, run.groups, first))
+        cell = state.blocks.ms_group(size, arrays)
+    del arrays
     with state.timer("mindspore"):
         keys = [key for key in run.book.seen if key[0] == "MindSpore"]
         outs = _ms_call(cell, [_masked_ms(run.book.seen[key], first, size) for key in keys]
@@ -451,6 +456,8 @@ def _ms_pass(run: _GroupRun, each: _Experts, first: int) -> None:
             run.routed[key] += out.reshape(run.routed[key].shape)
         each.mind = outs[len(keys):]
     del cell
+    if handed is not None:
+        handed.hand_back()  # a compiled group keeps them until it runs again
     gc.collect()
     release_ms_pool()
 
