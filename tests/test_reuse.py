@@ -219,3 +219,12 @@ def test_nothing_is_handed_back_where_large_arrays_may_share_pages():
     held = src.copy()
     handed.watch([held])
     assert handed.hand_back() == 0 and np.array_equal(held, src)
+
+
+def test_what_a_failed_pass_watched_is_forgotten_not_handed_back_later(mapped):
+    handed, src = reuse.HandedBack(mapped), _source(2 * MIB)
+    failed, next_pass = src.copy(), src.copy()
+    handed.watch([failed])  # its pass raised: no hand back followed
+    handed.watch([next_pass])
+    assert handed.hand_back() > 0
+    assert np.array_equal(failed, src) and not np.count_nonzero(next_pass[1024:-1024])

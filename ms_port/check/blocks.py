@@ -20,7 +20,9 @@ A family gives its blocks with five methods (``pieces``, ``torch_network``,
 may say two things of them: ``stacks`` (every layer computes each row of a batch on its
 own, batch first: each side's two inputs then run stacked in one pass over the weights)
 and ``lets_go`` (MindSpore holds none of a block's arrays once ``ms_done`` returned: every
-block's casts are then cut from one slab used again, :mod:`ms_port.check.reuse`).
+block's casts are then cut from one slab used again, :mod:`ms_port.check.reuse`) or
+``keeps_data`` (MindSpore keeps them until its network runs again: their pages are handed
+back once its passes are done, :class:`~ms_port.check.reuse.HandedBack`).
 """
 
 from __future__ import annotations

@@ -164,11 +164,12 @@ class HandedBack:
         self._arrays: list[weakref.ref[np.ndarray]] = []
 
     def watch(self, arrays: Iterable[np.ndarray]) -> None:
-        """Note ``arrays`` to be handed back by the next :meth:`hand_back`."""
-        if self._from is not None:
-            self._arrays.extend(weakref.ref(a) for a in arrays
-                                if a.base is None and a.flags.owndata
-                                and a.nbytes >= self._from)
+        """Note ``arrays`` (one pass's) to be handed back by the next :meth:`hand_back`;
+        what an earlier call noted and no hand back followed (its pass failed) is
+        forgotten, never handed back later."""
+        self._arrays = [] if self._from is None else [
+            weakref.ref(a) for a in arrays
+            if a.base is None and a.flags.owndata and a.nbytes >= self._from]
 
     def hand_back(self) -> int:
         """The pages of every watched array still alive handed back; the bytes handed
