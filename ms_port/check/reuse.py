@@ -151,9 +151,10 @@ class HandedBack:
     Only whole pages inside an array's own data are handed back, and only of an array
     that owns its data and is large enough for the C library to have mapped it on its own
     (:func:`~ms_port.check.blocks.unmap_large_arrays`), so the pages are the array's
-    alone. An array already freed is skipped (its weak
-    reference is dead), so no page that is now another's is touched. Were the array read
-    again, it would read zeros: hand back only what no one will compute on.
+    alone. An array already freed is skipped (its weak reference is dead), so no page
+    that is now another's is touched. Were the array read again, it would read zeros:
+    hand back only what no one will compute on (the tests fill them with NaN instead and
+    get the same report).
     """
 
     def __init__(self, mapped_from: int | None) -> None:
