@@ -130,6 +130,21 @@ def test_what_mindspore_keeps_after_its_passes_is_never_read_again(tmp_path, mon
     assert len(_Poisoning.poisoned) > 2 * E and (E, H) in shapes, shapes
     assert any(len(s) == 2 and s[0] == 2 * F for s in shapes), shapes
 
+    # and a wrong expert still FAILs, named in its group's row, as without
+    name = "decoder.layers.1.mlp.experts.weight1"
+
+    def edit(t):
+        w = t[name].reshape(E, H, 2 * F).copy()
+        w[2] *= 1.05  # (a bfloat16 step is 2**-8 of the value)
+        t[name] = w.reshape(E * H, 2 * F)
+
+    wrong = rewrite_checkpoint(out, tmp_path / "wrong.ckpt", edit)
+    _Poisoning.poisoned = []
+    failed = ms_port.verify(src, wrong, ms_model=QWEN3_MOE, mode="layers")
+    assert failed.verdict == "FAIL" and _Poisoning.poisoned
+    bad = [c for c in _experts(failed) if c.status != "ok"]
+    assert [c.torch for c in bad] == ["model.layers.1.mlp.experts.2"], bad
+
 
 def test_a_wrong_expert_fails_in_its_group_naming_it(moe, tmp_path, monkeypatch):
     """Expert 2 of layer 1 off by 1e-3 in MindSpore's checkpoint: FAIL, its group's row
