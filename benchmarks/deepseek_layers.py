@@ -3,16 +3,19 @@ layer of ``--experts`` routed experts (64 by default; the Hub model has 256), wi
 embedding, the head and the shared expert.
 
     python benchmarks/deepseek_layers.py [--experts 64] [--runs 1] [--baseline COMMIT]
-        [--v32 | --v4] [--convert]
+        [--v32 | --v4 | --stacked] [--convert]
 
 ``--v32``: DeepSeek-V3.2 (``model_type`` ``deepseek_v32``, ``mindformers:deepseek32``): the
 same layers, each with its lightning indexer (64 heads of 128). ``--v4``: DeepSeek-V4-Flash's
 widths (``mindformers:deepseek4``; hidden 4096, 64 heads of 512, ``o_groups`` 8,
 hyper-connections of 4, 2048-wide experts), two layers (an HCA and a CSA one with its
 indexer), as ``save_pretrained`` names them; convert only (no forward runs for it).
-``--convert``: measure the conversion instead, beside ``cp`` + ``sync`` of the same file and a
-Python loop ``write``-ing its bytes + ``fsync`` (the floor of a writer that holds what it
-writes; fresh processes, the file warm, medians of ``--runs``).
+``--stacked`` (with ``--convert``): DeepSeek-V3 with each layer's experts stacked as
+transformers 5 holds them in memory (``mlp.experts.gate_up_proj [E, 2F, H]``, what
+``torch.save(model.state_dict())`` writes). ``--convert``: measure the conversion instead,
+beside ``cp`` + ``sync`` of the same file and a Python loop ``write``-ing its bytes +
+``fsync`` (the floor of a writer that holds what it writes; fresh processes, the file
+warm, medians of ``--runs``).
 
 Setup (untimed, cached under ``benchmarks/.cache/deepseek-layers/``): the Hugging Face
 directory (seeded bfloat16, the Hub's names and per-expert keys, its config cut to two
@@ -52,8 +55,26 @@ def _indexer(layer: int, h: int, q_lora: int) -> list[tuple[str, tuple[int, ...]
             (f"{p}.k_norm.bias", (INDEX_DIM,)), (f"{p}.weights_proj.weight", (INDEX_HEADS, h))]
 
 
-def model(folder: Path, experts: int, v32: bool = False) -> Path:
-    """The directory (made once): config.json and one bfloat16 safetensors file."""
+def _stacked(shapes: list[tuple[str, tuple[int, ...]]], experts: int, f: int, h: int
+             ) -> list[tuple[str, tuple[int, ...]]]:
+    """``shapes`` with each layer's per-expert tensors as transformers 5 holds them in
+    memory (and ``torch.save(model.state_dict())`` writes them), where the first was:
+    ``mlp.experts.gate_up_proj`` ``[E, 2F, H]`` and ``mlp.experts.down_proj`` ``[E, H, F]``."""
+    out, done = [], set()
+    for name, shape in shapes:
+        layer, sep, tail = name.partition(".mlp.experts.")
+        if not sep or not tail.split(".")[0].isdigit():
+            out.append((name, shape))
+        elif layer not in done:
+            done.add(layer)
+            out += [(f"{layer}.mlp.experts.gate_up_proj", (experts, 2 * f, h)),
+                    (f"{layer}.mlp.experts.down_proj", (experts, h, f))]
+    return out
+
+
+def model(folder: Path, experts: int, v32: bool = False, stacked: bool = False) -> Path:
+    """The directory (made once): config.json and one bfloat16 safetensors file (the
+    experts stacked as transformers 5 holds them where ``stacked``)."""
     if (folder / "config.json").exists():
         return folder
     import numpy as np
@@ -76,6 +97,8 @@ def model(folder: Path, experts: int, v32: bool = False) -> Path:
                       index_n_heads=INDEX_HEADS, index_head_dim=INDEX_DIM, index_topk=2048)
     shapes = [("model.embed_tokens.weight", (VOCAB, h)), *layers,
               ("model.norm.weight", (h,)), ("lm_head.weight", (VOCAB, h))]
+    if stacked:
+        shapes = _stacked(shapes, experts, cut["moe_intermediate_size"], h)
     folder.mkdir(parents=True, exist_ok=True)
     inputs._write_bf16(folder / "model.safetensors", shapes, np.random.default_rng(11))
     (folder / "config.json").write_text(json.dumps(config, indent=2))
@@ -123,16 +146,23 @@ def main() -> None:
     ap.add_argument("--v4", action="store_true", help="DeepSeek-V4 (convert only)")
     ap.add_argument("--convert", action="store_true",
                     help="measure convert beside cp + sync instead of verify")
+    ap.add_argument("--stacked", action="store_true",
+                    help="DeepSeek-V3 with its experts stacked as transformers 5 holds them "
+                         "(convert only)")
     args = ap.parse_args()
     version = "v4" if args.v4 else "v3.2" if args.v32 else "v3"
-    root = CACHE / f"{args.experts}e{'' if version == 'v3' else '-' + version.replace('.', '')}"
+    if args.stacked and (version != "v3" or not args.convert):
+        ap.error("--stacked measures DeepSeek-V3's convert only (--convert)")
+    root = CACHE / (f"{args.experts}e{'' if version == 'v3' else '-' + version.replace('.', '')}"
+                    f"{'-stacked' if args.stacked else ''}")
     family = {"v4": "mindformers:deepseek4", "v3.2": "mindformers:deepseek32"}.get(
         version, "mindformers:deepseek3")
     src = (model_v4(root / "hf", args.experts) if args.v4 else
-           model(root / "hf", args.experts, args.v32))
+           model(root / "hf", args.experts, args.v32, args.stacked))
     out = root / "m.ckpt"
     ms = str(Path(PY).parent / "ms-port")
-    name = f"deepseek-{version}-widths-2-layers-{args.experts}-experts"
+    name = (f"deepseek-{version}-widths-2-layers-{args.experts}-experts"
+            f"{'-stacked' if args.stacked else ''}")
     if args.v4 and not args.convert:
         ap.error("--v4 measures convert only (--convert): no forward of it runs")
     if args.convert:
