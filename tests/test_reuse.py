@@ -1,8 +1,11 @@
 """Memory used again for verify by layers' casts (:mod:`ms_port.check.reuse`): no array is
 ever written while anything holds it (a view, a torch or MindSpore tensor made from it),
-the values are the cast's, and the slab kept stays what was in use at once."""
+the values are the cast's, and the slab kept stays what was in use at once. Memory handed
+back (``HandedBack``): only a watched array's own pages, only while it lives."""
 
 from __future__ import annotations
+
+import mmap
 
 import ml_dtypes
 import numpy as np
@@ -176,31 +179,32 @@ def test_a_slab_too_small_is_let_go_before_a_larger_one_is_made(monkeypatch):
 
 
 @pytest.fixture
-def mapped():
-    """Large allocations mapped on their own, as verify by layers has them."""
-    from ms_port.check.blocks import LARGE_ARRAY, unmap_large_arrays
+def smallest():
+    """The least bytes of an array verify by layers hands back."""
+    from ms_port.check.blocks import LARGE_ARRAY
 
-    if not unmap_large_arrays() or reuse._MADVISE is None:
-        pytest.skip("glibc's mallopt and madvise are needed")
+    if reuse._MADVISE is None:
+        pytest.skip("the C library's madvise is needed")
     return LARGE_ARRAY
 
 
-def test_a_watched_arrays_pages_are_handed_back_and_no_one_elses(mapped):
-    handed, src = reuse.HandedBack(mapped), _source(2 * MIB)  # 8 MiB
+def test_a_watched_arrays_pages_are_handed_back_and_no_one_elses(smallest):
+    handed, src = reuse.HandedBack(smallest), _source(2 * MIB)  # 8 MiB
     held, beside = src.copy(), src.copy()
     handed.watch([held])
-    assert handed.hand_back() >= held.nbytes - 2 * 4096
+    assert handed.hand_back() >= held.nbytes - 2 * mmap.PAGESIZE
     # the kernel took the pages back: the array reads zeros (only where no one reads it)
-    assert not np.count_nonzero(held[1024:-1024])
+    page = mmap.PAGESIZE // held.itemsize
+    assert not np.count_nonzero(held[page:-page])
     assert np.array_equal(beside, src)  # an array not watched is untouched
     assert handed.hand_back() == 0  # watched once, handed back once
 
 
-def test_views_maps_small_and_freed_arrays_are_never_handed_back(mapped, tmp_path):
-    handed, src = reuse.HandedBack(mapped), _source(2 * MIB)
+def test_views_maps_small_and_freed_arrays_are_never_handed_back(smallest, tmp_path):
+    handed, src = reuse.HandedBack(smallest), _source(2 * MIB)
     whole = src.copy()
     view = whole[MIB:]  # a view's pages may be another's data
-    small = src[:1000].copy()  # allocated from the C library's heap, beside others
+    small = src[:MIB // 8].copy()  # 512 KiB, whole pages, below the least worth a call
     path = tmp_path / "a.npy"
     np.save(path, src)
     file_map = np.load(path, mmap_mode="r")
@@ -211,20 +215,21 @@ def test_views_maps_small_and_freed_arrays_are_never_handed_back(mapped, tmp_pat
     assert handed.hand_back() == 0
     for array in (whole, again, file_map):
         assert np.array_equal(array, src)
-    assert np.array_equal(small, src[:1000])
+    assert np.array_equal(small, src[:MIB // 8])
 
 
-def test_nothing_is_handed_back_where_large_arrays_may_share_pages():
+def test_nothing_is_handed_back_where_it_is_off():
     handed, src = reuse.HandedBack(None), _source(2 * MIB)
     held = src.copy()
     handed.watch([held])
     assert handed.hand_back() == 0 and np.array_equal(held, src)
 
 
-def test_what_a_failed_pass_watched_is_forgotten_not_handed_back_later(mapped):
-    handed, src = reuse.HandedBack(mapped), _source(2 * MIB)
+def test_what_a_failed_pass_watched_is_forgotten_not_handed_back_later(smallest):
+    handed, src = reuse.HandedBack(smallest), _source(2 * MIB)
     failed, next_pass = src.copy(), src.copy()
     handed.watch([failed])  # its pass raised: no hand back followed
     handed.watch([next_pass])
     assert handed.hand_back() > 0
-    assert np.array_equal(failed, src) and not np.count_nonzero(next_pass[1024:-1024])
+    page = mmap.PAGESIZE // next_pass.itemsize
+    assert np.array_equal(failed, src) and not np.count_nonzero(next_pass[page:-page])

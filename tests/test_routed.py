@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import shutil
-from typing import ClassVar
 
-import numpy as np
 import pytest
 
 transformers = pytest.importorskip("transformers")
@@ -19,11 +17,12 @@ pytest.importorskip("torch")
 if importlib.util.find_spec("mindformers") is None:
     pytest.skip("mindformers not installed (test extra)", allow_module_level=True)
 
+import handed_back  # noqa: E402
 from test_parallel_core import state_dict_folder, tiny_qwen3_moe  # noqa: E402
 from test_parallel_core_deepseek import tiny_deepseek  # noqa: E402
 
 import ms_port  # noqa: E402
-from ms_port.check import blocks, reuse, routed  # noqa: E402
+from ms_port.check import blocks, routed  # noqa: E402
 from ms_port.testing import rewrite_checkpoint  # noqa: E402
 
 QWEN3_MOE, DEEPSEEK = "mindformers:qwen3_moe", "mindformers:deepseek3"
@@ -86,51 +85,30 @@ def test_experts_a_group_at_a_time_give_the_whole_layers_report(moe, monkeypatch
             f"model.layers.{i}.mlp.experts.{e}" for i in (0, 1) for e in range(E))
 
 
-class _Poisoning(reuse.HandedBack):
-    """What verify hands back, filled with NaN instead, whatever its size: were anything
-    to compute on it again, the report would change."""
-
-    poisoned: ClassVar[list[tuple[int, ...]]] = []
-
-    def __init__(self, mapped_from):
-        super().__init__(mapped_from)
-        self._from = 0
-
-    def hand_back(self):
-        watched, self._arrays = self._arrays, []
-        for ref in watched:
-            array = ref()
-            if array is not None and array.dtype.kind == "f":
-                array.fill(np.nan)
-                self.poisoned.append(array.shape)
-        return 0
-
-
 def test_what_mindspore_keeps_after_its_passes_is_never_read_again(tmp_path, monkeypatch):
     """A GRAPH-compiled network keeps the arrays its parameters were given until it runs
     again: verify hands their pages back once the block's passes are done (a DeepSeek-
     V3.2 layer's 2.3 GB). Filled with NaN there instead, every block's and every group's
-    (attention, router, routed experts): the same report, to the bit. (bfloat16, as such
-    models are saved: each side's float32 arrays are then verify's own casts.)"""
+    (attention, router, routed experts): the same report, to the bit; a wrong expert
+    still FAILs, named alone. Filled before MindSpore computes: the report changes.
+    (bfloat16, as such models are saved: each side's float32 arrays are then verify's own
+    casts.)"""
     src = tiny_qwen3_moe(tmp_path / "hf", dtype="bfloat16")
     out = tmp_path / "m.ckpt"
     assert ms_port.convert(src, ms_model=QWEN3_MOE, output=out).ok
     monkeypatch.setattr(routed, "EXPERTS_PER_GROUP", 1)
     clean = ms_port.verify(src, out, ms_model=QWEN3_MOE, mode="layers")
-    _Poisoning.poisoned = []
-    monkeypatch.setattr(blocks, "HandedBack", _Poisoning)
+    poisoning, filled = handed_back.poisoning()
+    monkeypatch.setattr(blocks, "HandedBack", poisoning)
     poisoned = ms_port.verify(src, out, ms_model=QWEN3_MOE, mode="layers")
     assert poisoned.verdict == clean.verdict == "PASS", poisoned.reasons
-    assert [(c.name, c.error, c.noise, c.status) for c in poisoned.layers] == [
-        (c.name, c.error, c.noise, c.status) for c in clean.layers]
-    assert poisoned.outputs[0].error == clean.outputs[0].error
+    assert handed_back.report_fields(poisoned) == handed_back.report_fields(clean)
     # the attention's (q_proj: 64 -> heads), the router's and each group's experts were
     # handed back, one expert's rows at a time
-    shapes = set(_Poisoning.poisoned)
-    assert len(_Poisoning.poisoned) > 2 * E and (E, H) in shapes, shapes
+    shapes = set(filled)
+    assert len(filled) > 2 * E and (E, H) in shapes, shapes
     assert any(len(s) == 2 and s[0] == 2 * F for s in shapes), shapes
 
-    # and a wrong expert still FAILs, named in its group's row, as without
     name = "decoder.layers.1.mlp.experts.weight1"
 
     def edit(t):
@@ -139,11 +117,15 @@ def test_what_mindspore_keeps_after_its_passes_is_never_read_again(tmp_path, mon
         t[name] = w.reshape(E * H, 2 * F)
 
     wrong = rewrite_checkpoint(out, tmp_path / "wrong.ckpt", edit)
-    _Poisoning.poisoned = []
+    filled.clear()
     failed = ms_port.verify(src, wrong, ms_model=QWEN3_MOE, mode="layers")
-    assert failed.verdict == "FAIL" and _Poisoning.poisoned
+    assert failed.verdict == "FAIL" and filled
     bad = [c for c in _experts(failed) if c.status != "ok"]
     assert [c.torch for c in bad] == ["model.layers.1.mlp.experts.2"], bad
+
+    early, _ = handed_back.poisoning(early=True)  # the control: the harness can fail
+    monkeypatch.setattr(blocks, "HandedBack", early)
+    assert ms_port.verify(src, out, ms_model=QWEN3_MOE, mode="layers").verdict != "PASS"
 
 
 def test_a_wrong_expert_fails_in_its_group_naming_it(moe, tmp_path, monkeypatch):

@@ -240,9 +240,9 @@ def test_spans_and_one_module_at_a_time_give_the_whole_blocks_report(llama, monk
 def test_what_mindspore_keeps_of_a_span_is_never_read_again(tmp_path, monkeypatch):
     """MindFormers' GRAPH-compiled span keeps the arrays it was given until it runs
     again: verify hands their pages back after each span's passes. Filled with NaN there
-    instead (test_routed's ``_Poisoning``): the same report, to the bit."""
+    instead (``handed_back``): the same report, to the bit."""
+    import handed_back
     from test_parallel_core import tiny_qwen3
-    from test_routed import _Poisoning
 
     family = "mindformers:qwen3"
     src = tiny_qwen3(tmp_path / "hf", dtype="bfloat16")  # float32 arrays of verify's own
@@ -250,11 +250,10 @@ def test_what_mindspore_keeps_of_a_span_is_never_read_again(tmp_path, monkeypatc
     assert ms_port.convert(src, ms_model=family, output=out).ok
     ran = _spans_run(monkeypatch, 64)
     clean = ms_port.verify(src, out, ms_model=family, mode="layers")
-    _Poisoning.poisoned = []
-    monkeypatch.setattr(blocks, "HandedBack", _Poisoning)
+    poisoning, filled = handed_back.poisoning()
+    monkeypatch.setattr(blocks, "HandedBack", poisoning)
     poisoned = ms_port.verify(src, out, ms_model=family, mode="layers")
     assert len(ran) == 4 and clean.verdict == poisoned.verdict == "PASS", poisoned.reasons
-    assert _fields(poisoned) == _fields(clean)
-    assert [c.error for c in poisoned.layers] == [c.error for c in clean.layers]
+    assert handed_back.report_fields(poisoned) == handed_back.report_fields(clean)
     # the head's span of 64 rows (and the embedding's) handed back as each span ran
-    assert (64, 64) in _Poisoning.poisoned, set(_Poisoning.poisoned)
+    assert (64, 64) in filled, set(filled)

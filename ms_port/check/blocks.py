@@ -17,9 +17,9 @@ wrong, it fails there, whatever came before.
 
 A family gives its blocks with five methods (``pieces``, ``torch_network``,
 ``torch_step``, ``ms_network``, ``ms_step``; see :mod:`ms_port.archs.llama.blocks`), and
-may say two things of them: ``stacks`` (every layer computes each row of a batch on its
-own, batch first: each side's two inputs then run stacked in one pass over the weights)
-and ``lets_go`` (MindSpore holds none of a block's arrays once ``ms_done`` returned: every
+may say three things of them: ``stacks`` (every layer computes each row of a batch on its
+own, batch first: each side's two inputs then run stacked in one pass over the weights),
+``lets_go`` (MindSpore holds none of a block's arrays once ``ms_done`` returned: every
 block's casts are then cut from one slab used again, :mod:`ms_port.check.reuse`) or
 ``keeps_data`` (MindSpore keeps them until its network runs again: their pages are handed
 back once its passes are done, :class:`~ms_port.check.reuse.HandedBack`).
@@ -280,7 +280,7 @@ class _BlockRun:
     arena: Arena | None = None
     #: the arrays given to MindSpore, their pages handed back once its passes are done,
     #: where the family's network keeps them until it runs again (``keeps_data``)
-    handed: HandedBack | None = None
+    handed: HandedBack = field(default_factory=lambda: HandedBack(None))
 
 
 def run_blocks(blocks: Any, source: Source, checkpoint: Source, run: Run, *,
@@ -304,14 +304,14 @@ def run_blocks(blocks: Any, source: Source, checkpoint: Source, run: Run, *,
     from .inputs import second_draw
 
     devices.set_ms_device("cpu")
-    mapped = unmap_large_arrays()
+    unmap_large_arrays()
     second = second_draw(run.feed, seed=run.seed)
     state = _BlockRun(blocks, source, checkpoint, run, np.asarray(run.feed[0].array),
                       np.asarray(second[0].array), correspondence, tensors=tensors)
     if getattr(blocks, "lets_go", False):
         state.arena = Arena()
     if getattr(blocks, "keeps_data", False):
-        state.handed = HandedBack(LARGE_ARRAY if mapped else None)
+        state.handed = HandedBack(LARGE_ARRAY)
     pieces = blocks.pieces(set(source.tensors), set(checkpoint.tensors))
     state.span_rows, state.span_from = _span_rows(pieces, source, blocks)
     # a family whose MindSpore side needs a setting held across its blocks (MindFormers'
@@ -590,8 +590,7 @@ def _ms_passes(state: _BlockRun, piece: Any, given: Any, shared: dict[str, np.nd
         read = _arrays(state.checkpoint, {k: v for k, v in piece.ms.items() if k not in shared},
                        state.nonfinite, "MindSpore")
     m_arrays = {k: shared[k] if k in shared else read.pop(k) for k in piece.ms}
-    if state.handed is not None:
-        state.handed.watch(m_arrays.values())
+    state.handed.watch(m_arrays.values())
     with timer("build"):
         net = blocks.ms_network(piece, m_arrays)  # takes the arrays out as it loads them
     del m_arrays
@@ -599,10 +598,9 @@ def _ms_passes(state: _BlockRun, piece: Any, given: Any, shared: dict[str, np.nd
         streams.m, m_events, fed = _ms_forward(state, piece, net, given)
     _let_go(blocks, net)
     del net
-    if state.handed is not None:
-        # PyTorch's float32 passes are done and its float64 pass reads its own weights:
-        # no one computes on these arrays again (the caller drops ``shared`` next)
-        state.handed.hand_back()
+    # PyTorch's float32 passes are done and its float64 pass reads its own weights: no
+    # one computes on these arrays again (the caller drops ``shared`` next)
+    state.handed.hand_back()
     return m_events, fed
 
 
@@ -829,8 +827,7 @@ def _run_span(state: _BlockRun, sub: Any, span: Span, given: _Streams, runs: _Sp
     with timer("read"):
         m_arrays = _arrays(state.checkpoint, sub.ms, state.nonfinite, "MindSpore",
                            span=(span, sub.rows), arena=state.arena)
-    if state.handed is not None:
-        state.handed.watch(m_arrays.values())
+    state.handed.watch(m_arrays.values())
     with timer("build"):
         net = blocks.ms_network(sub, m_arrays)
     del m_arrays
@@ -845,8 +842,7 @@ def _run_span(state: _BlockRun, sub: Any, span: Span, given: _Streams, runs: _Sp
                                                        ids)))
     _let_go(blocks, net)
     del net
-    if state.handed is not None:
-        state.handed.hand_back()
+    state.handed.hand_back()
     gc.collect()
     release_ms_pool()
 

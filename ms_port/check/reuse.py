@@ -1,4 +1,6 @@
-"""Memory used again: the arrays verify by layers casts its weights into, block after block.
+"""Memory used again, and memory handed back: the arrays verify by layers casts its weights
+into, block after block (:class:`Arena`), and those MindSpore keeps after it is done with
+them (:class:`HandedBack`).
 
 Each block casts its weights into new arrays: a Mistral-7B layer's 218M parameters in
 float32 (which both sides compute on), and in float64 for the noise pass (each module's
@@ -27,7 +29,7 @@ import sys
 import warnings
 import weakref
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -128,9 +130,6 @@ class Arena:
         return 0 if self._slab is None else self._slab.nbytes
 
 
-#: ``madvise``'s advice that the pages of a range are not needed: the kernel takes them
-#: back at once, and the range reads as zeros if it is ever read again
-_MADV_DONTNEED = 4
 _MADVISE = libc_function("madvise", ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t,
                          ctypes.c_int)
 
@@ -139,29 +138,32 @@ class HandedBack:
     """Arrays whose pages are handed back to the kernel once they are done with, while
     something that will never read them again still holds them.
 
-    MindSpore in GRAPH mode keeps the arrays a network's parameters were given (its
-    ``Tensor.from_numpy`` shares their memory) until the compiled graph runs again, even
-    once each parameter has a placeholder (:func:`~ms_port.archs.llama.blocks.release`).
-    A decoder layer's float32 weights at DeepSeek-V3.2's widths (2.3 GB) so stayed
-    resident through the float64 pass of the same layer and the whole of the next, where
-    nothing reads them. :meth:`watch` notes a block's arrays before they are handed to
-    MindSpore; :meth:`hand_back`, once its passes are done, gives back the pages of those
-    still alive (``madvise(MADV_DONTNEED)``).
+    MindSpore in GRAPH mode keeps the arrays a network's parameters share
+    (``Tensor.from_numpy``) until the compiled graph runs again, even once each parameter
+    has a placeholder (:func:`~ms_port.archs.llama.blocks.release` lets go of the data
+    MindSpore copied; measured with ``tracemalloc``): a decoder layer's float32 weights at
+    DeepSeek-V3.2's widths (2.3 GB) so stayed resident through the float64 pass of the
+    same layer and the whole of the next, where nothing reads them. :meth:`watch` notes a
+    pass's arrays before they are handed to MindSpore; :meth:`hand_back`, once its passes
+    are done, gives back the pages of those still alive (``madvise(MADV_DONTNEED)``).
 
-    Only whole pages inside an array's own data are handed back, and only of an array
-    that owns its data and is large enough for the C library to have mapped it on its own
-    (:func:`~ms_port.check.blocks.unmap_large_arrays`), so the pages are the array's
-    alone. An array already freed is skipped (its weak reference is dead), so no page
-    that is now another's is touched. Were the array read again, it would read zeros:
-    hand back only what no one will compute on (the tests fill them with NaN instead and
+    Only whole pages inside the data of an array that owns it (no view, no file's map) and
+    is still alive are handed back: whatever the allocator, such pages belong to that
+    array alone while it lives (an allocator keeps its own records outside a block in
+    use). An array already freed is skipped (its weak reference is dead), so no page that
+    is now another's is touched. Were the array read again, it would read zeros: hand
+    back only what no one will compute on (the tests give these arrays NaN instead and
     get the same report).
     """
 
-    def __init__(self, mapped_from: int | None) -> None:
-        """``mapped_from``: the size from which the C library maps each allocation on its
-        own; None: it may not (then nothing is handed back)."""
-        self._from = None if mapped_from is None or _MADVISE is None else max(mapped_from,
-                                                                              SMALLEST)
+    def __init__(self, smallest: int | None, give: Callable[[np.ndarray], int] | None = None
+                 ) -> None:
+        """``smallest``: the least bytes of an array worth a call (None: nothing is ever
+        handed back); ``give``: what is done to each array (the tests'; else its pages
+        are handed back), returning the bytes given back."""
+        self._from = None if smallest is None or (give is None and _MADVISE is None) \
+            else smallest
+        self._give = give or _pages_back
         self._arrays: list[weakref.ref[np.ndarray]] = []
 
     def watch(self, arrays: Iterable[np.ndarray]) -> None:
@@ -174,20 +176,28 @@ class HandedBack:
 
     def hand_back(self) -> int:
         """The pages of every watched array still alive handed back; the bytes handed
-        back (0 where ``madvise`` is missing)."""
+        back."""
         watched, self._arrays = self._arrays, []
+        ms = sys.modules.get("mindspore")
+        if watched and ms is not None:
+            ms.runtime.synchronize()  # a call may return before its work on them is done
         done = 0
         for ref in watched:
             array = ref()
-            if array is None:
-                continue
-            address, _ = array.__array_interface__["data"]
-            start = -(-address // mmap.PAGESIZE) * mmap.PAGESIZE
-            end = (address + array.nbytes) // mmap.PAGESIZE * mmap.PAGESIZE
-            if end > start and _MADVISE(start, end - start, _MADV_DONTNEED) == 0:
-                done += end - start
+            if array is not None:
+                done += self._give(array)
             del array
         return done
+
+
+def _pages_back(array: np.ndarray) -> int:
+    """The whole pages inside ``array``'s data handed back to the kernel: their bytes."""
+    address, _ = array.__array_interface__["data"]
+    start = -(-address // mmap.PAGESIZE) * mmap.PAGESIZE
+    end = (address + array.nbytes) // mmap.PAGESIZE * mmap.PAGESIZE
+    if end > start and _MADVISE(start, end - start, mmap.MADV_DONTNEED) == 0:
+        return end - start
+    return 0
 
 
 __all__ = ["ALIGN", "SMALLEST", "Arena", "HandedBack", "cast_into"]

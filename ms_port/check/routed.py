@@ -442,9 +442,7 @@ def _ms_pass(run: _GroupRun, each: _Experts, first: int) -> None:
     on PyTorch's input (rows one after another)."""
     state, size = run.state, run.groups.size
     arrays = _ms_group(state, run.groups, first)
-    handed = getattr(state, "handed", None)
-    if handed is not None:
-        handed.watch(arrays.values())
+    state.handed.watch(arrays.values())
     with state.timer("build"):
         cell = state.blocks.ms_group(size, arrays)
     del arrays
@@ -456,8 +454,7 @@ def _ms_pass(run: _GroupRun, each: _Experts, first: int) -> None:
             run.routed[key] += out.reshape(run.routed[key].shape)
         each.mind = outs[len(keys):]
     del cell
-    if handed is not None:
-        handed.hand_back()  # a compiled group keeps them until it runs again
+    state.handed.hand_back()  # a compiled group keeps them until it runs again
     gc.collect()
     release_ms_pool()
 

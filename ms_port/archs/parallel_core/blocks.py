@@ -158,9 +158,9 @@ class ParallelCoreBlocks(HuggingFaceSide):
     config, and one step of each (the five methods :mod:`ms_port.check.blocks` drives,
     and ``session()``, which holds GRAPH mode and the stand-ins across the blocks)."""
 
-    #: a GRAPH-compiled network keeps the arrays its parameters were given until it runs
-    #: again, placeholders or not: verify hands their pages back once a block's passes
-    #: are done (:class:`~ms_port.check.reuse.HandedBack`)
+    #: a GRAPH-compiled network keeps the arrays its parameters share until it runs
+    #: again, even once they are given placeholders: verify hands their pages back once
+    #: a block's passes are done (:class:`~ms_port.check.reuse.HandedBack`)
     keeps_data = True
 
     def __init__(self, config: dict[str, Any], build_torch: Callable[[dict[str, Any]], Any],
