@@ -170,17 +170,19 @@ class HandedBack:
         """Note ``arrays`` (one pass's) to be handed back by the next :meth:`hand_back`;
         what an earlier call noted and no hand back followed (its pass failed) is
         forgotten, never handed back later."""
+        unique = {id(a): a for a in arrays}  # one array may stand for two parameters
         self._arrays = [] if self._from is None else [
-            weakref.ref(a) for a in arrays
+            weakref.ref(a) for a in unique.values()
             if a.base is None and a.flags.owndata and a.nbytes >= self._from]
 
     def hand_back(self) -> int:
         """The pages of every watched array still alive handed back; the bytes handed
         back."""
         watched, self._arrays = self._arrays, []
-        ms = sys.modules.get("mindspore")
-        if watched and ms is not None:
-            ms.runtime.synchronize()  # a call may return before its work on them is done
+        runtime = getattr(sys.modules.get("mindspore"), "runtime", None)
+        sync = getattr(runtime, "synchronize", None)
+        if watched and sync is not None:
+            sync()  # a call may return before its work on them is done
         done = 0
         for ref in watched:
             array = ref()
